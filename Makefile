@@ -1,0 +1,38 @@
+# tiersim: two commands on a fresh machine (Python 3.11 + pip):
+#   make demo   -> creates .venv, installs tiersim, simulates 70b on a100x8 with zero-offload
+#   make test   -> creates .venv with the dev extras, runs the whole test suite
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test bench validate lint clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.installed: $(BIN)/python pyproject.toml
+	$(BIN)/python -m pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-dev: $(BIN)/python pyproject.toml
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $@ $(VENV)/.installed
+
+demo: $(VENV)/.installed
+	$(BIN)/simulate --hw a100x8 --model 70b --policy zero-offload; test $$? -ne 2
+
+test: $(VENV)/.installed-dev
+	$(BIN)/python -m pytest -q
+
+bench: $(VENV)/.installed-dev
+	$(BIN)/python -m pytest -q -m benchmark -p no:randomly tests/benchmarks
+
+validate: $(VENV)/.installed
+	$(BIN)/tiersim validate
+
+lint: $(VENV)/.installed-dev
+	$(BIN)/python -m ruff check .
+
+clean:
+	rm -rf $(VENV) build *.egg-info

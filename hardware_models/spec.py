@@ -1,0 +1,387 @@
+"""Frozen, validated value objects describing one machine (`HardwareSpec` and its parts).
+
+Units: bytes, seconds, FLOP/s, bytes/s. Every check failure is a `HardwareInputError` naming the dotted
+YAML path of the field (``gpu.memory``), whether the object came from a file or was built by hand.
+Mapping fields are stored as `FrozenDict`, so every object here is immutable, hashable and picklable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from hardware_models.checks import (
+    check_fraction,
+    check_int,
+    check_mapping,
+    check_non_negative,
+    check_positive,
+    check_text,
+)
+from hardware_models.curve import Curve
+from hardware_models.errors import HardwareInputError
+from hardware_models.frozen import FrozenDict
+from hardware_models.schema import DTYPES, NUMERIC_KINDS, SECTIONS, closest
+from hardware_models.units import fmt_bandwidth, fmt_bytes, fmt_flops, fmt_time
+
+__all__ = [
+    "C2CSpec",
+    "Curve",
+    "GpuSpec",
+    "HardwareSpec",
+    "HostSpec",
+    "NvlinkSpec",
+    "NvmeSpec",
+    "PCIE_X16_PER_DIRECTION",
+    "PcieSpec",
+]
+
+# Theoretical bytes/s of one direction of an x16 link (128b/130b encoding): pcie_table lists Gen3-5;
+# Gen6 is derived as 2 x Gen5 (PAM4 doubles the rate; FLIT overhead ignored).
+PCIE_X16_PER_DIRECTION: Final[Mapping[int, float]] = FrozenDict(
+    {3: 15.75e9, 4: 31.5e9, 5: 63.0e9, 6: 126.0e9}
+)
+_LANES: Final = (1, 2, 4, 8, 16)
+
+
+def _size(value: object, path: str) -> None:
+    check_non_negative(value, path, "a size", fmt_bytes)
+
+
+def _flops(value: object, path: str) -> None:
+    check_positive(value, path, "a compute rate", fmt_flops)
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """The GPUs of the machine (all alike).
+
+    `memory_bytes` is the physical memory per GPU (0 on a unified machine, where the GPU allocates from
+    `HostSpec.dram_bytes`). `gemm_efficiency(flops_of_one_op)` is the achievable fraction of
+    `peak_flops` for an operation of that size, end to end (it includes non-GEMM work).
+    `optimizer_bytes_per_param` is the HBM traffic of a fused Adam step per parameter, so that
+    step time = params * optimizer_bytes_per_param / hbm_bw.
+    """
+
+    model: str
+    count: int
+    memory_bytes: float
+    peak_flops: Mapping[str, float]
+    hbm_bw: float
+    gemm_efficiency: Curve
+    launch_overhead_s: float
+    reserved: Mapping[str, float]
+    fragmentation: float
+    optimizer_bytes_per_param: float
+
+    def __post_init__(self) -> None:
+        check_text(self.model, "gpu.model")
+        check_int(self.count, "gpu.count")
+        _size(self.memory_bytes, "gpu.memory")
+        peaks = check_mapping(self.peak_flops, "gpu.peak_flops", _flops, keys=DTYPES)
+        if not peaks:
+            raise HardwareInputError(f"needs at least one of {', '.join(DTYPES)}", field="gpu.peak_flops")
+        object.__setattr__(self, "peak_flops", peaks)
+        check_positive(self.hbm_bw, "gpu.hbm_bw", "a bandwidth", fmt_bandwidth)
+        if not isinstance(self.gemm_efficiency, Curve):
+            raise HardwareInputError(
+                f"must be a Curve, got {self.gemm_efficiency!r}", field="gpu.gemm_efficiency"
+            )
+        check_non_negative(self.launch_overhead_s, "gpu.launch_overhead", "a time", fmt_time)
+        reserved = check_mapping(self.reserved, "gpu.reserved", _size)
+        object.__setattr__(self, "reserved", reserved)
+        check_fraction(self.fragmentation, "gpu.fragmentation", low_inclusive=True, high_inclusive=False)
+        check_positive(self.optimizer_bytes_per_param, "gpu.optimizer_bytes_per_param")
+        if self.memory_bytes > 0 and sum(reserved.values()) >= self.memory_bytes:
+            raise HardwareInputError(
+                f"reserved total {fmt_bytes(sum(reserved.values()))} leaves nothing of "
+                f"gpu.memory {fmt_bytes(self.memory_bytes)}; lower the reserved sizes",
+                field="gpu.reserved",
+            )
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """The CPU side: sockets, cores, DRAM and the CPU Adam rate (whole host, DeepSpeedCPUAdam)."""
+
+    cpu_model: str
+    sockets: int
+    cores: int
+    dram_bytes: float
+    dram_bw: float
+    optimizer_params_per_s: float
+    reserved: Mapping[str, float]
+
+    def __post_init__(self) -> None:
+        check_text(self.cpu_model, "host.cpu_model")
+        check_int(self.sockets, "host.sockets")
+        check_int(self.cores, "host.cores", minimum=self.sockets)
+        check_positive(self.dram_bytes, "host.dram", "a size", fmt_bytes)
+        check_positive(self.dram_bw, "host.dram_bw", "a bandwidth", fmt_bandwidth)
+        check_positive(self.optimizer_params_per_s, "host.optimizer_params_per_s", "a rate")
+        reserved = check_mapping(self.reserved, "host.reserved", _size)
+        object.__setattr__(self, "reserved", reserved)
+        if sum(reserved.values()) >= self.dram_bytes:
+            raise HardwareInputError(
+                f"reserved total {fmt_bytes(sum(reserved.values()))} leaves nothing of "
+                f"host.dram {fmt_bytes(self.dram_bytes)}; lower the reserved sizes",
+                field="host.reserved",
+            )
+
+
+@dataclass(frozen=True)
+class PcieSpec:
+    """The GPU <-> host PCIe links, all alike.
+
+    `efficiency` = achieved / theoretical bandwidth of one direction; `duplex_fraction` = (H2D + D2H
+    achieved together) / (2 x one direction achieved), in [0.5, 1]. `gpus_per_switch` GPUs share one
+    x16 switch uplink to the CPU (1 = each GPU on its own root port). `p2p` = whether GPUs may copy
+    to each other directly over PCIe (False: GPU<->GPU copies bounce through host DRAM).
+    """
+
+    gen: int
+    lanes: int
+    efficiency: float
+    duplex_fraction: float
+    gpus_per_switch: int
+    latency_s: float
+    p2p: bool = True
+
+    def __post_init__(self) -> None:
+        check_int(self.gen, "pcie.gen", allowed=tuple(PCIE_X16_PER_DIRECTION))
+        check_int(self.lanes, "pcie.lanes", allowed=_LANES)
+        check_fraction(self.efficiency, "pcie.efficiency")
+        check_fraction(self.duplex_fraction, "pcie.duplex_fraction", low=0.5, low_inclusive=True)
+        check_int(self.gpus_per_switch, "pcie.gpus_per_switch")
+        check_non_negative(self.latency_s, "pcie.latency", "a time", fmt_time)
+        if not isinstance(self.p2p, bool):
+            raise HardwareInputError(f"must be true or false, got {self.p2p!r}", field="pcie.p2p")
+
+    @property
+    def per_direction_bw(self) -> float:
+        """Achievable bytes/s one way on a GPU's link: x16 theoretical(gen) * lanes/16 * efficiency."""
+        return PCIE_X16_PER_DIRECTION[self.gen] * self.lanes / 16 * self.efficiency
+
+    @property
+    def uplink_bw(self) -> float:
+        """Achievable bytes/s one way on a switch's x16 uplink to the CPU."""
+        return PCIE_X16_PER_DIRECTION[self.gen] * self.efficiency
+
+    @property
+    def duplex_bw(self) -> float:
+        """Cap on both directions together of a GPU's link: 2 * per_direction_bw * duplex_fraction."""
+        return 2 * self.per_direction_bw * self.duplex_fraction
+
+
+@dataclass(frozen=True)
+class NvlinkSpec:
+    """Each GPU's NVLink to the NVSwitch fabric: bytes/s per direction, full duplex."""
+
+    per_direction_bw: float
+    latency_s: float
+
+    def __post_init__(self) -> None:
+        check_positive(self.per_direction_bw, "nvlink.per_direction_bw", "a bandwidth", fmt_bandwidth)
+        check_non_negative(self.latency_s, "nvlink.latency", "a time", fmt_time)
+
+
+@dataclass(frozen=True)
+class C2CSpec:
+    """NVLink-C2C between the CPU and the GPU die (GB10, GH200)."""
+
+    per_direction_bw: float
+    latency_s: float
+
+    def __post_init__(self) -> None:
+        check_positive(self.per_direction_bw, "c2c.per_direction_bw", "a bandwidth", fmt_bandwidth)
+        check_non_negative(self.latency_s, "c2c.latency", "a time", fmt_time)
+
+
+@dataclass(frozen=True)
+class NvmeSpec:
+    """Identical NVMe drives; with count > 1 they form one RAID0 set."""
+
+    count: int
+    capacity_bytes_each: float
+    read_bw_each: float
+    write_bw_each: float
+    raid_read_efficiency: float
+    raid_write_efficiency: float
+    pcie_gen: int
+    latency_s: float
+
+    def __post_init__(self) -> None:
+        check_int(self.count, "nvme.count")
+        check_positive(self.capacity_bytes_each, "nvme.capacity_each", "a size", fmt_bytes)
+        check_positive(self.read_bw_each, "nvme.read_bw_each", "a bandwidth", fmt_bandwidth)
+        check_positive(self.write_bw_each, "nvme.write_bw_each", "a bandwidth", fmt_bandwidth)
+        check_fraction(self.raid_read_efficiency, "nvme.raid_read_efficiency")
+        check_fraction(self.raid_write_efficiency, "nvme.raid_write_efficiency")
+        check_int(self.pcie_gen, "nvme.pcie_gen", allowed=tuple(PCIE_X16_PER_DIRECTION))
+        check_non_negative(self.latency_s, "nvme.latency", "a time", fmt_time)
+
+    @property
+    def capacity_bytes(self) -> float:
+        """RAID0 capacity: the sum of the drives."""
+        return self.count * self.capacity_bytes_each
+
+    @property
+    def read_bw(self) -> float:
+        """Aggregate sequential read bytes/s: count * each * raid_read_efficiency (one drive: each)."""
+        if self.count == 1:
+            return self.read_bw_each
+        return self.count * self.read_bw_each * self.raid_read_efficiency
+
+    @property
+    def write_bw(self) -> float:
+        """Aggregate sequential write bytes/s: count * each * raid_write_efficiency (one drive: each)."""
+        if self.count == 1:
+            return self.write_bw_each
+        return self.count * self.write_bw_each * self.raid_write_efficiency
+
+
+_SECTION_TYPES: Final[Mapping[str, type]] = FrozenDict(
+    {
+        "gpu": GpuSpec,
+        "host": HostSpec,
+        "pcie": PcieSpec,
+        "nvlink": NvlinkSpec,
+        "c2c": C2CSpec,
+        "nvme": NvmeSpec,
+    }
+)
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    """One machine. `sources` maps dotted YAML paths (``gpu.memory``, ``gpu.reserved.os``) to citations.
+
+    With `unified_memory` (DGX Spark) the GPU and the CPU allocate from one pool, `host.dram_bytes`;
+    `gpu.memory_bytes` must then be 0 and there must be exactly one GPU.
+    """
+
+    name: str
+    description: str
+    gpu: GpuSpec
+    host: HostSpec
+    pcie: PcieSpec
+    nvlink: NvlinkSpec | None
+    c2c: C2CSpec | None
+    nvme: NvmeSpec | None
+    unified_memory: bool
+    sources: Mapping[str, str] = field(default_factory=FrozenDict)
+
+    def __post_init__(self) -> None:
+        check_text(self.name, "name")
+        if not isinstance(self.description, str):
+            raise HardwareInputError(f"must be a text, got {self.description!r}", field="description")
+        for section, cls in _SECTION_TYPES.items():
+            value = getattr(self, section)
+            if value is None and section in ("nvlink", "c2c", "nvme"):
+                continue
+            if not isinstance(value, cls):
+                raise HardwareInputError(f"must be a {cls.__name__}, got {value!r}", field=section)
+        if not isinstance(self.unified_memory, bool):
+            raise HardwareInputError(
+                f"must be true or false, got {self.unified_memory!r}", field="unified_memory"
+            )
+        if self.unified_memory:
+            self._check_unified()
+        elif self.gpu.memory_bytes <= 0:
+            raise HardwareInputError(
+                f"must be a positive size (> 0), got {fmt_bytes(self.gpu.memory_bytes)}", field="gpu.memory"
+            )
+        object.__setattr__(self, "sources", self._checked_sources())
+
+    def _check_unified(self) -> None:
+        if self.gpu.count != 1:
+            raise HardwareInputError(
+                f"a unified-memory machine is modelled with one GPU, got {self.gpu.count}", field="gpu.count"
+            )
+        if self.gpu.memory_bytes != 0:
+            raise HardwareInputError(
+                "must be 0 on a unified-memory machine (the GPU allocates from host.dram), got "
+                f"{fmt_bytes(self.gpu.memory_bytes)}",
+                field="gpu.memory",
+            )
+        reserved = sum(self.gpu.reserved.values()) + sum(self.host.reserved.values())
+        if reserved >= self.host.dram_bytes:
+            raise HardwareInputError(
+                f"gpu.reserved + host.reserved ({fmt_bytes(reserved)}) leave nothing of the unified "
+                f"host.dram ({fmt_bytes(self.host.dram_bytes)}); lower the reserved sizes",
+                field="host.reserved",
+            )
+
+    def _checked_sources(self) -> FrozenDict[str, str]:
+        if not isinstance(self.sources, Mapping):
+            raise HardwareInputError(
+                f"must be a mapping of field path: citation, got {self.sources!r}", field="sources"
+            )
+        known = self.field_paths()
+        for path, citation in self.sources.items():
+            if not isinstance(path, str) or path not in known:
+                raise HardwareInputError(
+                    f"cites {path!r}, which is not a field of this machine{closest(str(path), known)}",
+                    field="sources",
+                )
+            if not isinstance(citation, str) or not citation.strip():
+                raise HardwareInputError(
+                    f"citation must be a non-empty text, got {citation!r}", field=f"sources.{path}"
+                )
+        return FrozenDict(self.sources)
+
+    # ------------------------------------------------------------------ queries
+
+    def peak_flops_for(self, dtype: str) -> float:
+        """Dense peak FLOP/s of one GPU for `dtype`; a clear error when the GPU lists none."""
+        if dtype in self.gpu.peak_flops:
+            return self.gpu.peak_flops[dtype]
+        has = ", ".join(self.gpu.peak_flops)
+        raise HardwareInputError(
+            f"hardware '{self.name}' ({self.gpu.model}) lists no peak for dtype '{dtype}' (has: {has}); "
+            f"use one of those or add gpu.peak_flops.{dtype}",
+            field=f"gpu.peak_flops.{dtype}",
+        )
+
+    def field_paths(self, numeric_only: bool = False) -> tuple[str, ...]:
+        """Dotted paths of every leaf field present (map entries count as leaves, curves as one)."""
+        paths: list[str] = [] if numeric_only else ["name", "description", "unified_memory"]
+        for section, defs in SECTIONS.items():
+            obj = getattr(self, section)
+            if obj is None:
+                continue
+            for fd in defs:
+                if numeric_only and fd.kind not in NUMERIC_KINDS:
+                    continue
+                if fd.kind.endswith("_map"):
+                    paths.extend(f"{section}.{fd.key}.{k}" for k in getattr(obj, fd.attr))
+                else:
+                    paths.append(f"{section}.{fd.key}")
+        return tuple(paths)
+
+    def missing_sources(self) -> tuple[str, ...]:
+        """Numeric fields without a citation in `sources` (empty for every shipped preset)."""
+        return tuple(p for p in self.field_paths(numeric_only=True) if p not in self.sources)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain dict in the preset-file format (raw numbers in internal units); loads back equal."""
+        out: dict[str, Any] = {
+            "name": self.name,
+            "description": self.description,
+            "unified_memory": self.unified_memory,
+        }
+        for section, defs in SECTIONS.items():
+            obj = getattr(self, section)
+            if obj is not None:
+                out[section] = {fd.key: _plain(getattr(obj, fd.attr)) for fd in defs}
+        out["sources"] = dict(self.sources)
+        return out
+
+
+def _plain(value: object) -> object:
+    if isinstance(value, Curve):
+        return [[x, y] for x, y in value.points]
+    if isinstance(value, Mapping):
+        return dict(value)
+    return value

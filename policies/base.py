@@ -1,0 +1,142 @@
+"""What every policy shares: the Job it plans for, the PlanInfeasible verdict and knob parsing.
+
+A policy is a module with a frozen ``Knobs`` dataclass (every field has a default and a docstring line in
+the module's docstring) and a ``plan(job, knobs) -> Plan`` function. ``PlanInfeasible`` is raised, with
+the pool and how far over it is, when a policy can tell before simulating that the job cannot fit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hardware_models import HardwareSpec
+from simulator import Plan
+from workloads import ModelSpec, WorkloadConfig, WorkloadTrace
+
+
+class KnobError(ValueError):
+    """An unknown knob or a bad knob value (one line, naming the knob and the accepted values)."""
+
+
+class PlanInfeasible(Exception):
+    """The policy cannot fit this job on this hardware: which pool, how much is needed, how much there is."""
+
+    def __init__(self, policy: str, pool: str, need_bytes: float, capacity_bytes: float, what: str):
+        self.policy = policy
+        self.pool = pool
+        self.need_bytes = need_bytes
+        self.capacity_bytes = capacity_bytes
+        self.what = what
+        super().__init__(
+            f"{policy}: {pool} needs {need_bytes / 1e9:.1f} GB for {what} but holds {capacity_bytes / 1e9:.1f} GB "
+            f"(over by {(need_bytes - capacity_bytes) / 1e9:.1f} GB)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"policy": self.policy, "pool": self.pool, "need_bytes": self.need_bytes,
+                "capacity_bytes": self.capacity_bytes, "over_by_bytes": self.need_bytes - self.capacity_bytes,
+                "what": self.what, "message": str(self)}
+
+
+@dataclass(frozen=True)
+class Job:
+    """One training job: hardware, model and workload settings, and the per-micro-batch trace."""
+
+    hw: HardwareSpec
+    model: ModelSpec
+    config: WorkloadConfig
+    trace: WorkloadTrace
+    assumed: tuple[str, ...] = ()  # defaults picked for the user, shown with every result
+
+    @property
+    def n_gpus(self) -> int:
+        return self.hw.gpu.count
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.config.global_batch * self.config.seq_len
+
+    def accumulation(self, data_parallel: int) -> int:
+        """Micro-steps per optimizer step for ``data_parallel`` replicas."""
+        per = self.config.micro_batch * data_parallel
+        if self.config.global_batch % per:
+            raise KnobError(f"global batch {self.config.global_batch} is not a multiple of micro-batch "
+                            f"{self.config.micro_batch} x {data_parallel} data-parallel ranks; "
+                            f"pick --global-batch as a multiple of {per}")
+        return self.config.global_batch // per
+
+
+@dataclass(frozen=True)
+class PolicyInfo:
+    name: str
+    summary: str
+    knobs_type: type
+    plan: Callable[[Job, Any], Plan]
+    doc: str
+
+
+def knob_help(info: PolicyInfo) -> list[tuple[str, str, str]]:
+    """(name, type, default) of every knob."""
+    hints = typing.get_type_hints(info.knobs_type)
+    out = []
+    for f in dataclasses.fields(info.knobs_type):
+        out.append((f.name, getattr(hints[f.name], "__name__", str(hints[f.name])), repr(f.default)))
+    return out
+
+
+def _convert(policy: str, name: str, typ: Any, text: str) -> Any:
+    origin = typing.get_origin(typ)
+    if origin is typing.Literal:
+        choices = typing.get_args(typ)
+        for c in choices:
+            if str(c) == text:
+                return c
+        raise KnobError(f"{policy}: knob '{name}' must be one of {', '.join(map(str, choices))}, got {text!r}")
+    try:
+        if typ is bool:
+            low = text.lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if typ is int:
+            return int(float(text)) if float(text).is_integer() else int(text)
+        if typ is float:
+            return float(text)
+        if typ is str:
+            return text
+    except ValueError:
+        raise KnobError(f"{policy}: knob '{name}' expects a {typ.__name__}, got {text!r}") from None
+    raise KnobError(f"{policy}: knob '{name}' has an unsupported type {typ!r}")
+
+
+def parse_knobs(info: PolicyInfo, items: Sequence[str] | Mapping[str, Any]) -> Any:
+    """Build the policy's Knobs from ``["name=value", ...]`` or a mapping; unknown knobs are errors."""
+    hints = typing.get_type_hints(info.knobs_type)
+    names = [f.name for f in dataclasses.fields(info.knobs_type)]
+    pairs: list[tuple[str, Any]] = []
+    if isinstance(items, Mapping):
+        pairs = list(items.items())
+    else:
+        for it in items:
+            if "=" not in it:
+                raise KnobError(f"--knob {it!r}: expected name=value (knobs of {info.name}: {', '.join(names)})")
+            k, v = it.split("=", 1)
+            pairs.append((k.strip(), v.strip()))
+    values: dict[str, Any] = {}
+    for k, v in pairs:
+        if k not in names:
+            close = difflib.get_close_matches(k, names, n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise KnobError(f"{info.name}: unknown knob '{k}'{hint} (knobs: {', '.join(names)})")
+        values[k] = _convert(info.name, k, hints[k], v) if isinstance(v, str) else v
+    knobs = info.knobs_type(**values)
+    check = getattr(knobs, "validate", None)
+    if check is not None:
+        check()
+    return knobs

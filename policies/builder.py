@@ -1,0 +1,82 @@
+"""A small helper that policies use to assemble a Plan (tensors, streams, segments, tasks)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from policies.base import Job
+from simulator import Placement, Plan, Ref, Segment, StreamSpec, TaskSpec, TensorSpec
+
+
+def _refs(items: Iterable[str]) -> tuple[Ref, ...]:
+    return tuple(Ref.parse(x, "builder") for x in items)
+
+
+def _places(items: Iterable[tuple[str, str]]) -> tuple[Placement, ...]:
+    return tuple(Placement(Ref.parse(t, "builder"), loc) for t, loc in items)
+
+
+class PlanBuilder:
+    def __init__(self, policy: str, knobs: Any, job: Job):
+        self.policy = policy
+        self.knobs = knobs
+        self.job = job
+        self._tensors: dict[str, TensorSpec] = {}
+        self._streams: dict[str, StreamSpec] = {}
+        self._segments: list[tuple[str, int, list[TaskSpec]]] = []
+
+    # -- declarations ---------------------------------------------------------------------------------
+    def tensor(self, tid: str, nbytes: float, kind: str, *, scope: str = "global", home: str | None = None,
+               layer: int | None = None, persistent: bool = False) -> str:
+        if tid in self._tensors:
+            raise ValueError(f"duplicate tensor {tid!r}")
+        self._tensors[tid] = TensorSpec(tid, float(nbytes), kind, scope, home, layer, persistent)
+        return tid
+
+    def stream(self, sid: str, device: str, kind: str) -> str:
+        if sid not in self._streams:
+            self._streams[sid] = StreamSpec(sid, device, kind)
+        return sid
+
+    def segment(self, name: str, repeat: int) -> None:
+        self._segments.append((name, repeat, []))
+
+    def task(self, tid: str, op: str, stream: str, deps: Sequence[str] = (), *,
+             allocs: Sequence[tuple[str, str]] = (), frees: Sequence[tuple[str, str]] = (),
+             reads: Sequence[tuple[str, str]] = (), tensor: str | None = None, **fields: Any) -> str:
+        if not self._segments:
+            raise ValueError("declare a segment before adding tasks")
+        self._segments[-1][2].append(TaskSpec(
+            id=tid, op=op, stream=stream, deps=_refs(d for d in deps if d), allocs=_places(allocs),
+            frees=_places(frees), reads=_places(reads),
+            tensor=Ref.parse(tensor, "builder") if tensor else None, **fields))
+        return tid
+
+    # -- output ---------------------------------------------------------------------------------------
+    def build(self, *, steps: int = 2, notes: Sequence[str] = (), info: dict[str, Any] | None = None) -> Plan:
+        job = self.job
+        trace = job.trace
+        model = dataclasses.asdict(job.model)
+        model["params"] = job.model.params()
+        workload = {"model": model, **job.config.to_dict(), "provenance": trace.provenance,
+                    "assumed": list(job.assumed)}
+        metrics = {
+            "n_gpus": float(job.n_gpus),
+            "tokens_per_step": float(job.tokens_per_step),
+            "model_flops_per_step": float(trace.model_flops_per_token() * job.tokens_per_step),
+        }
+        return Plan(
+            policy=self.policy,
+            knobs=dataclasses.asdict(self.knobs),
+            hardware=job.hw.to_dict(),
+            workload=workload,
+            tensors=tuple(self._tensors.values()),
+            streams=tuple(self._streams.values()),
+            segments=tuple(Segment(n, r, tuple(ts)) for n, r, ts in self._segments),
+            steps=steps,
+            metrics=metrics,
+            notes=tuple(notes),
+            info=dict(info or {}),
+        )

@@ -1,0 +1,135 @@
+"""``zero-offload``: ZeRO-2 with the optimizer on the CPU (Ren et al. 2021, arXiv 2101.06840; DeepSpeed).
+
+Idea: keep fp16/bf16 parameters, forward and backward on the GPUs; move gradients, fp32 master weights,
+Adam's m and v, and the Adam update itself to the CPU. Per step each rank moves its gradient partition
+down (2 B/param) and its updated parameter partition up (2 B/param): the paper shows this is the unique
+placement with minimal traffic (4 B/param/step) and maximal GPU memory saving.
+
+Our reading and assumptions (see ../shared/reference/policies.md):
+- per layer, as soon as its backward ends, gradients are reduce-scattered across ranks and each rank
+  copies its partition to the CPU on its D2H copy engine, overlapped with the next layer's backward;
+  with gradient accumulation this happens every micro-step and the CPU accumulates (DeepSpeed stage 2
+  with CPU offload does the same); the CPU-side accumulation cost is not modelled;
+- CPU Adam (DeepSpeed's vectorised kernel) runs after the last micro-step's gradients have arrived, one
+  chunk per layer in layer order, so uploading chunk k-1 overlaps updating chunk k; every rank's Adam
+  runs on the shared host CPU (the ``cpu.adam`` throughput is shared); each rank then uploads its updated
+  partition on its H2D engine and the layer is all-gathered across ranks;
+- the next step's forward of layer i waits for layer i's all-gather (or, with ``delayed_update``, for the
+  one of the step before: DPU, iteration time ``max(fwd+bwd, D2H + Adam + H2D)``; it changes training
+  semantics on purpose);
+- GPU: fp16 parameters (replicated), a transient gradient bucket per layer, activations, workspace.
+  CPU: per rank fp32 master partition (4 B/param), m and v (8), fp32 gradient partition
+  (``cpu_grad_bytes``, 4 B/param in DeepSpeed's stage-1/2 offload path).
+
+Knobs:
+- ``delayed_update`` (bool, default False): one-step delayed parameter update (DPU).
+- ``upload_bytes_per_param`` (float, default 2): bytes per parameter copied CPU->GPU after the update;
+  DeepSpeed before a 2025 change copied the fp32 partition (4) and converted on the GPU, which also
+  needs an fp32 staging buffer of the layer's partition on the GPU.
+- ``grad_offload_bytes_per_param`` (float, default 2): bytes per parameter copied GPU->CPU per micro-step.
+- ``cpu_grad_bytes`` (float, default 4): bytes per parameter of the CPU-side gradient accumulation buffer.
+- ``cpu_param_copy_per_rank`` (bool, default False): every rank process also holds a full fp32 copy of
+  the model in CPU memory while it runs (what DeepSpeed's estimator budgets with ``4 * n_gpus`` bytes
+  per parameter; off by default because a steady-state run frees it after initialisation).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from policies.base import Job, KnobError, PlanInfeasible, PolicyInfo
+from policies.builder import PlanBuilder
+from policies.dataparallel import Grads, declare_streams, dtype_bytes, emit_microstep, gpu, workspace
+from simulator import Plan
+
+NAME = "zero-offload"
+
+
+@dataclass(frozen=True)
+class Knobs:
+    delayed_update: bool = False
+    upload_bytes_per_param: float = 2.0
+    grad_offload_bytes_per_param: float = 2.0
+    cpu_grad_bytes: float = 4.0
+    cpu_param_copy_per_rank: bool = False
+
+    def validate(self) -> None:
+        for name in ("upload_bytes_per_param", "grad_offload_bytes_per_param"):
+            if getattr(self, name) not in (2.0, 4.0):
+                raise KnobError(f"{NAME}: knob '{name}' must be 2 (fp16/bf16) or 4 (fp32)")
+        if self.cpu_grad_bytes not in (2.0, 4.0):
+            raise KnobError(f"{NAME}: knob 'cpu_grad_bytes' must be 2 or 4")
+
+
+def cpu_state_bytes(job: Job, knobs: Knobs) -> dict[str, float]:
+    """Host bytes of the whole machine's model states, by kind."""
+    p = float(job.trace.params)
+    out = {"param32": 4.0 * p, "optim": 8.0 * p, "grad32": knobs.cpu_grad_bytes * p}
+    if knobs.cpu_param_copy_per_rank:
+        out["buffer"] = 4.0 * p * job.n_gpus
+    return out
+
+
+def plan(job: Job, knobs: Knobs) -> Plan:
+    n = job.n_gpus
+    accum = job.accumulation(n)
+    db = dtype_bytes(job)
+    layers = job.trace.layers
+    p = float(job.trace.params)
+    b = PlanBuilder(NAME, knobs, job)
+    declare_streams(b, n, cpu_adam=True)
+    for r in range(n):
+        b.tensor(f"param16.{gpu(r)}", db * p, "param16", home=gpu(r), persistent=True)
+        for kind, nbytes in cpu_state_bytes(job, knobs).items():
+            b.tensor(f"{kind}.r{r}", nbytes / n, kind, home="cpu", persistent=True)
+        for i, layer in enumerate(layers):
+            if knobs.upload_bytes_per_param > db:
+                b.tensor(f"stage32_{i}.{gpu(r)}", layer.params / n * knobs.upload_bytes_per_param, "buffer",
+                         scope="step", layer=i)
+    workspace(b, job, n)
+    from hardware_models import build_topology
+
+    topo = build_topology(job.hw)
+    gpool = topo.pools[topo.pool_of["gpu0"]]
+    if db * p > gpool.capacity_bytes:
+        raise PlanInfeasible(NAME, gpool.name, db * p, gpool.capacity_bytes, "the fp16 parameters")
+    back = 2 if knobs.delayed_update else 1
+    ready_task = (lambda i: f"ag{i}") if n > 1 else (lambda i: f"up{i}.{gpu(0)}")
+    ready = {i: [f"{ready_task(i)}^{back}"] for i in range(len(layers))}
+    b.segment("micro-steps", accum)
+    emit_microstep(b, job, n, Grads(reduce="reduce_scatter", bucket=True, offload=True,
+                                     offload_bytes_per_param=knobs.grad_offload_bytes_per_param),
+                   gather_params=False, param_ready=ready)
+    b.segment("optimizer", 1)
+    staged = knobs.upload_bytes_per_param > db
+    for i, layer in enumerate(layers):
+        for r in range(n):
+            g = gpu(r)
+            b.task(f"adam{i}.r{r}", "optimizer", f"cpu.adam{r}", [f"d2h0.{g}"] if i == 0 else [],
+                   params=layer.params / n, tags={"layer": i, "phase": "optimizer", "rank": r})
+            b.task(f"up{i}.{g}", "copy", f"{g}.h2d", [f"adam{i}.r{r}"], src="cpu", dst=g,
+                   bytes=layer.params / n * knobs.upload_bytes_per_param,
+                   allocs=[(f"stage32_{i}.{g}", g)] if staged else [],
+                   frees=[(f"stage32_{i}.{g}", g)] if staged and n == 1 else [],
+                   tags={"layer": i, "phase": "param-upload", "rank": r})
+        if n > 1:
+            b.task(f"ag{i}", "collective", "comm.param", [f"up{i}.{gpu(r)}" for r in range(n)],
+                   coll="all_gather", bytes=layer.params * db, ranks=tuple(gpu(r) for r in range(n)),
+                   frees=[(f"stage32_{i}.{gpu(r)}", gpu(r)) for r in range(n)] if staged else [],
+                   tags={"layer": i, "phase": "param-gather"})
+    notes = [f"ZeRO-2 + CPU optimizer over {n} GPU(s), {accum} micro-step(s) per step; gradients offloaded "
+             f"every micro-step ({knobs.grad_offload_bytes_per_param:g} B/param), parameters uploaded once "
+             f"per step ({knobs.upload_bytes_per_param:g} B/param)"]
+    if knobs.delayed_update:
+        notes.append("delayed parameter update: step i+1 computes with the parameters of step i-1 "
+                     "(training semantics change on purpose)")
+    if topo.pool_of["gpu0"] == topo.pool_of["cpu"]:
+        notes.append("unified memory: GPU and CPU share one pool, so offloading to the CPU frees nothing; "
+                     "the copies still cost DRAM bandwidth")
+    return b.build(steps=3 if knobs.delayed_update else 2, notes=notes,
+                   info={"accumulation": accum, "cpu_state_bytes": cpu_state_bytes(job, knobs),
+                         "gpu_param_bytes_per_gpu": db * p})
+
+
+POLICY = PolicyInfo(NAME, "ZeRO-2 with optimizer states, gradients and Adam on the CPU", Knobs, plan,
+                    __doc__ or "")

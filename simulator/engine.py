@@ -1,0 +1,264 @@
+"""The SimPy engine: executes any Plan on a HardwareSpec and returns a RawRun.
+
+One SimPy process per stream runs its tasks in order; a task waits for its dependencies (events of tasks
+on other streams), applies its allocations, runs, then applies its frees. Time is spent in flows on a
+FlowNetwork (see ``flows.py``):
+
+- compute: a roofline, ``max(flops / (peak * eff(flops)), hbm_bytes / hbm_bw) + launch overhead``,
+  pushed as "seconds of work" through the GPU's ``<gpu>.sm`` resource (capacity 1), so concurrent
+  kernels of several streams share the GPU (processor sharing);
+- copy: bytes through every hop of the route (each link direction, and the link's duplex budget where
+  the hardware has one), after the route's latency;
+- optimizer: parameters through the host's ``cpu.adam`` resource (capacity = CPU-Adam params/s, shared by
+  every rank's optimizer), or, on a GPU, seconds of HBM-bound work through its ``.sm`` resource;
+- collective: a ring over the ranks, each rank sending ``(n-1)/n`` of the bytes (twice for all-reduce)
+  to the next one over its route.
+
+The engine knows no policy. A fresh ``simpy.Environment`` is built for every run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import simpy
+
+from hardware_models import HardwareSpec, Topology, build_topology
+from simulator.errors import PlanError
+from simulator.flows import FlowNetwork
+from simulator.memory import MemoryTracker
+from simulator.plan import Plan, validate_plan
+from simulator.unroll import ConcreteTask, Unroller
+
+
+@dataclass(frozen=True)
+class TaskRecord:
+    uid: str
+    id: str
+    op: str
+    stream: str
+    device: str
+    start: float
+    end: float
+    step: int
+    segment: int
+    iteration: int
+    bytes: float
+    tags: dict
+
+
+@dataclass
+class RawRun:
+    """What one simulation observed; ``simulator.result`` turns it into a Result."""
+
+    records: list[TaskRecord]
+    memory: MemoryTracker
+    net: FlowNetwork
+    link_bytes: dict[str, float]
+    link_bytes_by_step: dict[int, dict[str, float]]
+    step_end: dict[int, float]
+    events: int
+    wall_s: float
+    topology: Topology
+    leaked: list[str] = field(default_factory=list)
+
+
+def link_resources(topo: Topology) -> dict[str, float]:
+    caps: dict[str, float] = {}
+    for name, ln in topo.links.items():
+        caps[f"{name}:fwd"] = ln.bw_fwd
+        caps[f"{name}:rev"] = ln.bw_rev
+        if ln.duplex_bw is not None:
+            caps[f"{name}:duplex"] = ln.duplex_bw
+    return caps
+
+
+def compute_seconds(hw: HardwareSpec, flops: float, hbm_bytes: float, dtype: str) -> float:
+    """Roofline time of one kernel on one GPU (without the launch overhead)."""
+    t_flops = flops / (hw.peak_flops_for(dtype) * hw.gpu.gemm_efficiency(flops)) if flops > 0 else 0.0
+    t_mem = hbm_bytes / hw.gpu.hbm_bw if hbm_bytes > 0 else 0.0
+    return max(t_flops, t_mem)
+
+
+class Engine:
+    def __init__(self, plan: Plan, hw: HardwareSpec, topology: Topology | None = None):
+        self.plan = plan
+        self.hw = hw
+        self.topo = topology if topology is not None else build_topology(hw)
+        validate_plan(plan, "plan", self.topo.locations)
+        self.dtype = str(plan.workload.get("precision", "bf16"))
+        self.env = simpy.Environment()
+        caps = link_resources(self.topo)
+        for g in self.topo.gpu_locations():
+            caps[f"{g}.sm"] = 1.0
+        caps["cpu.adam"] = hw.host.optimizer_params_per_s
+        self.net = FlowNetwork(self.env, caps)
+        capacities = {p.name: p.capacity_bytes for p in self.topo.pools.values()}
+        self.mem = MemoryTracker(capacities, self.topo.pool_of)
+        self.tensors = plan.tensor_map()
+        self.streams = plan.stream_map()
+        self.link_bytes: dict[str, float] = defaultdict(float)
+        self.link_bytes_by_step: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        self.records: list[TaskRecord] = []
+        self.step_end: dict[int, float] = defaultdict(float)
+        self._routes: dict[tuple[str, str], tuple[tuple[str, ...], float, tuple[str, ...]]] = {}
+
+    # -- routing --------------------------------------------------------------------------------------
+    def route(self, src: str, dst: str) -> tuple[tuple[str, ...], float, tuple[str, ...]]:
+        """(flow resources, latency, link names) of a transfer from src to dst."""
+        key = (src, dst)
+        if key not in self._routes:
+            hops = self.topo.route(src, dst)
+            res: list[str] = []
+            links: list[str] = []
+            lat = 0.0
+            for h in hops:
+                ln = self.topo.links[h.link]
+                res.append(f"{h.link}:{'fwd' if h.forward else 'rev'}")
+                if ln.duplex_bw is not None:
+                    res.append(f"{h.link}:duplex")
+                links.append(h.link)
+                lat += ln.latency_s
+            self._routes[key] = (tuple(res), lat, tuple(links))
+        return self._routes[key]
+
+    # -- execution ------------------------------------------------------------------------------------
+    def run(self) -> RawRun:
+        wall0 = time.perf_counter()
+        tasks = Unroller(self.plan).unroll()
+        done: dict[str, simpy.Event] = {t.uid: self.env.event() for t in tasks}
+        for t in tasks:
+            for d in t.deps:
+                if d not in done:
+                    raise PlanError(f"task {t.uid!r}: depends on {d!r}, which the plan never runs")
+        per_stream: dict[str, list[ConcreteTask]] = defaultdict(list)
+        for t in tasks:
+            per_stream[t.spec.stream].append(t)
+        # initial residency: global tensors with a home
+        for ts in self.plan.tensors:
+            if ts.home is not None:
+                self.mem.alloc(0.0, ts.id, ts.home, ts.bytes, ts.kind, "<initial>")
+        for sid in self.streams:
+            if per_stream.get(sid):
+                self.env.process(self._stream(sid, per_stream[sid], done))
+        events = 0
+        env = self.env
+        while True:
+            try:
+                env.step()
+            except simpy.core.EmptySchedule:
+                break
+            events += 1
+        unfinished = [t for t in tasks if not done[t.uid].triggered]
+        if unfinished:
+            t = unfinished[0]
+            waits = [d for d in t.deps if not done[d].triggered]
+            raise PlanError(f"deadlock: task {t.uid!r} on stream {t.spec.stream!r} never ran"
+                            + (f" (it waits for {waits[0]!r})" if waits else
+                               " (an earlier task of its stream never finished)"))
+        keep = {t.id for t in self.plan.tensors if t.persistent or t.home is not None}
+        leaked = [f"{inst}@{loc}" for inst, loc in self.mem.resident if inst.split("[", 1)[0] not in keep]
+        return RawRun(self.records, self.mem, self.net, dict(self.link_bytes),
+                      {k: dict(v) for k, v in self.link_bytes_by_step.items()}, dict(self.step_end),
+                      events, time.perf_counter() - wall0, self.topo, leaked)
+
+    def _stream(self, sid: str, tasks: list[ConcreteTask],
+                done: dict[str, simpy.Event]) -> Iterator[simpy.Event]:
+        device = self.streams[sid].device
+        for t in tasks:
+            pending = [done[d] for d in t.deps if not done[d].triggered]
+            if pending:
+                yield self.env.all_of(pending)
+            start = self.env.now
+            self._begin(t)
+            moved = yield from self._execute(t, device)
+            self._finish(t)
+            end = self.env.now
+            self.records.append(TaskRecord(t.uid, t.spec.id, t.spec.op, sid, device, start, end, t.step,
+                                           t.segment, t.iteration, moved, dict(t.spec.tags)))
+            self.step_end[t.step] = max(self.step_end[t.step], end)
+            done[t.uid].succeed()
+
+    def _kind(self, inst: str) -> tuple[float, str]:
+        spec = self.tensors[inst.split("[", 1)[0]]
+        return spec.bytes, spec.kind
+
+    def _begin(self, t: ConcreteTask) -> None:
+        now = self.env.now
+        for inst, loc in t.reads:
+            if not self.mem.is_resident(inst, loc):
+                raise PlanError(f"task {t.uid!r}: reads tensor {inst!r} on {loc!r}, but it is not there")
+        for inst, loc in t.allocs:
+            nbytes, kind = self._kind(inst)
+            self.mem.alloc(now, inst, loc, nbytes, kind, t.uid)
+        if t.spec.op == "copy" and t.tensor is not None:
+            if not self.mem.is_resident(t.tensor, t.spec.src):
+                raise PlanError(f"task {t.uid!r}: copies tensor {t.tensor!r} from {t.spec.src!r}, "
+                                f"but it is not there")
+            if t.spec.alloc_dst:
+                nbytes, kind = self._kind(t.tensor)
+                self.mem.alloc(now, t.tensor, t.spec.dst, nbytes, kind, t.uid)
+
+    def _finish(self, t: ConcreteTask) -> None:
+        now = self.env.now
+        if t.spec.op == "copy" and t.tensor is not None and t.spec.free_src:
+            self.mem.free(now, t.tensor, t.spec.src, t.uid)
+        for inst, loc in t.frees:
+            self.mem.free(now, inst, loc, t.uid)
+
+    def _execute(self, t: ConcreteTask, device: str) -> Iterator[simpy.Event]:
+        s = t.spec
+        env = self.env
+        if s.op == "compute":
+            if f"{device}.sm" not in self.net.capacity:
+                raise PlanError(f"task {t.uid!r}: compute on {device!r}, which is not a GPU")
+            work = compute_seconds(self.hw, s.flops, s.hbm_bytes, self.dtype)
+            yield env.timeout(self.hw.gpu.launch_overhead_s)
+            yield self.net.start(work, (f"{device}.sm",))
+            return 0.0
+        if s.op == "optimizer":
+            if f"{device}.sm" in self.net.capacity:
+                work = s.params * self.hw.gpu.optimizer_bytes_per_param / self.hw.gpu.hbm_bw
+                yield env.timeout(self.hw.gpu.launch_overhead_s)
+                yield self.net.start(work, (f"{device}.sm",))
+            else:
+                yield self.net.start(s.params, ("cpu.adam",))
+            return 0.0
+        if s.op == "copy":
+            nbytes = s.bytes if s.bytes > 0 else self._kind(t.tensor)[0] if t.tensor else 0.0
+            res, lat, links = self.route(s.src, s.dst)
+            self._count(t.step, links, nbytes)
+            if lat > 0:
+                yield env.timeout(lat)
+            yield self.net.start(nbytes, res)
+            return nbytes
+        if s.op == "collective":
+            n = len(s.ranks)
+            if n <= 1:
+                return 0.0
+            per_rank = s.bytes * (n - 1) / n * (2.0 if s.coll == "all_reduce" else 1.0)
+            flows = []
+            lat_max = 0.0
+            for i, r in enumerate(s.ranks):
+                res, lat, links = self.route(r, s.ranks[(i + 1) % n])
+                self._count(t.step, links, per_rank)
+                lat_max = max(lat_max, lat)
+                flows.append((per_rank, res))
+            steps = (n - 1) * (2 if s.coll == "all_reduce" else 1)
+            yield env.timeout(lat_max * steps)
+            yield env.all_of([self.net.start(a, r) for a, r in flows])
+            return per_rank * n
+        return 0.0  # alloc / free / noop: instantaneous
+
+    def _count(self, step: int, links: tuple[str, ...], nbytes: float) -> None:
+        for ln in links:
+            self.link_bytes[ln] += nbytes
+            self.link_bytes_by_step[step][ln] += nbytes
+
+
+def run_plan(plan: Plan, hw: HardwareSpec, topology: Topology | None = None) -> RawRun:
+    """Simulate every task of the plan once (no extrapolation); ``topology`` overrides the derived one."""
+    return Engine(plan, hw, topology).run()

@@ -1,0 +1,144 @@
+"""Fluid (flow-level) sharing of bandwidth-like resources, max-min fair, inside a SimPy environment.
+
+Every transfer, compute kernel and CPU optimizer step is a *flow*: an amount of work (bytes, seconds of
+GPU work, parameters) pushed through one or more resources (a link direction, a link's duplex budget,
+a GPU's SMs, the host's CPU-Adam throughput). While flows are active they share each resource's
+capacity max-min fairly across every resource of their path (progressive filling). Rates are recomputed
+whenever a flow starts or ends, but only for the *component* of flows that transitively share a resource
+with the flow that changed, so independent GPUs do not slow each other's bookkeeping.
+
+This is the bandwidth model of ../shared/design.md ("a FIFO simpy.Resource per link is not a bandwidth
+model"); the same progressive-filling idea is the textbook max-min fair allocation (Bertsekas & Gallager,
+Data Networks, §6.5.2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import simpy
+
+_EPS = 1e-12
+
+
+@dataclass
+class Flow:
+    fid: int
+    remaining: float
+    resources: tuple[str, ...]
+    done: simpy.Event
+    rate: float = 0.0
+    updated: float = 0.0
+    version: int = 0
+
+
+@dataclass
+class ResourceStats:
+    busy_s: float = 0.0
+    busy_since: float | None = None
+    rate_log: list[tuple[float, float]] = field(default_factory=list)  # (time, total rate) when it changes
+
+
+class FlowNetwork:
+    """Flows over named resources with fixed capacities (units per second)."""
+
+    def __init__(self, env: simpy.Environment, capacities: Mapping[str, float]):
+        self.env = env
+        self.capacity = dict(capacities)
+        self._flows: dict[int, Flow] = {}
+        self._on: dict[str, set[int]] = {r: set() for r in self.capacity}
+        self._next_id = 0
+        self.stats: dict[str, ResourceStats] = {r: ResourceStats() for r in self.capacity}
+
+    def start(self, amount: float, resources: Sequence[str]) -> simpy.Event:
+        """Start a flow of ``amount`` units over ``resources``; the returned event fires when it is done."""
+        ev = self.env.event()
+        if amount <= 0 or not resources:
+            ev.succeed()
+            return ev
+        for r in resources:
+            if r not in self.capacity:
+                raise KeyError(f"unknown resource {r!r}")
+        fid = self._next_id
+        self._next_id += 1
+        f = Flow(fid, float(amount), tuple(dict.fromkeys(resources)), ev, updated=self.env.now)
+        self._flows[fid] = f
+        for r in f.resources:
+            if not self._on[r]:
+                self.stats[r].busy_since = self.env.now
+            self._on[r].add(fid)
+        self._rebalance(f.resources)
+        return ev
+
+    def active(self) -> int:
+        return len(self._flows)
+
+    # -- internals ------------------------------------------------------------------------------------
+    def _component(self, seeds: Sequence[str]) -> tuple[list[Flow], set[str]]:
+        res_seen: set[str] = set()
+        flows: dict[int, Flow] = {}
+        stack = list(seeds)
+        while stack:
+            r = stack.pop()
+            if r in res_seen:
+                continue
+            res_seen.add(r)
+            for fid in self._on[r]:
+                if fid not in flows:
+                    f = self._flows[fid]
+                    flows[fid] = f
+                    stack.extend(x for x in f.resources if x not in res_seen)
+        return sorted(flows.values(), key=lambda f: f.fid), res_seen
+
+    def _rebalance(self, seeds: Sequence[str]) -> None:
+        now = self.env.now
+        flows, resources = self._component(seeds)
+        for f in flows:  # bring every flow's remaining work up to now at its old rate
+            f.remaining = max(0.0, f.remaining - f.rate * (now - f.updated))
+            f.updated = now
+        # progressive filling
+        cap = {r: self.capacity[r] for r in resources}
+        count = {r: len(self._on[r]) for r in resources}
+        unfrozen = {f.fid: f for f in flows}
+        while unfrozen:
+            r_star = min((r for r in resources if count[r] > 0), key=lambda r: (cap[r] / count[r], r))
+            share = max(cap[r_star], 0.0) / count[r_star]
+            for fid in sorted(self._on[r_star]):
+                f = unfrozen.pop(fid, None)
+                if f is None:
+                    continue
+                f.rate = share
+                for r in f.resources:
+                    cap[r] -= share
+                    count[r] -= 1
+        for r in resources:
+            total = sum(self._flows[fid].rate for fid in self._on[r])
+            log = self.stats[r].rate_log
+            if not log or abs(log[-1][1] - total) > _EPS * max(1.0, total):
+                log.append((now, total))
+        for f in flows:
+            f.version += 1
+            if f.rate > 0:
+                ev = self.env.timeout(f.remaining / f.rate)
+                ev.callbacks.append(self._make_finisher(f.fid, f.version))
+
+    def _make_finisher(self, fid: int, version: int):  # noqa: ANN202 - SimPy callback
+        def finish(_ev: simpy.Event) -> None:
+            f = self._flows.get(fid)
+            if f is None or f.version != version:
+                return
+            del self._flows[fid]
+            now = self.env.now
+            for r in f.resources:
+                self._on[r].discard(fid)
+                if not self._on[r]:
+                    st = self.stats[r]
+                    if st.busy_since is not None:
+                        st.busy_s += now - st.busy_since
+                        st.busy_since = None
+            f.remaining = 0.0
+            f.done.succeed()
+            self._rebalance(f.resources)
+
+        return finish

@@ -1,0 +1,294 @@
+"""The Result of a simulation: typed, with ``to_dict()`` (the JSON the CLI prints)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from hardware_models import HardwareSpec
+from simulator.engine import RawRun, TaskRecord
+from simulator.plan import Plan
+
+TRANSFER_OPS = ("copy", "collective")
+
+
+@dataclass(frozen=True)
+class Oom:
+    pool: str
+    time_s: float
+    task: str
+    tensor: str
+    requested_bytes: float
+    free_bytes: float
+    capacity_bytes: float
+    total_demand_bytes: float
+
+    @property
+    def over_by_bytes(self) -> float:
+        return self.total_demand_bytes - self.capacity_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pool": self.pool, "time_s": self.time_s, "task": self.task, "tensor": self.tensor,
+                "requested_bytes": self.requested_bytes, "free_bytes": self.free_bytes,
+                "capacity_bytes": self.capacity_bytes, "total_demand_bytes": self.total_demand_bytes,
+                "over_by_bytes": self.over_by_bytes}
+
+
+@dataclass(frozen=True)
+class SimInfo:
+    events: int
+    wall_s: float
+    method: str  # "full" or "extrapolated: ..."
+    simulated_tasks: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"events": self.events, "wall_s": self.wall_s, "method": self.method,
+                "simulated_tasks": self.simulated_tasks}
+
+
+@dataclass(frozen=True)
+class Result:
+    feasible: bool
+    policy: str
+    knobs: Mapping[str, Any]
+    hardware: str
+    model: Mapping[str, Any]
+    workload: Mapping[str, Any]
+    n_gpus: int
+    step_time_s: float
+    tokens_per_s: float
+    tflops_per_gpu: float
+    mfu: float
+    peak_bytes: Mapping[str, float]
+    capacity_bytes: Mapping[str, float]
+    reserved_bytes: Mapping[str, Mapping[str, float]]
+    peak_by_kind: Mapping[str, Mapping[str, float]]
+    link_bytes: Mapping[str, float]          # bytes moved per link in the measured step
+    link_busy_s: Mapping[str, float]         # time with at least one flow on the link, measured step
+    stream_busy_s: Mapping[str, float]       # measured step
+    compute_busy_s: float                    # busiest GPU's compute time in the measured step
+    exposed_transfer_s: float                # worst GPU: transfer time not hidden behind its compute
+    oom: Oom | None
+    ooms: tuple[Oom, ...]
+    sim: SimInfo
+    notes: tuple[str, ...] = ()
+    info: Mapping[str, Any] = field(default_factory=dict)
+    records: tuple[TaskRecord, ...] = ()     # timeline of the simulated run (for traces and reports)
+    memory_series: Mapping[str, tuple[tuple[float, str, float], ...]] = field(default_factory=dict)
+    link_rate_log: Mapping[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
+    window: tuple[float, float] = (0.0, 0.0)  # the measured step in simulated time
+    leaked: tuple[str, ...] = ()             # non-persistent tensors still allocated at the end
+    min_used_bytes: Mapping[str, float] = field(default_factory=dict)
+    simulated_plan: Plan | None = None       # the plan actually simulated (fewer repeats if extrapolated)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "feasible": self.feasible,
+            "policy": self.policy,
+            "knobs": dict(self.knobs),
+            "hardware": self.hardware,
+            "model": dict(self.model),
+            "workload": dict(self.workload),
+            "n_gpus": self.n_gpus,
+            "step_time_s": self.step_time_s,
+            "tokens_per_s": self.tokens_per_s,
+            "tflops_per_gpu": self.tflops_per_gpu,
+            "mfu": self.mfu,
+            "peak_bytes": dict(self.peak_bytes),
+            "capacity_bytes": dict(self.capacity_bytes),
+            "reserved_bytes": {k: dict(v) for k, v in self.reserved_bytes.items()},
+            "peak_by_kind": {k: dict(v) for k, v in self.peak_by_kind.items()},
+            "link_bytes": dict(self.link_bytes),
+            "link_busy_s": dict(self.link_busy_s),
+            "stream_busy_s": dict(self.stream_busy_s),
+            "compute_busy_s": self.compute_busy_s,
+            "exposed_transfer_s": self.exposed_transfer_s,
+            "oom": self.oom.to_dict() if self.oom else None,
+            "ooms": [o.to_dict() for o in self.ooms],
+            "sim": self.sim.to_dict(),
+            "notes": list(self.notes),
+            "info": dict(self.info),
+        }
+
+
+# -- helpers over intervals ---------------------------------------------------------------------------
+def union(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(i for i in intervals if i[1] > i[0]):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def clip(intervals: Iterable[tuple[float, float]], lo: float, hi: float) -> list[tuple[float, float]]:
+    return [(max(a, lo), min(b, hi)) for a, b in intervals if min(b, hi) > max(a, lo)]
+
+
+def length(intervals: Iterable[tuple[float, float]]) -> float:
+    return sum(b - a for a, b in intervals)
+
+
+def subtract(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """a minus b, both sorted disjoint unions."""
+    out: list[tuple[float, float]] = []
+    j = 0
+    for lo, hi in a:
+        cur = lo
+        while j < len(b) and b[j][1] <= cur:
+            j += 1
+        k = j
+        while k < len(b) and b[k][0] < hi:
+            if b[k][0] > cur:
+                out.append((cur, b[k][0]))
+            cur = max(cur, b[k][1])
+            k += 1
+        if cur < hi:
+            out.append((cur, hi))
+    return out
+
+
+def busy_intervals(log: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Intervals with a positive total rate, from a resource's (time, total rate) log."""
+    pts = list(log)
+    return [(t, pts[i + 1][0] if i + 1 < len(pts) else t) for i, (t, r) in enumerate(pts) if r > 0]
+
+
+@dataclass(frozen=True)
+class StepMetrics:
+    """The additive figures of one measured step (what steady-state extrapolation scales)."""
+
+    step_time_s: float
+    link_bytes: dict[str, float]
+    link_busy_s: dict[str, float]
+    stream_busy_s: dict[str, float]
+    compute_busy_s: float
+    exposed_transfer_s: float
+    window: tuple[float, float]
+
+
+def step_metrics(plan: Plan, raw: RawRun) -> StepMetrics:
+    last = plan.steps - 1
+    hi = raw.step_end.get(last, 0.0)
+    lo = raw.step_end.get(last - 1, 0.0) if plan.steps >= 2 else 0.0
+    link_bytes = dict(raw.link_bytes_by_step.get(last, {}))
+    link_busy: dict[str, float] = {}
+    for name in raw.topology.links:
+        intervals = busy_intervals(raw.net.stats[name + ":fwd"].rate_log)
+        intervals += busy_intervals(raw.net.stats[name + ":rev"].rate_log)
+        link_busy[name] = length(clip(union(intervals), lo, hi))
+    by_stream: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for r in raw.records:
+        by_stream[r.stream].append((r.start, r.end))
+    stream_busy = {s: length(clip(union(iv), lo, hi)) for s, iv in sorted(by_stream.items())}
+    compute_busy, exposed = gpu_overlap(raw.records, lo, hi)
+    return StepMetrics(hi - lo, link_bytes, link_busy, stream_busy, compute_busy, exposed, (lo, hi))
+
+
+def gpu_overlap(records: Iterable[TaskRecord], lo: float, hi: float) -> tuple[float, float]:
+    """(busiest GPU's compute time, worst GPU's transfer time not overlapped by its compute) in [lo, hi].
+
+    A transfer belongs to a GPU when it runs on one of that GPU's streams (its copy engines, its
+    communication stream).
+    """
+    comp: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    xfer: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for r in records:
+        if not r.device.startswith("gpu"):
+            continue
+        if r.op in ("compute", "optimizer"):
+            comp[r.device].append((r.start, r.end))
+        elif r.op in TRANSFER_OPS:
+            xfer[r.device].append((r.start, r.end))
+    busiest = 0.0
+    worst = 0.0
+    for g in set(comp) | set(xfer):
+        c = clip(union(comp[g]), lo, hi)
+        x = clip(union(xfer[g]), lo, hi)
+        busiest = max(busiest, length(c))
+        worst = max(worst, length(subtract(x, c)))
+    return busiest, worst
+
+
+def build_result(plan: Plan, hw: HardwareSpec, raw: RawRun, metrics: StepMetrics, sim: SimInfo) -> Result:
+    mem = raw.memory
+    topo = raw.topology
+    peaks = {p: s.peak for p, s in mem.pools.items()}
+    oom_list = tuple(Oom(o.pool, o.time_s, o.task, o.tensor, o.requested_bytes, o.free_bytes,
+                         o.capacity_bytes, peaks[o.pool]) for o in sorted(mem.ooms, key=lambda o: o.time_s))
+    n_gpus = int(plan.metrics.get("n_gpus", len(topo.gpu_locations())))
+    tokens = float(plan.metrics.get("tokens_per_step", 0.0))
+    flops = float(plan.metrics.get("model_flops_per_step", 0.0))
+    step = metrics.step_time_s
+    dtype = str(plan.workload.get("precision", "bf16"))
+    tflops = flops / step / n_gpus / 1e12 if step > 0 and n_gpus else 0.0
+    mfu = tflops * 1e12 / hw.peak_flops_for(dtype) if tflops else 0.0
+    return Result(
+        feasible=not oom_list,
+        policy=plan.policy,
+        knobs=dict(plan.knobs),
+        hardware=hw.name,
+        model=dict(plan.workload.get("model", {})),
+        workload={k: v for k, v in plan.workload.items() if k != "model"},
+        n_gpus=n_gpus,
+        step_time_s=step,
+        tokens_per_s=tokens / step if step > 0 else 0.0,
+        tflops_per_gpu=tflops,
+        mfu=mfu,
+        peak_bytes=peaks,
+        capacity_bytes={p: s.capacity for p, s in mem.pools.items()},
+        reserved_bytes={p.name: dict(p.reserved) for p in topo.pools.values()},
+        peak_by_kind={p: dict(sorted(s.peak_by_kind.items())) for p, s in mem.pools.items()},
+        link_bytes=metrics.link_bytes,
+        link_busy_s=metrics.link_busy_s,
+        stream_busy_s=metrics.stream_busy_s,
+        compute_busy_s=metrics.compute_busy_s,
+        exposed_transfer_s=metrics.exposed_transfer_s,
+        oom=oom_list[0] if oom_list else None,
+        ooms=oom_list,
+        sim=sim,
+        notes=tuple(plan.notes),
+        info=dict(plan.info),
+        records=tuple(raw.records),
+        memory_series={p: tuple(s.series) for p, s in mem.pools.items()},
+        link_rate_log={r: tuple(s.rate_log) for r, s in raw.net.stats.items()},
+        window=metrics.window,
+        leaked=tuple(sorted(raw.leaked)),
+        min_used_bytes={p: s.min_used for p, s in mem.pools.items()},
+        simulated_plan=plan,
+    )
+
+
+def scale_metrics(base: StepMetrics, deltas: list[tuple[int, StepMetrics]]) -> StepMetrics:
+    """base + sum(k * delta) for every additive figure."""
+
+    def add(a: Mapping[str, float], parts: list[tuple[int, Mapping[str, float]]]) -> dict[str, float]:
+        keys = set(a).union(*(set(d) for _, d in parts)) if parts else set(a)
+        return {k: a.get(k, 0.0) + sum(n * d.get(k, 0.0) for n, d in parts) for k in sorted(keys)}
+
+    lo = base.window[0]
+    step = base.step_time_s + sum(n * d.step_time_s for n, d in deltas)
+    return StepMetrics(
+        step_time_s=step,
+        link_bytes=add(base.link_bytes, [(n, d.link_bytes) for n, d in deltas]),
+        link_busy_s=add(base.link_busy_s, [(n, d.link_busy_s) for n, d in deltas]),
+        stream_busy_s=add(base.stream_busy_s, [(n, d.stream_busy_s) for n, d in deltas]),
+        compute_busy_s=base.compute_busy_s + sum(n * d.compute_busy_s for n, d in deltas),
+        exposed_transfer_s=base.exposed_transfer_s + sum(n * d.exposed_transfer_s for n, d in deltas),
+        window=(lo, lo + step),
+    )
+
+
+def diff_metrics(a: StepMetrics, b: StepMetrics) -> StepMetrics:
+    """a - b."""
+    keys = lambda x, y: sorted(set(x) | set(y))  # noqa: E731
+    return StepMetrics(
+        a.step_time_s - b.step_time_s,
+        {k: a.link_bytes.get(k, 0.0) - b.link_bytes.get(k, 0.0) for k in keys(a.link_bytes, b.link_bytes)},
+        {k: a.link_busy_s.get(k, 0.0) - b.link_busy_s.get(k, 0.0) for k in keys(a.link_busy_s, b.link_busy_s)},
+        {k: a.stream_busy_s.get(k, 0.0) - b.stream_busy_s.get(k, 0.0)
+         for k in keys(a.stream_busy_s, b.stream_busy_s)},
+        a.compute_busy_s - b.compute_busy_s, a.exposed_transfer_s - b.exposed_transfer_s, (0.0, 0.0))

@@ -1,0 +1,215 @@
+"""The shipped presets: they load, round-trip, cite a source for every figure and match the reference."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+import hardware_models
+from hardware_models import GIB, describe, list_presets, load_hardware, spec_from_dict
+
+PRESETS = list_presets()
+REFERENCE = Path("/work/shared/reference/hardware_specs.yaml")
+# Citations that are not reference keys must say what they are.
+_FREE_PREFIXES = ("derived", "assumed", "NVIDIA V100 datasheet", "NVIDIA DGX-2", "ZeRO-Offload paper")
+
+
+SHIPPED = (
+    "a100",
+    "a100-40g",
+    "a100x8",
+    "h800",
+    "h800x8",
+    "h200",
+    "h200x8",
+    "dgx-spark",
+    "v100",
+    "dgx2",
+    "rtx4090x4",
+)
+
+
+def test_the_expected_presets_ship() -> None:
+    assert sorted(SHIPPED) == PRESETS
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_preset_loads_and_is_named_after_its_file(name: str) -> None:
+    spec = load_hardware(name)
+    assert spec.name == name
+    assert spec.description
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_to_dict_round_trips_through_yaml(name: str, tmp_path: Path) -> None:
+    spec = load_hardware(name)
+    assert spec_from_dict(spec.to_dict()) == spec
+    path = tmp_path / f"{name}-copy.yaml"
+    path.write_text(yaml.safe_dump(spec.to_dict(), sort_keys=False))
+    assert load_hardware(str(path)) == spec
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_numeric_field_has_a_source(name: str) -> None:
+    spec = load_hardware(name)
+    assert spec.missing_sources() == ()
+    assert len(spec.field_paths(numeric_only=True)) >= 30
+
+
+def _reference_keys() -> set[str]:
+    if not REFERENCE.is_file():
+        pytest.skip(f"{REFERENCE} not available")
+    return set(yaml.safe_load(REFERENCE.read_text())["sources"])
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_citations_are_reference_keys_or_say_what_they_are(name: str) -> None:
+    keys = _reference_keys()
+    for path, citation in load_hardware(name).sources.items():
+        if citation.startswith(_FREE_PREFIXES):
+            continue
+        leading = re.split(r"\s[(\-]", citation)[0]
+        cited = [part.strip() for part in leading.split(",")]
+        unknown = [c for c in cited if c not in keys]
+        assert not unknown, f"{name}: {path}: {citation!r} cites unknown keys {unknown}"
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_describe_shows_every_source(name: str) -> None:
+    spec = load_hardware(name)
+    text = describe(spec)
+    assert text.startswith(f"{name}: ")
+    for citation in spec.sources.values():
+        assert citation in text
+    assert "no source given" not in text.split("derived:")[0]
+    assert "fields without a source" not in text
+
+
+# Figures from /work/shared/reference/hardware_specs.yaml (and the task brief), with their units.
+EXPECTED = {
+    "a100x8": {
+        "gpu.count": 8,
+        "host.dram_bytes": 2e12,
+        "host.dram_bw": 409.6e9,
+        "host.cores": 128,
+        "peak.bf16": 312e12,
+        "gpu.hbm_bw": 2039e9,
+        "nvlink": 300e9,
+        "pcie.gen": 4,
+        "pcie.gpus_per_switch": 2,
+        "nvme.count": 8,
+        "nvme.capacity_bytes_each": 3.84e12,
+        "nvme.read_bw_each": 7.0e9,
+        "nvme.write_bw_each": 3.5e9,
+    },
+    "a100": {"gpu.count": 1, "peak.bf16": 312e12, "gpu.hbm_bw": 2039e9, "nvlink": None},
+    "a100-40g": {"gpu.memory_bytes": 40 * GIB, "gpu.hbm_bw": 1555e9, "peak.bf16": 312e12},
+    "h800": {"gpu.hbm_bw": 3350e9, "peak.bf16": 989.4e12, "pcie.gen": 5},
+    "h800x8": {"gpu.count": 8, "nvlink": 200e9, "peak.bf16": 989.4e12, "peak.fp8": 1978.9e12},
+    "h200": {"gpu.hbm_bw": 4800e9, "peak.bf16": 989.4e12, "pcie.gen": 5},
+    "h200x8": {"gpu.count": 8, "nvlink": 450e9, "host.dram_bytes": 2e12, "pcie.gen": 5},
+    "dgx-spark": {"host.dram_bw": 273e9, "host.cores": 20, "peak.bf16": 125e12, "c2c": 300e9,
+                  "nvme.capacity_bytes_each": 4e12, "gpu.memory_bytes": 0.0},
+    "v100": {"peak.fp16": 125e12, "gpu.hbm_bw": 900e9, "pcie.gen": 3, "gpu.memory_bytes": 32 * GIB},
+    "dgx2": {"gpu.count": 16, "nvlink": 150e9, "host.dram_bytes": 1.5e12, "host.cores": 48,
+             "host.optimizer_params_per_s": 10e9 / 2.57, "pcie.gen": 3},
+    "rtx4090x4": {"gpu.count": 4, "peak.bf16": 165e12, "gpu.hbm_bw": 1008e9, "nvlink": None,
+                  "pcie.gpus_per_switch": 4, "host.dram_bytes": 256e9},
+}  # fmt: skip
+
+
+def _figure(name: str, key: str) -> object:
+    spec = load_hardware(name)
+    if key.startswith("peak."):
+        return spec.peak_flops_for(key.split(".")[1])
+    if key in ("nvlink", "c2c"):
+        part = getattr(spec, key)
+        return None if part is None else part.per_direction_bw
+    section, attr = key.split(".")
+    return getattr(getattr(spec, section), attr)
+
+
+@pytest.mark.parametrize(("name", "key"), [(n, k) for n, figs in EXPECTED.items() for k in figs])
+def test_figures_match_the_reference(name: str, key: str) -> None:
+    expected = EXPECTED[name][key]
+    actual = _figure(name, key)
+    if isinstance(expected, float):
+        assert actual == pytest.approx(expected, rel=1e-3)
+    else:
+        assert actual == expected
+
+
+def test_a100x8_pcie_gen4_per_direction_is_the_measured_25_gbs() -> None:
+    spec = load_hardware("a100x8")
+    assert spec.pcie.per_direction_bw == pytest.approx(24.9e9, rel=0.01)  # nvbw_53: 24.8-25.1 GB/s
+    assert spec.pcie.duplex_bw == pytest.approx((24 + 11) * 1e9, rel=0.01)  # nvbw_53: D2H 24 + H2D 11
+
+
+def test_gpu_memory_is_what_cuda_reports_not_the_marketing_gb() -> None:
+    assert load_hardware("a100x8").gpu.memory_bytes == 81920 * 2**20
+    assert load_hardware("h200").gpu.memory_bytes == 143771 * 2**20
+
+
+def test_dgx_spark_usable_total_matches_gpud() -> None:
+    spec = load_hardware("dgx-spark")
+    assert spec.unified_memory
+    visible = (
+        spec.host.dram_bytes - spec.host.reserved["display_carveout"] - spec.host.reserved["firmware_kernel"]
+    )
+    assert visible == 128501256192  # gpud_1170: ~119.7 GiB
+    assert spec.host.reserved["display_carveout"] == 2 * GIB
+
+
+@pytest.mark.parametrize(
+    ("name", "layer_flops", "low", "high"),
+    [
+        ("a100x8", 2e12, 0.55, 0.64),  # llmfoundry A100-80GB MFU 0.53-0.64 for a 7B-class layer
+        ("a100x8", 1e13, 0.55, 0.64),
+        ("h200x8", 2e12, 0.40, 0.46),  # llmfoundry H100 0.36-0.46, Llama 3 0.38-0.43
+        ("h800x8", 1e13, 0.40, 0.46),
+    ],
+)
+def test_gemm_efficiency_of_a_large_layer_lands_near_published_mfu(
+    name: str, layer_flops: float, low: float, high: float
+) -> None:
+    curve = load_hardware(name).gpu.gemm_efficiency
+    assert low <= curve(layer_flops) <= high
+    assert curve(1e9) < 0.5 * curve(layer_flops)  # small ops are much less efficient
+
+
+def test_gemm_efficiency_never_exceeds_the_measured_matmul_ceiling() -> None:
+    assert max(y for _, y in load_hardware("a100x8").gpu.gemm_efficiency.points) <= 0.86
+    spark = load_hardware("dgx-spark")
+    best = max(y for _, y in spark.gpu.gemm_efficiency.points)
+    assert best * spark.peak_flops_for("bf16") <= 92.3e12  # gb10_hf_kernels_283
+
+
+def test_package_imports_nothing_else_of_the_project() -> None:
+    allowed = set(sys.stdlib_module_names) | {"yaml", "hardware_models", "__future__"}
+    package = Path(hardware_models.__file__).parent
+    for source in package.glob("*.py"):
+        tree = ast.parse(source.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                roots = [alias.name.split(".")[0] for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                roots = [(node.module or "").split(".")[0]]
+            else:
+                continue
+            assert set(roots) <= allowed, f"{source.name} imports {roots}"
+
+
+def test_import_loads_no_other_project_package() -> None:
+    code = (
+        "import sys, hardware_models; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('workloads', 'policies', 'simulator', 'reports', 'tiersim', 'replay', 'planner')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -1,0 +1,3 @@
+from tiersim.cli import main
+
+raise SystemExit(main())

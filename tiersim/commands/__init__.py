@@ -1,0 +1,1 @@
+"""One module per subcommand; each takes parsed arguments and returns an exit code."""

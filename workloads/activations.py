@@ -1,0 +1,137 @@
+"""Bytes of activations saved for the backward pass, per layer and micro-batch.
+
+Source: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
+arXiv 2205.05198, Sec. 4 and Table 2: a GPT block (LayerNorm, MHA, 4h GeLU MLP, dropout) in 16-bit
+saves ``s*b*h*(34 + 5*a*s/h)`` bytes; selective recomputation (attention core recomputed) saves
+``34*s*b*h``; full recomputation saves only the block input ``2*s*b*h``. We rebuild that count tensor
+by tensor so that the same code also covers SwiGLU, GQA, RMSNorm, no dropout, MoE, FlashAttention and
+fp32. Notation: s sequence, b micro-batch, h hidden, a heads, d_kv = n_kv_heads*h/a, f ffn,
+e bytes per activation element (2 for bf16/fp16, 4 for fp32), dropout masks 1 byte per element (stay
+1 byte in fp32), FlashAttention's logsumexp and the loss logits fp32 (4 bytes) in every precision.
+
+Per block, what each op keeps for its backward (Korthikanti's accounting; Korthikanti's numbers for
+e = 2 in brackets)::
+
+  norms      each of the 2 norms keeps its input: 2 * e*sbh                              [4sbh]
+             (LayerNorm or RMSNorm alike; the per-row statistics, O(sb) fp32, are ignored
+             as in Korthikanti)
+  attention  QKV projection input (norm output)          e*sbh                          [2sbh]
+             Q and K for Q.K^T                          e*sbh + e*sb*k_w                [4sbh]
+             V for P.V                                  e*sb*k_w                         [2sbh]
+             output-projection input (context)          e*sbh                           [2sbh]
+             dropout mask after the output projection   sbh          (dropout only)     [1sbh]
+             k_w = h without FlashAttention (GQA's K/V are expanded to all a heads before
+             the matmuls, as Megatron's and HF's eager attention do, so the saved tensors
+             are full width), k_w = d_kv with FlashAttention (native GQA, unexpanded K/V).
+             Rotary embeddings are a fixed rotation: their backward needs no saved input.
+  core       without FlashAttention: softmax output     e*a*s^2*b                       [2as^2b]
+             + dropout mask on the probabilities        a*s^2*b      (dropout only)     [1as^2b]
+             + dropout output (the P of P.V)            e*a*s^2*b    (dropout only)     [2as^2b]
+             without dropout the softmax output itself is P and is stored once.
+             with FlashAttention: only the logsumexp, 4*a*s*b (fp32); dropout inside the kernel
+             is regenerated from the RNG state, so no mask is kept.
+  mlp gelu   first-linear input e*sbh, GeLU input e*sbf, GeLU output (second-linear input)
+             e*sbf, dropout mask sbh (dropout only)                   [f = 4h: 2+8+8+1 = 19sbh]
+  mlp swiglu down(silu(gate(x)) * up(x)): input x e*sbh; gate(x) e*sbf (for silu's backward);
+             up(x) e*sbf and silu(gate(x)) e*sbf (the product's two operands); the product
+             e*sbf (down's input); dropout mask sbh (dropout only). Total e*sb*(h + 4f) (+sbh).
+             This is the unfused autograd graph (HF, plain PyTorch); a fused SwiGLU that keeps
+             only [gate, up] and recomputes silu would save e*sb*(h + 3f).
+  moe        router input (norm output) e*sbh + router probabilities 4*sb*E (fp32 softmax) +
+             for each of the k experts a token copies: the gathered input e*sbh, the expert's
+             internals as above without its input (e*sb*4f for swiglu, e*sb*2f for gelu) and its
+             output e*sbh, kept by the multiplication with the routing weight (+ sbh mask).
+
+Totals: GPT block (gelu, f = 4h, MHA, dropout, e = 2): 4 + 11 + 19 = 34 sbh plus 5as^2b, exactly
+Korthikanti's ``sbh(34 + 5as/h)``. LLaMA block (swiglu, rmsnorm, no dropout, e = 2):
+``sbh*(16 + 8f/h) + 2as^2b`` without FlashAttention; with FlashAttention
+``sb*(12h + 4*d_kv + 8f) + 4asb``; for Llama-2-7B (f = 2.6875h, MHA) 37.5 sbh + 4asb.
+
+Checkpointing modes: ``none`` keeps everything above; ``selective`` keeps everything except the
+attention core (recomputed in backward from the stored Q, K, V), i.e. 34sbh for GPT; ``full`` keeps
+only the block input e*sbh. The embedding keeps its dropout mask sbh (dropout only; Korthikanti
+Sec. 4.3; the int64 token ids, 8sb, are input data and not counted). The head keeps the final-norm
+input e*sbh, the LM-head input e*sbh and the fp32 logits for the cross-entropy, 4*s*b*V (Korthikanti:
+"4sbh + 4sbv"); embedding and head are never checkpointed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from workloads.model import ModelSpec
+
+__all__ = [
+    "MASK_BYTES",
+    "FP32_BYTES",
+    "BlockActivations",
+    "block_activations",
+    "saved_block_bytes",
+    "embedding_activation_bytes",
+    "head_activation_bytes",
+]
+
+MASK_BYTES = 1
+FP32_BYTES = 4
+
+
+@dataclass(frozen=True)
+class BlockActivations:
+    """Bytes one block saves for backward without checkpointing, by component (module docstring)."""
+
+    norms: int
+    attention: int        # projections' inputs, Q, K, V, output-dropout mask
+    attention_core: int   # s^2 tensors (or FlashAttention's logsumexp): what selective drops
+    mlp: int
+    layer_input: int      # e*sbh, what full checkpointing keeps (also part of ``norms``)
+
+    @property
+    def total(self) -> int:
+        return self.norms + self.attention + self.attention_core + self.mlp
+
+
+def _expert_internal_elements(model: ModelSpec) -> int:
+    """Elements (per token) one MLP keeps besides its input: 4f for swiglu, 2f for gelu."""
+    return (4 if model.mlp == "swiglu" else 2) * model.ffn
+
+
+def block_activations(model: ModelSpec, micro_batch: int, seq_len: int, dtype_bytes: int,
+                      flash_attention: bool) -> BlockActivations:
+    """Saved bytes of one block, no checkpointing (derivation in the module docstring)."""
+    e, sb, h, a = dtype_bytes, seq_len * micro_batch, model.hidden, model.n_heads
+    mask = MASK_BYTES * sb * h if model.dropout else 0
+    k_width = model.kv_dim if flash_attention else h
+    attention = e * sb * h + e * sb * h + 2 * e * sb * k_width + e * sb * h + mask
+    if flash_attention:
+        core = FP32_BYTES * a * sb
+    else:
+        scores = a * seq_len * seq_len * micro_batch
+        core = e * scores + ((MASK_BYTES + e) * scores if model.dropout else 0)
+    internals = e * sb * _expert_internal_elements(model)
+    if model.is_moe:
+        k = model.experts_per_token
+        mlp = e * sb * h + FP32_BYTES * sb * model.n_experts + k * (2 * e * sb * h + internals) + mask
+    else:
+        mlp = e * sb * h + internals + mask
+    return BlockActivations(norms=2 * e * sb * h, attention=attention, attention_core=core, mlp=mlp,
+                            layer_input=e * sb * h)
+
+
+def saved_block_bytes(acts: BlockActivations, checkpointing: str) -> int:
+    """What a block keeps under ``checkpointing`` ("none" | "selective" | "full")."""
+    if checkpointing == "full":
+        return acts.layer_input
+    if checkpointing == "selective":
+        return acts.total - acts.attention_core
+    return acts.total
+
+
+def embedding_activation_bytes(model: ModelSpec, micro_batch: int, seq_len: int) -> int:
+    """Embedding-dropout mask (1 byte per element) when the model uses dropout, else 0."""
+    return MASK_BYTES * micro_batch * seq_len * model.hidden if model.dropout else 0
+
+
+def head_activation_bytes(model: ModelSpec, micro_batch: int, seq_len: int, dtype_bytes: int) -> int:
+    """Final-norm input + LM-head input (e*sbh each) + fp32 logits for the loss (4*s*b*V)."""
+    sb = micro_batch * seq_len
+    return 2 * dtype_bytes * sb * model.hidden + FP32_BYTES * sb * model.vocab
