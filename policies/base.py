@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hardware_models import HardwareSpec
+from hardware_models import HardwareSpec, Pool, build_topology
 from simulator import Plan
 from workloads import ModelSpec, WorkloadConfig, WorkloadTrace
 
@@ -68,6 +68,17 @@ class Job:
                             f"{self.config.micro_batch} x {data_parallel} data-parallel ranks; "
                             f"pick --global-batch as a multiple of {per}")
         return self.config.global_batch // per
+
+
+def gpu_pool(job: Job) -> Pool:
+    """The memory pool GPU 0 allocates from (HBM, or the unified pool of a DGX Spark)."""
+    topo = build_topology(job.hw)
+    return topo.pools[topo.pool_of["gpu0"]]
+
+
+def unified(job: Job) -> bool:
+    topo = build_topology(job.hw)
+    return topo.pool_of["gpu0"] == topo.pool_of["cpu"]
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,22 @@
-"""Data-parallel forward/backward emission shared by ``none`` (ZeRO 0-3 on the GPUs) and ``zero-offload``.
+"""Data- and tensor-parallel forward/backward emission shared by ``none`` and ``zero-offload``.
 
-Every GPU is one data-parallel rank running the same layer sequence on its own micro-batches. Per rank
-and micro-step: the forward of every layer (saving its activations, or only its input under full
-checkpointing), then in reverse the recomputation (when checkpointing) and the backward of every layer,
-whose gradients are reduced across ranks per layer (all-reduce for ZeRO 0/1, reduce-scatter for ZeRO 2/3
-and ZeRO-Offload) as soon as that layer's backward ends, overlapping the next layer's backward (DeepSpeed's
-``overlap_comm``). ZeRO-3 all-gathers each layer's parameters before its forward and again before its
-backward, and frees them after use. Collectives are single tasks over all ranks on a communication
-stream; with one GPU they are left out.
+The machine's GPUs form ``tp``-wide tensor-parallel groups of neighbouring GPUs (Megatron-LM, Shoeybi et
+al. 2019, arXiv 1909.08053), and GPUs at the same position of every group form a data-parallel group of
+``dp = n_gpus / tp`` ranks. Per GPU and micro-step: the forward of every layer on a 1/tp slice of its
+weights (saving its activations, or only its input under full checkpointing), then in reverse the
+recomputation (when checkpointing) and the backward of every layer. With tp > 1 every block ends its
+forward, its recomputation and its backward with the two all-reduces of Megatron's tensor parallelism
+(of the ``s*b*h`` layer output, merged into one collective task), which the next layer waits for. Each
+layer's gradients are reduced across the data-parallel group as soon as that layer's backward ends,
+overlapping the next layer's backward (DeepSpeed ``overlap_comm``): an all-reduce for ZeRO 0/1, a
+reduce-scatter for ZeRO 2/3 and ZeRO-Offload. ZeRO-3 all-gathers each layer's parameters before its
+forward and again before its backward and frees them after use. Collectives are single tasks over the
+ranks of their group on that group's communication stream; groups of one rank have none.
+
+Activations with tensor parallelism (Korthikanti et al. 2022, arXiv 2205.05198, Table 2, no sequence
+parallelism): of the ``34 sbh`` a GPT block saves, ``10 sbh`` (layer norms, dropout masks, inputs of the
+column-parallel GEMMs) stay replicated and ``24 sbh`` are split; we apply that 10/34 : 24/34 ratio to
+whatever the workload trace saves per block. Full checkpointing keeps only the (replicated) layer input.
 """
 
 from __future__ import annotations
@@ -16,6 +25,9 @@ from dataclasses import dataclass
 
 from policies.base import Job
 from policies.builder import PlanBuilder
+
+REPLICATED_ACT_FRACTION = 10 / 34  # Korthikanti Table 2: 10sbh of 34sbh are not split by TP
+TP_ALLREDUCES = {"block": 2, "embedding": 1, "head": 0}  # Megatron: attention + MLP per block
 
 
 @dataclass(frozen=True)
@@ -28,6 +40,31 @@ class Grads:
     offload_bytes_per_param: float = 2.0
 
 
+@dataclass(frozen=True)
+class Layout:
+    """n GPUs as dp data-parallel groups x tp tensor-parallel groups."""
+
+    n: int
+    tp: int
+
+    @property
+    def dp(self) -> int:
+        return self.n // self.tp
+
+    def gpus(self) -> list[str]:
+        return [gpu(r) for r in range(self.n)]
+
+    def tp_group(self, k: int) -> list[str]:
+        return [gpu(k * self.tp + j) for j in range(self.tp)]
+
+    def dp_group(self, j: int) -> list[str]:
+        return [gpu(k * self.tp + j) for k in range(self.dp)]
+
+    def tp_index(self, r: int) -> tuple[int, int]:
+        """(tensor-parallel group k, position j) of GPU r."""
+        return r // self.tp, r % self.tp
+
+
 def dtype_bytes(job: Job) -> int:
     return {"bf16": 2, "fp16": 2, "fp32": 4}[job.config.precision]
 
@@ -36,93 +73,150 @@ def gpu(r: int) -> str:
     return f"gpu{r}"
 
 
-def declare_streams(b: PlanBuilder, n: int, *, cpu_adam: bool) -> None:
-    for r in range(n):
+def check_tp(job: Job, tp: int, policy: str) -> None:
+    from policies.base import KnobError
+
+    n = job.n_gpus
+    if tp < 1 or n % tp:
+        raise KnobError(f"{policy}: knob 'tp' must divide the GPU count {n}, got {tp}")
+    m = job.model
+    if m.n_heads % tp or m.n_kv_heads % tp and tp % m.n_kv_heads:
+        raise KnobError(f"{policy}: knob 'tp' = {tp} does not divide the model's {m.n_heads} attention heads")
+
+
+def declare_streams(b: PlanBuilder, lay: Layout, *, cpu_adam: bool) -> None:
+    for r in range(lay.n):
         b.stream(f"{gpu(r)}.compute", gpu(r), "compute")
         b.stream(f"{gpu(r)}.h2d", gpu(r), "h2d")
         b.stream(f"{gpu(r)}.d2h", gpu(r), "d2h")
         if cpu_adam:
             b.stream(f"cpu.adam{r}", "cpu", "optim")
-    if n > 1:
-        b.stream("comm.grad", gpu(0), "comm")
-        b.stream("comm.param", gpu(0), "comm")
+    if lay.dp > 1:
+        for j in range(lay.tp):
+            b.stream(f"dp{j}.grad", lay.dp_group(j)[0], "comm")
+            b.stream(f"dp{j}.param", lay.dp_group(j)[0], "comm")
+    if lay.tp > 1:
+        for k in range(lay.dp):
+            b.stream(f"tp{k}", lay.tp_group(k)[0], "comm")
 
 
-def workspace(b: PlanBuilder, job: Job, n: int) -> None:
-    """A persistent per-GPU buffer sized to the largest transient working set of any layer.
+def workspace(b: PlanBuilder, job: Job, lay: Layout) -> None:
+    """A persistent per-GPU buffer sized to the largest transient working set of any layer (split by TP).
 
     A caching allocator keeps such a block once it has served the largest layer, so it is modelled as
     resident for the whole run rather than allocated and freed per kernel.
     """
-    ws = max(layer.peak_transient_bytes for layer in job.trace.layers)
-    for r in range(n):
+    ws = max(layer.peak_transient_bytes for layer in job.trace.layers) / lay.tp
+    for r in range(lay.n):
         b.tensor(f"ws.{gpu(r)}", ws, "buffer", home=gpu(r), persistent=True)
 
 
-def emit_microstep(b: PlanBuilder, job: Job, n: int, grads: Grads, *, gather_params: bool,
-                   param_ready: dict[int, list[str]]) -> None:
-    """Tasks of one micro-step for all ranks, in the current segment (which the caller declared).
+def saved_activation_bytes(job: Job, layer_bytes: float, kind: str, tp: int) -> float:
+    if tp == 1 or kind != "block" or job.config.checkpointing == "full":
+        return layer_bytes
+    return layer_bytes * (REPLICATED_ACT_FRACTION + (1 - REPLICATED_ACT_FRACTION) / tp)
 
-    ``param_ready[i]`` are the dependencies that make layer i's parameters usable on every rank (e.g. the
-    previous step's all-gather or upload). With ``gather_params`` (ZeRO-3) the layer is all-gathered into
-    a transient full copy before its forward and its backward.
+
+def emit_microstep(b: PlanBuilder, job: Job, lay: Layout, grads: Grads, *, gather_params: bool,
+                   param_ready: dict[int, list[str]]) -> None:
+    """Tasks of one micro-step for all GPUs, in the current segment (which the caller declared).
+
+    ``param_ready[i]`` are the dependencies that make layer i's parameters usable (e.g. the previous
+    step's all-gather or upload); with ``gather_params`` (ZeRO-3) layer i is all-gathered in each
+    data-parallel group into a transient full copy before its forward and before its backward.
     """
     layers = job.trace.layers
     db = dtype_bytes(job)
-    if gather_params and n == 1:
-        raise ValueError("gathering parameters needs more than one rank")
-    ranks = [gpu(r) for r in range(n)]
-    for r in range(n):
+    t = lay.tp
+    L = len(layers)
+    if gather_params and lay.dp == 1:
+        raise ValueError("gathering parameters needs more than one data-parallel rank")
+    for r in range(lay.n):
         for i, layer in enumerate(layers):
-            b.tensor(f"act{i}.{gpu(r)}", layer.activation_bytes, "activation", scope="iteration", layer=i)
+            b.tensor(f"act{i}.{gpu(r)}", saved_activation_bytes(job, layer.activation_bytes, layer.kind, t),
+                     "activation", scope="iteration", layer=i)
             if grads.bucket:
-                b.tensor(f"gb{i}.{gpu(r)}", layer.params * db, "grad", scope="iteration", layer=i)
+                b.tensor(f"gb{i}.{gpu(r)}", layer.params / t * db, "grad", scope="iteration", layer=i)
             if gather_params:
-                b.tensor(f"pg{i}.{gpu(r)}", layer.params * db, "param16", scope="iteration", layer=i)
-    gathered = [(f"pg{{i}}.{g}", g) for g in ranks]
+                b.tensor(f"pg{i}.{gpu(r)}", layer.params / t * db, "param16", scope="iteration", layer=i)
 
-    def gather(i: int, phase: str, deps: list[str]) -> str:
-        return b.task(f"ag{phase}{i}", "collective", "comm.param", deps, coll="all_gather",
-                      bytes=layers[i].params * db, ranks=tuple(ranks),
-                      allocs=[(t.format(i=i), g) for t, g in gathered], tags={"layer": i, "phase": phase})
+    def gather(i: int, phase: str, deps_of: dict[int, list[str]]) -> dict[int, str]:
+        out = {}
+        for j in range(t):
+            grp = lay.dp_group(j)
+            out[j] = b.task(f"ag{phase}{i}.d{j}", "collective", f"dp{j}.param", deps_of.get(j, []),
+                            coll="all_gather", bytes=layers[i].params / t * db, ranks=tuple(grp),
+                            allocs=[(f"pg{i}.{g}", g) for g in grp], tags={"layer": i, "phase": phase})
+        return out
+
+    def tp_sync(i: int, phase: str, prefix: str) -> dict[int, str]:
+        """Tensor-parallel all-reduces closing layer i's ``phase`` in every TP group: group -> task."""
+        n_ar = TP_ALLREDUCES[layers[i].kind]
+        if t == 1 or n_ar == 0:
+            return {}
+        out = {}
+        for k in range(lay.dp):
+            grp = lay.tp_group(k)
+            out[k] = b.task(f"tp{phase}{i}.k{k}", "collective", f"tp{k}", [f"{prefix}{i}.{g}" for g in grp],
+                            coll="all_reduce", bytes=n_ar * layers[i].output_bytes, ranks=tuple(grp),
+                            tags={"layer": i, "phase": f"tp-{phase}"})
+        return out
 
     # forward
+    prev_sync: dict[int, str] = {}
     for i, layer in enumerate(layers):
-        pre = gather(i, "f", param_ready.get(i, [])) if gather_params else None
-        for r, g in enumerate(ranks):
-            deps = [pre] if pre else list(param_ready.get(i, []))
-            frees = [(f"pg{i}.{g}", g)] if gather_params else []
-            b.task(f"fwd{i}.{g}", "compute", f"{g}.compute", deps, flops=layer.fwd_flops,
-                   hbm_bytes=layer.fwd_hbm_bytes, allocs=[(f"act{i}.{g}", g)], frees=frees,
+        pre = gather(i, "f", {j: param_ready.get(i, []) for j in range(t)}) if gather_params else {}
+        for r, g in enumerate(lay.gpus()):
+            k, j = lay.tp_index(r)
+            deps = ([pre[j]] if pre else list(param_ready.get(i, []))) + ([prev_sync[k]] if k in prev_sync else [])
+            b.task(f"fwd{i}.{g}", "compute", f"{g}.compute", deps, flops=layer.fwd_flops / t,
+                   hbm_bytes=layer.fwd_hbm_bytes / t, allocs=[(f"act{i}.{g}", g)],
+                   frees=[(f"pg{i}.{g}", g)] if gather_params else [],
                    tags={"layer": i, "phase": "fwd", "rank": r})
+        prev_sync = tp_sync(i, "f", "fwd")
     # backward, last layer first
-    for i in reversed(range(len(layers))):
+    for i in reversed(range(L)):
         layer = layers[i]
-        pre = gather(i, "b", [f"fwd{len(layers) - 1}.{g}" for g in ranks] if i == len(layers) - 1 else [])\
-            if gather_params else None
-        for r, g in enumerate(ranks):
-            deps = [pre] if pre else []
-            if layer.recompute_flops > 0:
-                b.task(f"rc{i}.{g}", "compute", f"{g}.compute", deps, flops=layer.recompute_flops,
-                       hbm_bytes=layer.fwd_hbm_bytes, tags={"layer": i, "phase": "recompute", "rank": r})
-                deps = []
-            frees = [(f"act{i}.{g}", g)] + ([(f"pg{i}.{g}", g)] if gather_params else [])
-            allocs = [(f"gb{i}.{g}", g)] if grads.bucket else []
-            b.task(f"bwd{i}.{g}", "compute", f"{g}.compute", deps, flops=layer.bwd_flops,
-                   hbm_bytes=layer.bwd_hbm_bytes, allocs=allocs, frees=frees,
+        pre = gather(i, "b", {j: [f"fwd{L - 1}.{g}" for g in lay.dp_group(j)] for j in range(t)}
+                     if i == L - 1 else {}) if gather_params else {}
+        rc_sync: dict[int, str] = {}
+        if layer.recompute_flops > 0:
+            for r, g in enumerate(lay.gpus()):
+                k, j = lay.tp_index(r)
+                deps = ([pre[j]] if pre else []) + ([prev_sync[k]] if k in prev_sync else [])
+                b.task(f"rc{i}.{g}", "compute", f"{g}.compute", deps, flops=layer.recompute_flops / t,
+                       hbm_bytes=layer.fwd_hbm_bytes / t, tags={"layer": i, "phase": "recompute", "rank": r})
+            rc_sync = tp_sync(i, "r", "rc")
+        for r, g in enumerate(lay.gpus()):
+            k, j = lay.tp_index(r)
+            deps = [] if layer.recompute_flops > 0 else ([pre[j]] if pre else [])
+            deps += [s[k] for s in (rc_sync, prev_sync) if k in s][:1]
+            b.task(f"bwd{i}.{g}", "compute", f"{g}.compute", deps, flops=layer.bwd_flops / t,
+                   hbm_bytes=layer.bwd_hbm_bytes / t, allocs=[(f"gb{i}.{g}", g)] if grads.bucket else [],
+                   frees=[(f"act{i}.{g}", g)] + ([(f"pg{i}.{g}", g)] if gather_params else []),
                    tags={"layer": i, "phase": "bwd", "rank": r})
-        grad_bytes = layer.params * db
+        prev_sync = tp_sync(i, "b", "bwd")
+        emit_grad_reduce(b, job, lay, grads, i)
+
+
+def emit_grad_reduce(b: PlanBuilder, job: Job, lay: Layout, grads: Grads, i: int) -> None:
+    """Reduce layer i's gradients across each data-parallel group, then (ZeRO-Offload) copy them down."""
+    layer = job.trace.layers[i]
+    t = lay.tp
+    for j in range(t):
+        grp = lay.dp_group(j)
         red = None
-        if n > 1:
-            red = b.task(f"red{i}", "collective", "comm.grad", [f"bwd{i}.{g}" for g in ranks],
-                         coll=grads.reduce, bytes=grad_bytes, ranks=tuple(ranks),
-                         frees=[(f"gb{i}.{g}", g) for g in ranks] if grads.bucket and not grads.offload else [],
+        if lay.dp > 1:
+            red = b.task(f"red{i}.d{j}", "collective", f"dp{j}.grad", [f"bwd{i}.{g}" for g in grp],
+                         coll=grads.reduce, bytes=layer.params / t * dtype_bytes(job), ranks=tuple(grp),
+                         frees=[(f"gb{i}.{g}", g) for g in grp] if grads.bucket and not grads.offload else [],
                          tags={"layer": i, "phase": "grad-reduce"})
-        for r, g in enumerate(ranks):
+        for g in grp:
+            r = int(g[3:])
             if grads.offload:
                 b.task(f"d2h{i}.{g}", "copy", f"{g}.d2h", [red or f"bwd{i}.{g}"], src=g, dst="cpu",
-                       bytes=layer.params / n * grads.offload_bytes_per_param, frees=[(f"gb{i}.{g}", g)],
+                       bytes=layer.params / lay.n * grads.offload_bytes_per_param, frees=[(f"gb{i}.{g}", g)],
                        tags={"layer": i, "phase": "grad-offload", "rank": r})
-            elif grads.bucket and n == 1:
+            elif grads.bucket and red is None:
                 b.task(f"acc{i}.{g}", "free", f"{g}.compute", [], frees=[(f"gb{i}.{g}", g)],
                        tags={"layer": i, "phase": "grad-accumulate", "rank": r})

@@ -19,15 +19,18 @@ Our reading and assumptions:
 Knobs:
 - ``stage`` (int, default 0): ZeRO stage 0-3. Stage 0 is plain data parallelism, the fastest when memory
   allows; use 3 for the most memory-frugal no-offload run.
+- ``tp`` (int, default 1): tensor-parallel degree (Megatron-style, within NVLink-connected neighbours);
+  the data-parallel degree is ``n_gpus / tp`` and the ZeRO formulas apply with ``Nd = n_gpus / tp`` to
+  each GPU's ``1/tp`` slice of the parameters.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from policies.base import Job, KnobError, PlanInfeasible, PolicyInfo
+from policies.base import Job, KnobError, PlanInfeasible, PolicyInfo, gpu_pool
 from policies.builder import PlanBuilder
-from policies.dataparallel import Grads, declare_streams, dtype_bytes, emit_microstep, gpu, workspace
+from policies.dataparallel import Grads, Layout, check_tp, declare_streams, dtype_bytes, emit_microstep, workspace
 from simulator import Plan
 
 NAME = "none"
@@ -36,15 +39,16 @@ NAME = "none"
 @dataclass(frozen=True)
 class Knobs:
     stage: int = 0
+    tp: int = 1
 
     def validate(self) -> None:
         if self.stage not in (0, 1, 2, 3):
             raise KnobError(f"{NAME}: knob 'stage' must be 0, 1, 2 or 3, got {self.stage}")
 
 
-def model_state_bytes(job: Job, stage: int, n: int) -> dict[str, float]:
-    """Per-GPU persistent model-state bytes by kind (ZeRO §5.1 formulas, per stage)."""
-    p = float(job.trace.params)
+def model_state_bytes(job: Job, stage: int, n: int, tp: int = 1) -> dict[str, float]:
+    """Per-GPU persistent model-state bytes by kind (ZeRO §5.1 formulas, per stage, Nd = n)."""
+    p = float(job.trace.params) / tp
     db = dtype_bytes(job)
     master = 4.0 * p if job.config.precision != "fp32" else 0.0
     return {
@@ -56,53 +60,50 @@ def model_state_bytes(job: Job, stage: int, n: int) -> dict[str, float]:
 
 
 def plan(job: Job, knobs: Knobs) -> Plan:
-    n = job.n_gpus
-    stage = knobs.stage if n > 1 else 0
-    accum = job.accumulation(n)
+    check_tp(job, knobs.tp, NAME)
+    lay = Layout(job.n_gpus, knobs.tp)
+    dp = lay.dp
+    stage = knobs.stage if dp > 1 else 0
+    accum = job.accumulation(dp)
     b = PlanBuilder(NAME, knobs, job)
-    declare_streams(b, n, cpu_adam=False)
-    states = model_state_bytes(job, stage, n)
-    for r in range(n):
+    declare_streams(b, lay, cpu_adam=False)
+    states = model_state_bytes(job, stage, dp, lay.tp)
+    for g in lay.gpus():
         for kind, nbytes in states.items():
-            b.tensor(f"{kind}.{gpu(r)}", nbytes, kind, home=gpu(r), persistent=True)
-    workspace(b, job, n)
+            b.tensor(f"{kind}.{g}", nbytes, kind, home=g, persistent=True)
+    workspace(b, job, lay)
     layers = job.trace.layers
-    cap = min(p.capacity_bytes for name, p in _gpu_pools(job).items())
+    cap = gpu_pool(job).capacity_bytes
     persistent = sum(states.values())
     if persistent > cap:
-        raise PlanInfeasible(NAME, "gpu0", persistent, cap, f"ZeRO-{stage} model states")
+        raise PlanInfeasible(NAME, "gpu0", persistent, cap, f"ZeRO-{stage} model states (tp={lay.tp})")
+    opt_all = [f"opt.{g}^1" for g in lay.gpus()]
     if stage >= 3:
-        ready = {0: [f"opt.{gpu(r)}^1" for r in range(n)]}
-    elif stage >= 1 and n > 1:
-        ready = {i: ["agp^1"] for i in range(len(layers))}
+        ready = {0: opt_all}
+    elif stage >= 1:
+        ready = {i: [f"agp.d{j}^1" for j in range(lay.tp)] for i in range(len(layers))}
     else:
-        ready = {i: [f"opt.{gpu(r)}^1" for r in range(n)] for i in range(len(layers))}
+        ready = {i: opt_all for i in range(len(layers))}
     b.segment("micro-steps", accum)
-    emit_microstep(b, job, n, Grads(reduce="all_reduce" if stage < 2 else "reduce_scatter",
-                                     bucket=stage >= 2, offload=False),
-                   gather_params=stage >= 3 and n > 1, param_ready=ready)
+    emit_microstep(b, job, lay, Grads(reduce="all_reduce" if stage < 2 else "reduce_scatter",
+                                      bucket=stage >= 2, offload=False),
+                   gather_params=stage >= 3, param_ready=ready)
     b.segment("optimizer", 1)
-    last_grad = "red0" if n > 1 else None
-    for r in range(n):
-        g = gpu(r)
-        b.task(f"opt.{g}", "optimizer", f"{g}.compute", [last_grad or f"bwd0.{g}"],
-               params=job.trace.params / (n if stage >= 1 else 1), tags={"phase": "optimizer", "rank": r})
-    if 1 <= stage <= 2 and n > 1:
-        b.task("agp", "collective", "comm.param", [f"opt.{gpu(r)}" for r in range(n)], coll="all_gather",
-               bytes=job.trace.params * dtype_bytes(job), ranks=tuple(gpu(r) for r in range(n)),
-               tags={"phase": "param-gather"})
-    notes = [f"ZeRO stage {stage} over {n} data-parallel GPU(s), {accum} micro-step(s) per step"]
+    for r, g in enumerate(lay.gpus()):
+        j = r % lay.tp
+        b.task(f"opt.{g}", "optimizer", f"{g}.compute", [f"red0.d{j}" if dp > 1 else f"bwd0.{g}"],
+               params=job.trace.params / lay.tp / (dp if stage >= 1 else 1), tags={"phase": "optimizer", "rank": r})
+    if 1 <= stage <= 2:
+        for j in range(lay.tp):
+            grp = lay.dp_group(j)
+            b.task(f"agp.d{j}", "collective", f"dp{j}.param", [f"opt.{g}" for g in grp], coll="all_gather",
+                   bytes=job.trace.params / lay.tp * dtype_bytes(job), ranks=tuple(grp),
+                   tags={"phase": "param-gather"})
+    notes = [f"ZeRO stage {stage} over {dp} data-parallel rank(s) x tp={lay.tp}, {accum} micro-step(s) per step"]
     if knobs.stage != stage:
-        notes.append(f"stage {knobs.stage} requested; with one GPU every stage is stage 0")
-    return b.build(steps=2, notes=notes, info={"zero_stage": stage, "accumulation": accum,
+        notes.append(f"stage {knobs.stage} requested; with one data-parallel rank every stage is stage 0")
+    return b.build(steps=2, notes=notes, info={"zero_stage": stage, "tp": lay.tp, "dp": dp, "accumulation": accum,
                                                 "model_state_bytes_per_gpu": states})
-
-
-def _gpu_pools(job: Job) -> dict:
-    from hardware_models import build_topology
-
-    topo = build_topology(job.hw)
-    return {topo.pool_of[g]: topo.pools[topo.pool_of[g]] for g in topo.gpu_locations()}
 
 
 POLICY = PolicyInfo(NAME, "everything on the GPUs: data parallel, ZeRO stage 0-3 (knob)", Knobs, plan, __doc__ or "")

@@ -28,6 +28,10 @@ Knobs:
   needs an fp32 staging buffer of the layer's partition on the GPU.
 - ``grad_offload_bytes_per_param`` (float, default 2): bytes per parameter copied GPU->CPU per micro-step.
 - ``cpu_grad_bytes`` (float, default 4): bytes per parameter of the CPU-side gradient accumulation buffer.
+- ``tp`` (int, default 0 = auto): tensor-parallel degree combined with ZeRO-Offload (the paper combines
+  it with Megatron model parallelism for models whose fp16 parameters do not fit one GPU). Auto picks
+  the smallest power of two dividing the GPU count (and the heads) whose 1/tp share of the fp16
+  parameters fits in half of a GPU's usable memory, leaving the rest for activations and buffers.
 - ``cpu_param_copy_per_rank`` (bool, default False): every rank process also holds a full fp32 copy of
   the model in CPU memory while it runs (what DeepSpeed's estimator budgets with ``4 * n_gpus`` bytes
   per parameter; off by default because a steady-state run frees it after initialisation).
@@ -37,9 +41,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from policies.base import Job, KnobError, PlanInfeasible, PolicyInfo
+from policies.base import Job, KnobError, PlanInfeasible, PolicyInfo, gpu_pool, unified
 from policies.builder import PlanBuilder
-from policies.dataparallel import Grads, declare_streams, dtype_bytes, emit_microstep, gpu, workspace
+from policies.dataparallel import Grads, Layout, check_tp, declare_streams, dtype_bytes, emit_microstep, workspace
 from simulator import Plan
 
 NAME = "zero-offload"
@@ -52,6 +56,7 @@ class Knobs:
     grad_offload_bytes_per_param: float = 2.0
     cpu_grad_bytes: float = 4.0
     cpu_param_copy_per_rank: bool = False
+    tp: int = 0
 
     def validate(self) -> None:
         for name in ("upload_bytes_per_param", "grad_offload_bytes_per_param"):
@@ -59,6 +64,19 @@ class Knobs:
                 raise KnobError(f"{NAME}: knob '{name}' must be 2 (fp16/bf16) or 4 (fp32)")
         if self.cpu_grad_bytes not in (2.0, 4.0):
             raise KnobError(f"{NAME}: knob 'cpu_grad_bytes' must be 2 or 4")
+        if self.tp < 0:
+            raise KnobError(f"{NAME}: knob 'tp' must be 0 (auto) or a positive divisor of the GPU count")
+
+
+def auto_tp(job: Job, fits_fraction: float = 0.5) -> int:
+    """Smallest power-of-two TP degree whose fp16 parameter share fits ``fits_fraction`` of a GPU."""
+    cap = gpu_pool(job).capacity_bytes
+    need = job.trace.params * dtype_bytes(job)
+    t = 1
+    while t * 2 <= job.n_gpus and job.n_gpus % (t * 2) == 0 and job.model.n_heads % (t * 2) == 0 \
+            and need / t > fits_fraction * cap:
+        t *= 2
+    return t
 
 
 def cpu_state_bytes(job: Job, knobs: Knobs) -> dict[str, float]:
@@ -71,64 +89,70 @@ def cpu_state_bytes(job: Job, knobs: Knobs) -> dict[str, float]:
 
 
 def plan(job: Job, knobs: Knobs) -> Plan:
-    n = job.n_gpus
-    accum = job.accumulation(n)
+    tp = knobs.tp or auto_tp(job)
+    check_tp(job, tp, NAME)
+    lay = Layout(job.n_gpus, tp)
+    n = lay.n
+    accum = job.accumulation(lay.dp)
     db = dtype_bytes(job)
     layers = job.trace.layers
     p = float(job.trace.params)
     b = PlanBuilder(NAME, knobs, job)
-    declare_streams(b, n, cpu_adam=True)
-    for r in range(n):
-        b.tensor(f"param16.{gpu(r)}", db * p, "param16", home=gpu(r), persistent=True)
+    declare_streams(b, lay, cpu_adam=True)
+    staged = knobs.upload_bytes_per_param > db
+    for r, g in enumerate(lay.gpus()):
+        b.tensor(f"param16.{g}", db * p / tp, "param16", home=g, persistent=True)
         for kind, nbytes in cpu_state_bytes(job, knobs).items():
             b.tensor(f"{kind}.r{r}", nbytes / n, kind, home="cpu", persistent=True)
         for i, layer in enumerate(layers):
-            if knobs.upload_bytes_per_param > db:
-                b.tensor(f"stage32_{i}.{gpu(r)}", layer.params / n * knobs.upload_bytes_per_param, "buffer",
+            if staged:
+                b.tensor(f"stage32_{i}.{g}", layer.params / n * knobs.upload_bytes_per_param, "buffer",
                          scope="step", layer=i)
-    workspace(b, job, n)
-    from hardware_models import build_topology
-
-    topo = build_topology(job.hw)
-    gpool = topo.pools[topo.pool_of["gpu0"]]
-    if db * p > gpool.capacity_bytes:
-        raise PlanInfeasible(NAME, gpool.name, db * p, gpool.capacity_bytes, "the fp16 parameters")
+    workspace(b, job, lay)
+    gpool = gpu_pool(job)
+    if db * p / tp > gpool.capacity_bytes:
+        raise PlanInfeasible(NAME, gpool.name, db * p / tp, gpool.capacity_bytes,
+                             f"the fp16 parameters (tp={tp})")
     back = 2 if knobs.delayed_update else 1
-    ready_task = (lambda i: f"ag{i}") if n > 1 else (lambda i: f"up{i}.{gpu(0)}")
-    ready = {i: [f"{ready_task(i)}^{back}"] for i in range(len(layers))}
+    if lay.dp > 1:
+        ready = {i: [f"ag{i}.d{j}^{back}" for j in range(tp)] for i in range(len(layers))}
+    else:
+        ready = {i: [f"up{i}.{g}^{back}" for g in lay.gpus()] for i in range(len(layers))}
     b.segment("micro-steps", accum)
-    emit_microstep(b, job, n, Grads(reduce="reduce_scatter", bucket=True, offload=True,
-                                     offload_bytes_per_param=knobs.grad_offload_bytes_per_param),
+    emit_microstep(b, job, lay, Grads(reduce="reduce_scatter", bucket=True, offload=True,
+                                      offload_bytes_per_param=knobs.grad_offload_bytes_per_param),
                    gather_params=False, param_ready=ready)
     b.segment("optimizer", 1)
-    staged = knobs.upload_bytes_per_param > db
     for i, layer in enumerate(layers):
-        for r in range(n):
-            g = gpu(r)
+        for r, g in enumerate(lay.gpus()):
             b.task(f"adam{i}.r{r}", "optimizer", f"cpu.adam{r}", [f"d2h0.{g}"] if i == 0 else [],
                    params=layer.params / n, tags={"layer": i, "phase": "optimizer", "rank": r})
             b.task(f"up{i}.{g}", "copy", f"{g}.h2d", [f"adam{i}.r{r}"], src="cpu", dst=g,
                    bytes=layer.params / n * knobs.upload_bytes_per_param,
                    allocs=[(f"stage32_{i}.{g}", g)] if staged else [],
-                   frees=[(f"stage32_{i}.{g}", g)] if staged and n == 1 else [],
+                   frees=[(f"stage32_{i}.{g}", g)] if staged and lay.dp == 1 else [],
                    tags={"layer": i, "phase": "param-upload", "rank": r})
-        if n > 1:
-            b.task(f"ag{i}", "collective", "comm.param", [f"up{i}.{gpu(r)}" for r in range(n)],
-                   coll="all_gather", bytes=layer.params * db, ranks=tuple(gpu(r) for r in range(n)),
-                   frees=[(f"stage32_{i}.{gpu(r)}", gpu(r)) for r in range(n)] if staged else [],
-                   tags={"layer": i, "phase": "param-gather"})
-    notes = [f"ZeRO-2 + CPU optimizer over {n} GPU(s), {accum} micro-step(s) per step; gradients offloaded "
-             f"every micro-step ({knobs.grad_offload_bytes_per_param:g} B/param), parameters uploaded once "
-             f"per step ({knobs.upload_bytes_per_param:g} B/param)"]
+        if lay.dp > 1:
+            for j in range(tp):
+                grp = lay.dp_group(j)
+                b.task(f"ag{i}.d{j}", "collective", f"dp{j}.param", [f"up{i}.{g}" for g in grp],
+                       coll="all_gather", bytes=layer.params / tp * db, ranks=tuple(grp),
+                       frees=[(f"stage32_{i}.{g}", g) for g in grp] if staged else [],
+                       tags={"layer": i, "phase": "param-gather"})
+    notes = [f"ZeRO-2 + CPU optimizer over {lay.dp} data-parallel rank(s) x tp={tp}, {accum} micro-step(s) per "
+             f"step; gradients offloaded every micro-step ({knobs.grad_offload_bytes_per_param:g} B/param), "
+             f"parameters uploaded once per step ({knobs.upload_bytes_per_param:g} B/param)"]
+    if knobs.tp == 0 and tp > 1:
+        notes.append(f"tp={tp} picked automatically: the fp16 parameters do not fit one GPU otherwise")
     if knobs.delayed_update:
         notes.append("delayed parameter update: step i+1 computes with the parameters of step i-1 "
                      "(training semantics change on purpose)")
-    if topo.pool_of["gpu0"] == topo.pool_of["cpu"]:
+    if unified(job):
         notes.append("unified memory: GPU and CPU share one pool, so offloading to the CPU frees nothing; "
                      "the copies still cost DRAM bandwidth")
     return b.build(steps=3 if knobs.delayed_update else 2, notes=notes,
-                   info={"accumulation": accum, "cpu_state_bytes": cpu_state_bytes(job, knobs),
-                         "gpu_param_bytes_per_gpu": db * p})
+                   info={"accumulation": accum, "tp": tp, "dp": lay.dp,
+                         "cpu_state_bytes": cpu_state_bytes(job, knobs), "gpu_param_bytes_per_gpu": db * p / tp})
 
 
 POLICY = PolicyInfo(NAME, "ZeRO-2 with optimizer states, gradients and Adam on the CPU", Knobs, plan,

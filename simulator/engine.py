@@ -23,6 +23,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import simpy
 
@@ -34,8 +35,9 @@ from simulator.plan import Plan, validate_plan
 from simulator.unroll import ConcreteTask, Unroller
 
 
-@dataclass(frozen=True)
-class TaskRecord:
+class TaskRecord(NamedTuple):
+    """When one task of the unrolled plan ran (a NamedTuple: cheap to create by the ten thousand)."""
+
     uid: str
     id: str
     op: str
@@ -64,6 +66,7 @@ class RawRun:
     wall_s: float
     topology: Topology
     leaked: list[str] = field(default_factory=list)
+    warmup_repeat: int | None = None
 
 
 def link_resources(topo: Topology) -> dict[str, float]:
@@ -84,8 +87,10 @@ def compute_seconds(hw: HardwareSpec, flops: float, hbm_bytes: float, dtype: str
 
 
 class Engine:
-    def __init__(self, plan: Plan, hw: HardwareSpec, topology: Topology | None = None):
+    def __init__(self, plan: Plan, hw: HardwareSpec, topology: Topology | None = None,
+                 warmup_repeat: int | None = None):
         self.plan = plan
+        self.warmup_repeat = warmup_repeat
         self.hw = hw
         self.topo = topology if topology is not None else build_topology(hw)
         validate_plan(plan, "plan", self.topo.locations)
@@ -105,6 +110,7 @@ class Engine:
         self.records: list[TaskRecord] = []
         self.step_end: dict[int, float] = defaultdict(float)
         self._routes: dict[tuple[str, str], tuple[tuple[str, ...], float, tuple[str, ...]]] = {}
+        self._work: dict[tuple[float, float], float] = {}  # roofline seconds by (flops, hbm bytes)
 
     # -- routing --------------------------------------------------------------------------------------
     def route(self, src: str, dst: str) -> tuple[tuple[str, ...], float, tuple[str, ...]]:
@@ -128,12 +134,15 @@ class Engine:
     # -- execution ------------------------------------------------------------------------------------
     def run(self) -> RawRun:
         wall0 = time.perf_counter()
-        tasks = Unroller(self.plan).unroll()
+        tasks = Unroller(self.plan, self.warmup_repeat).unroll()
         done: dict[str, simpy.Event] = {t.uid: self.env.event() for t in tasks}
+        self._awaited: set[str] = set()
         for t in tasks:
             for d in t.deps:
                 if d not in done:
                     raise PlanError(f"task {t.uid!r}: depends on {d!r}, which the plan never runs")
+                self._awaited.add(d)
+        self._finished: set[str] = set()
         per_stream: dict[str, list[ConcreteTask]] = defaultdict(list)
         for t in tasks:
             per_stream[t.spec.stream].append(t)
@@ -152,10 +161,10 @@ class Engine:
             except simpy.core.EmptySchedule:
                 break
             events += 1
-        unfinished = [t for t in tasks if not done[t.uid].triggered]
+        unfinished = [t for t in tasks if t.uid not in self._finished]
         if unfinished:
             t = unfinished[0]
-            waits = [d for d in t.deps if not done[d].triggered]
+            waits = [d for d in t.deps if d not in self._finished]
             raise PlanError(f"deadlock: task {t.uid!r} on stream {t.spec.stream!r} never ran"
                             + (f" (it waits for {waits[0]!r})" if waits else
                                " (an earlier task of its stream never finished)"))
@@ -163,14 +172,16 @@ class Engine:
         leaked = [f"{inst}@{loc}" for inst, loc in self.mem.resident if inst.split("[", 1)[0] not in keep]
         return RawRun(self.records, self.mem, self.net, dict(self.link_bytes),
                       {k: dict(v) for k, v in self.link_bytes_by_step.items()}, dict(self.step_end),
-                      events, time.perf_counter() - wall0, self.topo, leaked)
+                      events, time.perf_counter() - wall0, self.topo, leaked, self.warmup_repeat)
 
     def _stream(self, sid: str, tasks: list[ConcreteTask],
                 done: dict[str, simpy.Event]) -> Iterator[simpy.Event]:
         device = self.streams[sid].device
         for t in tasks:
-            pending = [done[d] for d in t.deps if not done[d].triggered]
-            if pending:
+            pending = [done[d] for d in t.deps if d not in self._finished]
+            if len(pending) == 1:
+                yield pending[0]
+            elif pending:
                 yield self.env.all_of(pending)
             start = self.env.now
             self._begin(t)
@@ -180,7 +191,9 @@ class Engine:
             self.records.append(TaskRecord(t.uid, t.spec.id, t.spec.op, sid, device, start, end, t.step,
                                            t.segment, t.iteration, moved, dict(t.spec.tags)))
             self.step_end[t.step] = max(self.step_end[t.step], end)
-            done[t.uid].succeed()
+            self._finished.add(t.uid)
+            if t.uid in self._awaited:
+                done[t.uid].succeed()
 
     def _kind(self, inst: str) -> tuple[float, str]:
         spec = self.tensors[inst.split("[", 1)[0]]
@@ -215,15 +228,17 @@ class Engine:
         if s.op == "compute":
             if f"{device}.sm" not in self.net.capacity:
                 raise PlanError(f"task {t.uid!r}: compute on {device!r}, which is not a GPU")
-            work = compute_seconds(self.hw, s.flops, s.hbm_bytes, self.dtype)
-            yield env.timeout(self.hw.gpu.launch_overhead_s)
+            key = (s.flops, s.hbm_bytes)
+            work = self._work.get(key)
+            if work is None:
+                work = compute_seconds(self.hw, s.flops, s.hbm_bytes, self.dtype) + self.hw.gpu.launch_overhead_s
+                self._work[key] = work
             yield self.net.start(work, (f"{device}.sm",))
             return 0.0
         if s.op == "optimizer":
             if f"{device}.sm" in self.net.capacity:
                 work = s.params * self.hw.gpu.optimizer_bytes_per_param / self.hw.gpu.hbm_bw
-                yield env.timeout(self.hw.gpu.launch_overhead_s)
-                yield self.net.start(work, (f"{device}.sm",))
+                yield self.net.start(work + self.hw.gpu.launch_overhead_s, (f"{device}.sm",))
             else:
                 yield self.net.start(s.params, ("cpu.adam",))
             return 0.0
@@ -240,16 +255,18 @@ class Engine:
             if n <= 1:
                 return 0.0
             per_rank = s.bytes * (n - 1) / n * (2.0 if s.coll == "all_reduce" else 1.0)
-            flows = []
+            resources: list[str] = []
             lat_max = 0.0
             for i, r in enumerate(s.ranks):
                 res, lat, links = self.route(r, s.ranks[(i + 1) % n])
                 self._count(t.step, links, per_rank)
                 lat_max = max(lat_max, lat)
-                flows.append((per_rank, res))
+                resources.extend(res)
             steps = (n - 1) * (2 if s.coll == "all_reduce" else 1)
-            yield env.timeout(lat_max * steps)
-            yield env.all_of([self.net.start(a, r) for a, r in flows])
+            if lat_max > 0:
+                yield env.timeout(lat_max * steps)
+            # the ring's n transfers move in lockstep: one flow using each resource once per ring hop on it
+            yield self.net.start(per_rank, resources, [1.0] * len(resources))
             return per_rank * n
         return 0.0  # alloc / free / noop: instantaneous
 
@@ -259,6 +276,8 @@ class Engine:
             self.link_bytes_by_step[step][ln] += nbytes
 
 
-def run_plan(plan: Plan, hw: HardwareSpec, topology: Topology | None = None) -> RawRun:
-    """Simulate every task of the plan once (no extrapolation); ``topology`` overrides the derived one."""
-    return Engine(plan, hw, topology).run()
+def run_plan(plan: Plan, hw: HardwareSpec, topology: Topology | None = None,
+             warmup_repeat: int | None = None) -> RawRun:
+    """Simulate the plan's tasks (no extrapolation); ``topology`` overrides the derived one;
+    ``warmup_repeat`` caps every segment's repeat count in the warm-up steps."""
+    return Engine(plan, hw, topology, warmup_repeat).run()

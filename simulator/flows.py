@@ -28,9 +28,13 @@ class Flow:
     remaining: float
     resources: tuple[str, ...]
     done: simpy.Event
+    weights: tuple[float, ...] = ()  # units of each resource used per unit of flow (default 1 each)
     rate: float = 0.0
     updated: float = 0.0
     version: int = 0
+
+    def weight(self, resource: str) -> float:
+        return self.weights[self.resources.index(resource)]
 
 
 @dataclass
@@ -51,8 +55,13 @@ class FlowNetwork:
         self._next_id = 0
         self.stats: dict[str, ResourceStats] = {r: ResourceStats() for r in self.capacity}
 
-    def start(self, amount: float, resources: Sequence[str]) -> simpy.Event:
-        """Start a flow of ``amount`` units over ``resources``; the returned event fires when it is done."""
+    def start(self, amount: float, resources: Sequence[str], weights: Sequence[float] | None = None) -> simpy.Event:
+        """Start a flow of ``amount`` units over ``resources``; the returned event fires when it is done.
+
+        ``weights`` (one per resource, default 1) say how many units of a resource one unit of the flow
+        uses: a ring collective is one flow whose every link carries it once, except links the ring
+        crosses twice (weight 2).
+        """
         ev = self.env.event()
         if amount <= 0 or not resources:
             ev.succeed()
@@ -62,13 +71,33 @@ class FlowNetwork:
                 raise KeyError(f"unknown resource {r!r}")
         fid = self._next_id
         self._next_id += 1
-        f = Flow(fid, float(amount), tuple(dict.fromkeys(resources)), ev, updated=self.env.now)
+        now = self.env.now
+        if weights is None:
+            res = tuple(dict.fromkeys(resources))
+            w = tuple(1.0 for _ in res)
+        else:
+            acc: dict[str, float] = {}
+            for r, x in zip(resources, weights, strict=True):
+                acc[r] = acc.get(r, 0.0) + float(x)
+            res, w = tuple(acc), tuple(acc.values())
+        f = Flow(fid, float(amount), res, ev, w, updated=now)
         self._flows[fid] = f
+        alone = True
         for r in f.resources:
-            if not self._on[r]:
-                self.stats[r].busy_since = self.env.now
-            self._on[r].add(fid)
-        self._rebalance(f.resources)
+            on = self._on[r]
+            if not on:
+                self.stats[r].busy_since = now
+            else:
+                alone = False
+            on.add(fid)
+        if alone:  # fast path: nothing to share with, nobody else's rate changes
+            f.rate = min(self.capacity[r] / x for r, x in zip(f.resources, f.weights, strict=True))
+            for r, x in zip(f.resources, f.weights, strict=True):
+                self.stats[r].rate_log.append((now, f.rate * x))
+            f.version = 1
+            self.env.timeout(f.remaining / f.rate).callbacks.append(self._make_finisher(fid, 1))
+        else:
+            self._rebalance(f.resources)
         return ev
 
     def active(self) -> int:
@@ -94,34 +123,44 @@ class FlowNetwork:
     def _rebalance(self, seeds: Sequence[str]) -> None:
         now = self.env.now
         flows, resources = self._component(seeds)
+        old_rates = {f.fid: f.rate for f in flows}
         for f in flows:  # bring every flow's remaining work up to now at its old rate
             f.remaining = max(0.0, f.remaining - f.rate * (now - f.updated))
             f.updated = now
-        # progressive filling
+        if len(flows) == 1:  # fast path: a flow alone on its resources gets the narrowest of them
+            f = flows[0]
+            f.rate = min(self.capacity[r] / x for r, x in zip(f.resources, f.weights, strict=True))
+        else:
+            self._fill(flows, resources)
+        for r in resources:
+            total = sum(self._flows[fid].rate * self._flows[fid].weight(r) for fid in self._on[r])
+            log = self.stats[r].rate_log
+            if not log or abs(log[-1][1] - total) > _EPS * max(1.0, total):
+                log.append((now, total))
+        for f in flows:
+            if f.rate == old_rates[f.fid] and f.version > 0:
+                continue  # same rate: its pending finish event is still right
+            f.version += 1
+            if f.rate > 0:
+                ev = self.env.timeout(f.remaining / f.rate)
+                ev.callbacks.append(self._make_finisher(f.fid, f.version))
+
+    def _fill(self, flows: list[Flow], resources: set[str]) -> None:
+        """Progressive filling: raise every unfrozen flow's rate until a resource saturates."""
         cap = {r: self.capacity[r] for r in resources}
-        count = {r: len(self._on[r]) for r in resources}
+        count = {r: sum(self._flows[fid].weight(r) for fid in self._on[r]) for r in resources}
         unfrozen = {f.fid: f for f in flows}
         while unfrozen:
-            r_star = min((r for r in resources if count[r] > 0), key=lambda r: (cap[r] / count[r], r))
+            r_star = min((r for r in resources if count[r] > 1e-12), key=lambda r: (cap[r] / count[r], r))
             share = max(cap[r_star], 0.0) / count[r_star]
             for fid in sorted(self._on[r_star]):
                 f = unfrozen.pop(fid, None)
                 if f is None:
                     continue
                 f.rate = share
-                for r in f.resources:
-                    cap[r] -= share
-                    count[r] -= 1
-        for r in resources:
-            total = sum(self._flows[fid].rate for fid in self._on[r])
-            log = self.stats[r].rate_log
-            if not log or abs(log[-1][1] - total) > _EPS * max(1.0, total):
-                log.append((now, total))
-        for f in flows:
-            f.version += 1
-            if f.rate > 0:
-                ev = self.env.timeout(f.remaining / f.rate)
-                ev.callbacks.append(self._make_finisher(f.fid, f.version))
+                for r, x in zip(f.resources, f.weights, strict=True):
+                    cap[r] -= share * x
+                    count[r] -= x
 
     def _make_finisher(self, fid: int, version: int):  # noqa: ANN202 - SimPy callback
         def finish(_ev: simpy.Event) -> None:
@@ -130,15 +169,21 @@ class FlowNetwork:
                 return
             del self._flows[fid]
             now = self.env.now
+            shared = False
             for r in f.resources:
-                self._on[r].discard(fid)
-                if not self._on[r]:
+                on = self._on[r]
+                on.discard(fid)
+                if not on:
                     st = self.stats[r]
+                    st.rate_log.append((now, 0.0))
                     if st.busy_since is not None:
                         st.busy_s += now - st.busy_since
                         st.busy_since = None
+                else:
+                    shared = True
             f.remaining = 0.0
             f.done.succeed()
-            self._rebalance(f.resources)
+            if shared:
+                self._rebalance([r for r in f.resources if self._on[r]])
 
         return finish

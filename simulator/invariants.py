@@ -47,7 +47,7 @@ def check_invariants(result: Result) -> list[str]:
 
 def _check_tasks(plan: Plan, result: Result) -> list[str]:
     bad: list[str] = []
-    tasks = Unroller(plan).unroll()
+    tasks = Unroller(plan, result.warmup_repeat).unroll()
     rec = {r.uid: r for r in result.records}
     if len(rec) != len(tasks):
         bad.append(f"{len(tasks)} tasks planned, {len(rec)} ran")

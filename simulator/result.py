@@ -82,6 +82,7 @@ class Result:
     leaked: tuple[str, ...] = ()             # non-persistent tensors still allocated at the end
     min_used_bytes: Mapping[str, float] = field(default_factory=dict)
     simulated_plan: Plan | None = None       # the plan actually simulated (fewer repeats if extrapolated)
+    warmup_repeat: int | None = None         # repeat cap of the warm-up steps in that simulation
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -259,6 +260,7 @@ def build_result(plan: Plan, hw: HardwareSpec, raw: RawRun, metrics: StepMetrics
         leaked=tuple(sorted(raw.leaked)),
         min_used_bytes={p: s.min_used for p, s in mem.pools.items()},
         simulated_plan=plan,
+        warmup_repeat=raw.warmup_repeat,
     )
 
 

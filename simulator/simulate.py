@@ -1,90 +1,118 @@
 """Plan -> Result, with steady-state extrapolation of long runs of identical iterations.
 
 Gradient accumulation makes a step a long run of identical micro-steps, which an event simulator would
-otherwise grind through one by one. For every segment repeated more than ``EXPLICIT_MAX`` times we
-simulate the plan with that segment repeated n, n+1 and n+2 times (n = ``STEADY_BASE``). If the step
-time, the bytes per link, the busy times and the peak memory grow by the same amount from n to n+1 as
-from n+1 to n+2, the segment is in a steady state and every additive figure is extrapolated linearly to
-the real count; the peaks are those of the steady state. If not, the whole plan is simulated. The result
-says which (``sim.method``).
+otherwise grind through one by one. Two devices keep that cheap, and the result says which were used
+(``sim.method``):
+
+- warm-up steps (every step but the last, measured one) run each segment once: they only have to leave
+  the measured step in its steady state (parameters uploaded, buffers allocated); the measured step
+  runs from the end of the previous step to its own end;
+- a segment repeated more than ``EXPLICIT_MAX`` times is simulated with 1, 2 and 3 repeats; if the step
+  time, bytes per link and compute time grow by the same amount from 1 to 2 as from 2 to 3 (and the
+  peak memory is the same), every additive figure is extrapolated linearly to the real count and the
+  peaks are the steady state's. If not, 4 repeats are tried against 2 and 3; if that fails too,
+  the plan is simulated whole.
+
+``extrapolate=False`` simulates every iteration of every step.
 """
 
 from __future__ import annotations
 
-from hardware_models import HardwareSpec, Topology
-from simulator.engine import run_plan
-from simulator.plan import Plan
-from simulator.result import (
-    Result,
-    SimInfo,
-    StepMetrics,
-    build_result,
-    diff_metrics,
-    scale_metrics,
-    step_metrics,
-)
+from dataclasses import replace
 
-STEADY_BASE = 2
-EXPLICIT_MAX = 9
+from hardware_models import HardwareSpec, Topology
+from simulator.engine import RawRun, run_plan
+from simulator.plan import Plan
+from simulator.result import Result, SimInfo, StepMetrics, build_result, diff_metrics, scale_metrics, step_metrics
+
+EXPLICIT_MAX = 6
+STEADY_FROM = 1  # first repeat count tried; falls back to later ones when the ends of the run are not periodic
+WARMUP_REPEAT = 1
 _REL_TOL = 1e-6
 
 
 def _close(a: StepMetrics, b: StepMetrics, scale: float) -> bool:
     tol = _REL_TOL * max(scale, 1e-12)
-    if abs(a.step_time_s - b.step_time_s) > tol:
+    if abs(a.step_time_s - b.step_time_s) > tol or abs(a.compute_busy_s - b.compute_busy_s) > tol:
         return False
-    for x, y in ((a.link_bytes, b.link_bytes),):
-        for k in set(x) | set(y):
-            if abs(x.get(k, 0.0) - y.get(k, 0.0)) > _REL_TOL * max(1.0, abs(x.get(k, 0.0))):
-                return False
-    return abs(a.compute_busy_s - b.compute_busy_s) <= tol
+    keys = set(a.link_bytes) | set(b.link_bytes)
+    return all(abs(a.link_bytes.get(k, 0.0) - b.link_bytes.get(k, 0.0))
+               <= _REL_TOL * max(1.0, abs(a.link_bytes.get(k, 0.0))) for k in keys)
+
+
+def _peaks(raw: RawRun) -> dict[str, float]:
+    return {k: v.peak for k, v in raw.memory.pools.items()}
+
+
+class _Runner:
+    def __init__(self, plan: Plan, hw: HardwareSpec, topology: Topology | None, warmup: int | None):
+        self.plan, self.hw, self.topology, self.warmup = plan, hw, topology, warmup
+        self.events = 0
+        self.wall = 0.0
+        self.tasks = 0
+
+    def run(self, counts: dict[str, int]) -> tuple[Plan, RawRun, StepMetrics]:
+        p = self.plan.with_repeats(counts) if counts else self.plan
+        raw = run_plan(p, self.hw, self.topology, self.warmup)
+        self.events += raw.events
+        self.wall += raw.wall_s
+        self.tasks += len(raw.records)
+        return p, raw, step_metrics(p, raw)
+
+    def info(self, method: str) -> SimInfo:
+        return SimInfo(self.events, self.wall, method, self.tasks)
 
 
 def simulate_plan(plan: Plan, hw: HardwareSpec, *, extrapolate: bool = True,
                   topology: Topology | None = None) -> Result:
+    warm = WARMUP_REPEAT if extrapolate and plan.steps > 1 else None
+    runner = _Runner(plan, hw, topology, warm)
+    warm_note = (f"warm-up steps with {WARMUP_REPEAT} iteration per segment"
+                 if warm is not None and any(s.repeat > WARMUP_REPEAT for s in plan.segments) else "")
     long_segs = [s for s in plan.segments if s.repeat > EXPLICIT_MAX] if extrapolate else []
     if not long_segs:
-        raw = run_plan(plan, hw, topology)
-        n_tasks = len(raw.records)
-        return build_result(plan, hw, raw, step_metrics(plan, raw),
-                            SimInfo(raw.events, raw.wall_s, "full", n_tasks))
-    base_counts = {s.name: STEADY_BASE for s in long_segs}
-    base_plan = plan.with_repeats(base_counts)
-    base_raw = run_plan(base_plan, hw, topology)
-    base = step_metrics(base_plan, base_raw)
-    events, wall, n_tasks = base_raw.events, base_raw.wall_s, len(base_raw.records)
+        p, raw, m = runner.run({})
+        return build_result(p, hw, raw, m, runner.info("full" + (f" ({warm_note})" if warm_note else "")))
+    counts = {s.name: STEADY_FROM for s in long_segs}
+    base = runner.run(counts)
     deltas: list[tuple[int, StepMetrics]] = []
-    last_raw, last_plan = base_raw, base_plan
-    steady = True
+    last = base
+    how = []
     for s in long_segs:
-        runs = []
-        for extra in (1, 2):
-            p = plan.with_repeats({**base_counts, s.name: STEADY_BASE + extra})
-            r = run_plan(p, hw, topology)
-            events += r.events
-            wall += r.wall_s
-            n_tasks += len(r.records)
-            runs.append((p, r, step_metrics(p, r)))
-        d1 = diff_metrics(runs[0][2], base)
-        d2 = diff_metrics(runs[1][2], runs[0][2])
-        peaks1 = {k: v.peak for k, v in runs[0][1].memory.pools.items()}
-        peaks2 = {k: v.peak for k, v in runs[1][1].memory.pools.items()}
-        same_peaks = all(abs(peaks1[k] - peaks2[k]) <= 1e-6 * max(1.0, peaks2[k]) for k in peaks2)
-        same_oom = bool(runs[0][1].memory.ooms) == bool(runs[1][1].memory.ooms)
-        if not (_close(d1, d2, base.step_time_s) and same_peaks and same_oom):
-            steady = False
-            break
-        deltas.append((s.repeat - STEADY_BASE, d2))
-        last_plan, last_raw = runs[1][0], runs[1][1]
-    if not steady:
-        raw = run_plan(plan, hw, topology)
-        return build_result(plan, hw, raw, step_metrics(plan, raw),
-                            SimInfo(events + raw.events, wall + raw.wall_s,
-                                    "full (no steady state within "
-                                    f"{STEADY_BASE + 2} iterations of a repeated segment)",
-                                    n_tasks + len(raw.records)))
-    metrics = scale_metrics(base, deltas)
-    what = ", ".join(f"{s.name} x{s.repeat} from {STEADY_BASE}..{STEADY_BASE + 2} simulated" for s in long_segs)
-    res = build_result(last_plan, hw, last_raw, metrics,
-                       SimInfo(events, wall, f"extrapolated ({what}; steady-state period verified)", n_tasks))
-    return res
+        found = _steady(runner, counts, s.name, base)
+        if found is None:
+            p, raw, m = runner.run({})
+            return build_result(p, hw, raw, m, runner.info(
+                f"full (no steady state within {STEADY_FROM + 3} iterations of a repeated segment"
+                + (f"; {warm_note})" if warm_note else ")")))
+        k, delta, at_k, last = found
+        deltas.append((s.repeat - k, delta))
+        # the base run has this segment at STEADY_FROM repeats: add what the iterations up to k added
+        deltas.append((1, diff_metrics(at_k, base[2])))
+        counts = {**counts, s.name: STEADY_FROM}
+        how.append(f"{s.name} x{s.repeat} from {k}..{k + 1}")
+    p, raw, last_metrics = last
+    # additive figures extrapolated; the window stays that of the simulated run the records come from
+    metrics = replace(scale_metrics(base[2], deltas), window=last_metrics.window)
+    method = f"extrapolated ({', '.join(how)} simulated; steady-state period verified" + (
+        f"; {warm_note})" if warm_note else ")")
+    return build_result(p, hw, raw, metrics, runner.info(method))
+
+
+def _steady(runner: _Runner, counts: dict[str, int], seg: str,
+            base: tuple[Plan, RawRun, StepMetrics]) -> tuple[int, StepMetrics, StepMetrics, tuple] | None:
+    """Find k where the segment's per-iteration increment is stable: (k, increment, metrics at k, run at k+1)."""
+    runs = [base]
+    for n in range(STEADY_FROM + 1, STEADY_FROM + 4):
+        runs.append(runner.run({**counts, seg: n}))
+        if len(runs) < 3:
+            continue
+        a, b, c = runs[-3], runs[-2], runs[-1]
+        d1, d2 = diff_metrics(b[2], a[2]), diff_metrics(c[2], b[2])
+        pb, pc = _peaks(b[1]), _peaks(c[1])
+        same_peaks = all(abs(pb[x] - pc[x]) <= 1e-6 * max(1.0, pc[x]) for x in pc)
+        same_oom = bool(b[1].memory.ooms) == bool(c[1].memory.ooms)
+        if _close(d1, d2, base[2].step_time_s) and same_peaks and same_oom:
+            k = n - 1  # metrics(R) = metrics(k) + (R - k) * d2
+            return k, d2, b[2], c
+    return None

@@ -27,24 +27,41 @@ def task_uid(task_id: str, step: int, it: int) -> str:
 
 
 class Unroller:
-    def __init__(self, plan: Plan):
+    """Unrolls a plan; ``warmup_repeat`` caps the repeat count of every segment in the warm-up steps
+    (all steps but the last), which only have to leave the measured step in its steady state."""
+
+    def __init__(self, plan: Plan, warmup_repeat: int | None = None):
         self.plan = plan
         self.seg_of = plan.task_segment()
         self.repeat = [s.repeat for s in plan.segments]
         self.tensors = plan.tensor_map()
+        self.warmup_repeat = warmup_repeat
+
+    def reps(self, step: int, seg: int) -> int:
+        if self.warmup_repeat is not None and step < self.plan.steps - 1:
+            return min(self.repeat[seg], self.warmup_repeat)
+        return self.repeat[seg]
+
+    def _back(self, step: int, seg: int, it: int, k: int) -> tuple[int, int] | None:
+        """(step, iteration) k iterations of ``seg`` before (step, it), crossing steps; None before the run."""
+        it -= k
+        while it < 0:
+            step -= 1
+            if step < 0:
+                return None
+            it += self.reps(step, seg)
+        return step, it
 
     def _locate(self, ref: Ref, step: int, seg: int, it: int) -> tuple[int, int, int] | None:
         """(step, segment, iteration) a reference from (step, seg, it) points at; None if before the run."""
         tseg = self.seg_of.get(ref.id, seg)
         if ref.steps_back:
             s = step - ref.steps_back
-            return None if s < 0 else (s, tseg, self.repeat[tseg] - 1)
+            return None if s < 0 else (s, tseg, self.reps(s, tseg) - 1)
         if tseg == seg:
-            lin = step * self.repeat[seg] + it - ref.iters_back
-            if lin < 0:
-                return None
-            return lin // self.repeat[seg], seg, lin % self.repeat[seg]
-        return step, tseg, self.repeat[tseg] - 1
+            back = self._back(step, seg, it, ref.iters_back)
+            return None if back is None else (back[0], seg, back[1])
+        return step, tseg, self.reps(step, tseg) - 1
 
     def tensor_instance(self, ref: Ref, step: int, seg: int, it: int, where: str) -> str | None:
         spec = self.tensors.get(ref.id)
@@ -55,10 +72,18 @@ class Unroller:
         if spec.scope == "step":
             s = step - ref.steps_back
             return None if s < 0 else f"{spec.id}[s{s}]"
-        lin = step * self.repeat[seg] + it - ref.iters_back - ref.steps_back * self.repeat[seg]
-        if lin < 0:
+        if ref.steps_back:
+            s = step - ref.steps_back
+            if s < 0:
+                return None
+            back: tuple[int, int] | None = (s, self.reps(s, seg) - 1 - ref.iters_back)
+            if back[1] < 0:
+                back = self._back(s, seg, self.reps(s, seg) - 1, ref.iters_back)
+        else:
+            back = self._back(step, seg, it, ref.iters_back)
+        if back is None:
             return None
-        return f"{spec.id}[s{lin // self.repeat[seg]}.{seg}.{lin % self.repeat[seg]}]"
+        return f"{spec.id}[s{back[0]}.{seg}.{back[1]}]"
 
     def _places(self, items: tuple[Placement, ...], step: int, seg: int, it: int,
                 where: str) -> tuple[tuple[str, str], ...]:
@@ -73,7 +98,7 @@ class Unroller:
         out: list[ConcreteTask] = []
         for step in range(self.plan.steps):
             for si, seg in enumerate(self.plan.segments):
-                for it in range(seg.repeat):
+                for it in range(self.reps(step, si)):
                     for t in seg.tasks:
                         deps = []
                         for r in t.deps:
