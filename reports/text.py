@@ -1,9 +1,30 @@
-"""The human-readable report of one simulation (what ``tiersim simulate`` prints)."""
+"""The human-readable report of one simulation (what ``tiersim simulate`` prints).
+
+The report starts with every assumption (hardware, model, workload, knobs and each default that was
+picked), then the verdict, the step figures, memory per pool against capacity and bytes per link.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from hardware_models import HardwareSpec
 from reports.units import gb, pct, secs, table
 from simulator import Result
+
+WORKLOAD_FIELDS = ("global_batch", "micro_batch", "seq_len", "precision", "checkpointing", "flash_attention")
+
+
+def oom_verdict(oom: Mapping[str, Any]) -> str:
+    """The INFEASIBLE line of an ``oom`` object of the JSON (a simulated OOM or a policy's verdict)."""
+    over = f"over by {gb(oom['over_by_bytes'])}"
+    if oom.get("stage") == "plan":
+        return (f"INFEASIBLE: {oom['pool']} needs {gb(oom['requested_bytes'])} for {oom.get('what') or 'the job'} "
+                f"but holds {gb(oom['capacity_bytes'])}: {over} (the policy's own estimate; nothing simulated)")
+    return (f"INFEASIBLE: {oom['pool']} runs out of memory at t={secs(oom['time_s'])} ({oom['task']} asks "
+            f"{gb(oom['requested_bytes'])} with {gb(oom['free_bytes'])} free); total demand "
+            f"{gb(oom['total_demand_bytes'])} vs capacity {gb(oom['capacity_bytes'])}: {over}")
 
 
 def verdict_line(result: Result) -> str:
@@ -11,29 +32,67 @@ def verdict_line(result: Result) -> str:
         return "FEASIBLE"
     o = result.oom
     assert o is not None
-    return (f"INFEASIBLE: {o.pool} runs out of memory at t={secs(o.time_s)} ({o.task} asks "
-            f"{gb(o.requested_bytes)} with {gb(o.free_bytes)} free); total demand {gb(o.total_demand_bytes)} "
-            f"vs capacity {gb(o.capacity_bytes)}: over by {gb(o.over_by_bytes)}")
+    return oom_verdict(o.to_dict())
 
 
-def format_result(result: Result) -> str:
-    r = result
-    wl = r.workload
-    model = r.model
-    out = [f"tiersim: {r.policy} on {r.hardware} ({r.n_gpus} GPU{'s' if r.n_gpus != 1 else ''}), "
-           f"model {model.get('name')} ({model.get('params', 0) / 1e9:.2f}B params)"]
+def hardware_rows(hw: HardwareSpec, precision: str | None = None, overrides: Sequence[str] = ()) -> list[list[str]]:
+    """A few lines that say which machine was assumed (``tiersim hardware show NAME`` has every field)."""
+    g = hw.gpu
+    if hw.unified_memory:
+        gpus = f"{g.count}x {g.model}, sharing {gb(hw.host.dram_bytes)} of unified memory with the CPU"
+    else:
+        gpus = f"{g.count}x {g.model}, {gb(g.memory_bytes)} each"
+    rows = [["preset", hw.name], ["GPUs", gpus]]
+    if precision and precision in g.peak_flops:
+        rows.append(["GPU peak", f"{g.peak_flops[precision] / 1e12:,.1f} TFLOP/s {precision}"])
+    h = hw.host
+    rows.append(["host", f"{h.cpu_model}, {h.cores} cores, {gb(h.dram_bytes)} DRAM"])
+    rows.append(["PCIe", f"Gen{hw.pcie.gen} x{hw.pcie.lanes}, {hw.pcie.per_direction_bw / 1e9:.1f} GB/s per "
+                         f"direction, {hw.pcie.gpus_per_switch} GPU(s) per switch uplink"])
+    if hw.nvlink is not None:
+        rows.append(["NVLink", f"{hw.nvlink.per_direction_bw / 1e9:.0f} GB/s per direction per GPU"])
+    if hw.c2c is not None:
+        rows.append(["NVLink-C2C", f"{hw.c2c.per_direction_bw / 1e9:.0f} GB/s per direction"])
+    if hw.nvme is not None:
+        rows.append(["NVMe", f"{hw.nvme.count}x {gb(hw.nvme.capacity_bytes_each)}, "
+                             f"{hw.nvme.read_bw / 1e9:.1f} GB/s read, {hw.nvme.write_bw / 1e9:.1f} GB/s write"])
+    if overrides:
+        rows.append(["overrides", ", ".join(f"--set {o}" for o in overrides)])
+    return rows
+
+
+def format_header(*, policy: str, hardware: str, n_gpus: int, model: Mapping[str, Any],
+                  workload: Mapping[str, Any], knobs: Mapping[str, Any], accumulation: Any = None,
+                  hw: HardwareSpec | None = None, overrides: Sequence[str] = (),
+                  extra_assumed: Sequence[str] = ()) -> list[str]:
+    """What was assumed: hardware, model, workload, knobs and every default picked."""
+    out = [f"tiersim: {policy} on {hardware} ({n_gpus} GPU{'s' if n_gpus != 1 else ''}), "
+           f"model {model.get('name')} ({float(model.get('params') or 0) / 1e9:.2f}B params)"]
+    if hw is not None:
+        out.append("")
+        out.append("Hardware:")
+        out.append(table(hardware_rows(hw, workload.get("precision"), overrides), align="ll"))
     out.append("")
     out.append("Assumed workload:")
-    rows = [[k, str(wl.get(k))] for k in ("global_batch", "micro_batch", "seq_len", "precision",
-                                          "checkpointing", "flash_attention")]
-    accum = r.info.get("accumulation")
-    if accum is not None:
-        rows.append(["accumulation", f"{accum} micro-step(s) per step"])
-    if r.knobs:
-        rows.append(["knobs", ", ".join(f"{k}={v}" for k, v in r.knobs.items())])
+    rows = [["model", f"{model.get('name')} ({int(model.get('params') or 0):,} params)"]]
+    rows += [[k, str(workload.get(k))] for k in WORKLOAD_FIELDS]
+    if accumulation is not None:
+        rows.append(["accumulation", f"{accumulation} micro-step(s) per step"])
+    rows.append(["policy", policy])
+    if knobs:
+        rows.append(["knobs", ", ".join(f"{k}={v}" for k, v in knobs.items())])
     out.append(table(rows, align="ll"))
-    for a in wl.get("assumed", []):
+    for a in [*extra_assumed, *workload.get("assumed", [])]:
         out.append(f"  default picked: {a}")
+    return out
+
+
+def format_result(result: Result, hw: HardwareSpec | None = None, overrides: Sequence[str] = (),
+                  extra_assumed: Sequence[str] = ()) -> str:
+    r = result
+    out = format_header(policy=r.policy, hardware=r.hardware, n_gpus=r.n_gpus, model=r.model,
+                        workload=r.workload, knobs=r.knobs, accumulation=r.info.get("accumulation"), hw=hw,
+                        overrides=overrides, extra_assumed=extra_assumed)
     out.append("")
     out.append(f"Verdict: {verdict_line(r)}")
     out.append(table([
@@ -61,6 +120,24 @@ def format_result(result: Result) -> str:
         out.append(f"note: {n}")
     out.append(f"simulation: {r.sim.events:,} events, {r.sim.simulated_tasks:,} tasks, {r.sim.wall_s:.2f} s wall, "
                f"{r.sim.method}")
+    return "\n".join(out)
+
+
+def format_infeasible(d: Mapping[str, Any], hw: HardwareSpec | None = None, overrides: Sequence[str] = (),
+                      extra_assumed: Sequence[str] = ()) -> str:
+    """The report of a job its policy found infeasible before simulating (``d``: the JSON object)."""
+    out = format_header(policy=d["policy"], hardware=d["hardware"], n_gpus=d["n_gpus"], model=d["model"],
+                        workload=d["workload"], knobs=d["knobs"], hw=hw, overrides=overrides,
+                        extra_assumed=extra_assumed)
+    out.append("")
+    out.append(f"Verdict: {d['verdict']}")
+    caps = d.get("capacity_bytes") or {}
+    if caps:
+        out.append("")
+        out.append("Memory (usable capacity; reserved = lost before the model gets any):")
+        reserved = d.get("reserved_bytes") or {}
+        rows = [[p, gb(caps[p]), gb(sum(reserved.get(p, {}).values()))] for p in sorted(caps, key=_pool_order)]
+        out.append(table(rows, ["pool", "capacity", "reserved"]))
     return "\n".join(out)
 
 

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import simpy
 
@@ -50,6 +50,8 @@ class TaskRecord(NamedTuple):
     iteration: int
     bytes: float
     tags: dict
+    gpus: tuple[str, ...] = ()   # GPUs the task involves (its device; a copy's ends; a collective's ranks)
+    links: tuple[str, ...] = ()  # links its bytes crossed
 
 
 @dataclass
@@ -101,6 +103,15 @@ class Engine:
             caps[f"{g}.sm"] = 1.0
         caps["cpu.adam"] = hw.host.optimizer_params_per_s
         self.net = FlowNetwork(self.env, caps)
+        # GPUs whose SMs only one stream ever uses: their kernels never share, so they are plain timeouts
+        sm_users: dict[str, set[str]] = defaultdict(set)
+        streams = plan.stream_map()
+        for seg in plan.segments:
+            for t in seg.tasks:
+                dev = streams[t.stream].device if t.stream in streams else ""
+                if t.op in ("compute", "optimizer") and dev.startswith("gpu"):
+                    sm_users[dev].add(t.stream)
+        self._exclusive_sm = {g for g, users in sm_users.items() if len(users) == 1}
         capacities = {p.name: p.capacity_bytes for p in self.topo.pools.values()}
         self.mem = MemoryTracker(capacities, self.topo.pool_of)
         self.tensors = plan.tensor_map()
@@ -185,15 +196,25 @@ class Engine:
                 yield self.env.all_of(pending)
             start = self.env.now
             self._begin(t)
-            moved = yield from self._execute(t, device)
+            moved, links = yield from self._execute(t, device)
             self._finish(t)
             end = self.env.now
             self.records.append(TaskRecord(t.uid, t.spec.id, t.spec.op, sid, device, start, end, t.step,
-                                           t.segment, t.iteration, moved, dict(t.spec.tags)))
+                                           t.segment, t.iteration, moved, t.spec.tags,
+                                           self._gpus(t, device), links))
             self.step_end[t.step] = max(self.step_end[t.step], end)
             self._finished.add(t.uid)
             if t.uid in self._awaited:
                 done[t.uid].succeed()
+
+    @staticmethod
+    def _gpus(t: ConcreteTask, device: str) -> tuple[str, ...]:
+        s = t.spec
+        if s.op == "collective":
+            return tuple(s.ranks)
+        if s.op == "copy":
+            return tuple(x for x in (s.src, s.dst) if x is not None and x.startswith("gpu"))
+        return (device,) if device.startswith("gpu") else ()
 
     def _kind(self, inst: str) -> tuple[float, str]:
         spec = self.tensors[inst.split("[", 1)[0]]
@@ -222,7 +243,8 @@ class Engine:
         for inst, loc in t.frees:
             self.mem.free(now, inst, loc, t.uid)
 
-    def _execute(self, t: ConcreteTask, device: str) -> Iterator[simpy.Event]:
+    def _execute(self, t: ConcreteTask, device: str) -> Generator[simpy.Event, Any, tuple[float, tuple[str, ...]]]:
+        """Run one task; returns (bytes moved, links crossed)."""
         s = t.spec
         env = self.env
         if s.op == "compute":
@@ -233,15 +255,15 @@ class Engine:
             if work is None:
                 work = compute_seconds(self.hw, s.flops, s.hbm_bytes, self.dtype) + self.hw.gpu.launch_overhead_s
                 self._work[key] = work
-            yield self.net.start(work, (f"{device}.sm",))
-            return 0.0
+            yield self._sm(device, work)
+            return 0.0, ()
         if s.op == "optimizer":
             if f"{device}.sm" in self.net.capacity:
                 work = s.params * self.hw.gpu.optimizer_bytes_per_param / self.hw.gpu.hbm_bw
-                yield self.net.start(work + self.hw.gpu.launch_overhead_s, (f"{device}.sm",))
+                yield self._sm(device, work + self.hw.gpu.launch_overhead_s)
             else:
                 yield self.net.start(s.params, ("cpu.adam",))
-            return 0.0
+            return 0.0, ()
         if s.op == "copy":
             nbytes = s.bytes if s.bytes > 0 else self._kind(t.tensor)[0] if t.tensor else 0.0
             res, lat, links = self.route(s.src, s.dst)
@@ -249,26 +271,34 @@ class Engine:
             if lat > 0:
                 yield env.timeout(lat)
             yield self.net.start(nbytes, res)
-            return nbytes
+            return nbytes, links
         if s.op == "collective":
             n = len(s.ranks)
             if n <= 1:
-                return 0.0
+                return 0.0, ()
             per_rank = s.bytes * (n - 1) / n * (2.0 if s.coll == "all_reduce" else 1.0)
             resources: list[str] = []
+            crossed: list[str] = []
             lat_max = 0.0
             for i, r in enumerate(s.ranks):
                 res, lat, links = self.route(r, s.ranks[(i + 1) % n])
                 self._count(t.step, links, per_rank)
                 lat_max = max(lat_max, lat)
                 resources.extend(res)
+                crossed.extend(links)
             steps = (n - 1) * (2 if s.coll == "all_reduce" else 1)
             if lat_max > 0:
                 yield env.timeout(lat_max * steps)
             # the ring's n transfers move in lockstep: one flow using each resource once per ring hop on it
             yield self.net.start(per_rank, resources, [1.0] * len(resources))
-            return per_rank * n
-        return 0.0  # alloc / free / noop: instantaneous
+            return per_rank * n, tuple(dict.fromkeys(crossed))
+        return 0.0, ()  # alloc / free / noop: instantaneous
+
+    def _sm(self, device: str, seconds: float) -> simpy.Event:
+        """Seconds of work on a GPU's SMs: shared with concurrent kernels of other streams, if any."""
+        if device in self._exclusive_sm:
+            return self.env.timeout(seconds)
+        return self.net.start(seconds, (f"{device}.sm",))
 
     def _count(self, step: int, links: tuple[str, ...], nbytes: float) -> None:
         for ln in links:

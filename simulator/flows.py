@@ -33,8 +33,10 @@ class Flow:
     updated: float = 0.0
     version: int = 0
 
+    wmap: dict[str, float] = field(default_factory=dict)  # resource -> weight, for lookups
+
     def weight(self, resource: str) -> float:
-        return self.weights[self.resources.index(resource)]
+        return self.wmap[resource]
 
 
 @dataclass
@@ -80,7 +82,7 @@ class FlowNetwork:
             for r, x in zip(resources, weights, strict=True):
                 acc[r] = acc.get(r, 0.0) + float(x)
             res, w = tuple(acc), tuple(acc.values())
-        f = Flow(fid, float(amount), res, ev, w, updated=now)
+        f = Flow(fid, float(amount), res, ev, w, updated=now, wmap=dict(zip(res, w, strict=True)))
         self._flows[fid] = f
         alone = True
         for r in f.resources:
@@ -133,7 +135,8 @@ class FlowNetwork:
         else:
             self._fill(flows, resources)
         for r in resources:
-            total = sum(self._flows[fid].rate * self._flows[fid].weight(r) for fid in self._on[r])
+            flows_on = self._flows
+            total = sum(flows_on[fid].rate * flows_on[fid].wmap[r] for fid in self._on[r])
             log = self.stats[r].rate_log
             if not log or abs(log[-1][1] - total) > _EPS * max(1.0, total):
                 log.append((now, total))
@@ -148,7 +151,7 @@ class FlowNetwork:
     def _fill(self, flows: list[Flow], resources: set[str]) -> None:
         """Progressive filling: raise every unfrozen flow's rate until a resource saturates."""
         cap = {r: self.capacity[r] for r in resources}
-        count = {r: sum(self._flows[fid].weight(r) for fid in self._on[r]) for r in resources}
+        count = {r: sum(self._flows[fid].wmap[r] for fid in self._on[r]) for r in resources}
         unfrozen = {f.fid: f for f in flows}
         while unfrozen:
             r_star = min((r for r in resources if count[r] > 1e-12), key=lambda r: (cap[r] / count[r], r))

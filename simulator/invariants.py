@@ -39,9 +39,14 @@ def check_invariants(result: Result) -> list[str]:
     for s, busy in result.stream_busy_s.items():
         if busy > st * (1 + 1e-9) + _EPS:
             bad.append(f"stream {s}: busy {busy:.6g} s in a step of {st:.6g} s")
-    for ln, busy in result.link_busy_s.items():
-        if busy > st * (1 + 1e-9) + _EPS:
-            bad.append(f"link {ln}: busy {busy:.6g} s in a step of {st:.6g} s")
+    topo = result.topology
+    if topo is not None:
+        for ln, nbytes in result.link_bytes.items():
+            link = topo.links[ln]
+            cap = link.duplex_bw if link.duplex_bw is not None else link.bw_fwd + link.bw_rev
+            if nbytes / cap > st * (1 + 1e-9) + _EPS:
+                bad.append(f"link {ln}: {nbytes:.4g} B need {nbytes / cap:.6g} s at full rate, "
+                           f"more than the step's {st:.6g} s")
     return bad
 
 

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from hardware_models import HardwareSpec
+from hardware_models import HardwareSpec, Topology
 from simulator.engine import RawRun, TaskRecord
 from simulator.plan import Plan
 
@@ -83,6 +83,7 @@ class Result:
     min_used_bytes: Mapping[str, float] = field(default_factory=dict)
     simulated_plan: Plan | None = None       # the plan actually simulated (fewer repeats if extrapolated)
     warmup_repeat: int | None = None         # repeat cap of the warm-up steps in that simulation
+    topology: Topology | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -172,45 +173,51 @@ class StepMetrics:
 
 
 def step_metrics(plan: Plan, raw: RawRun) -> StepMetrics:
+    """Figures of the measured (last) step.
+
+    The step time is the period between the ends of the last two steps. Busy times and exposed transfer
+    are those of the measured step's own tasks (wherever they fall in time: with a delayed update the
+    next step's compute overlaps this step's optimizer), bytes those it moved.
+    """
     last = plan.steps - 1
     hi = raw.step_end.get(last, 0.0)
     lo = raw.step_end.get(last - 1, 0.0) if plan.steps >= 2 else 0.0
-    link_bytes = dict(raw.link_bytes_by_step.get(last, {}))
-    link_busy: dict[str, float] = {}
-    for name in raw.topology.links:
-        intervals = busy_intervals(raw.net.stats[name + ":fwd"].rate_log)
-        intervals += busy_intervals(raw.net.stats[name + ":rev"].rate_log)
-        link_busy[name] = length(clip(union(intervals), lo, hi))
+    mine = [r for r in raw.records if r.step == last]
+    link_iv: dict[str, list[tuple[float, float]]] = defaultdict(list)
     by_stream: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for r in raw.records:
+    for r in mine:
         by_stream[r.stream].append((r.start, r.end))
-    stream_busy = {s: length(clip(union(iv), lo, hi)) for s, iv in sorted(by_stream.items())}
-    compute_busy, exposed = gpu_overlap(raw.records, lo, hi)
-    return StepMetrics(hi - lo, link_bytes, link_busy, stream_busy, compute_busy, exposed, (lo, hi))
+        for ln in r.links:
+            link_iv[ln].append((r.start, r.end))
+    link_busy = {ln: length(union(link_iv.get(ln, []))) for ln in raw.topology.links}
+    stream_busy = {s: length(union(iv)) for s, iv in sorted(by_stream.items())}
+    compute_busy, exposed = gpu_overlap(mine, raw.records)
+    return StepMetrics(hi - lo, dict(raw.link_bytes_by_step.get(last, {})), link_busy, stream_busy, compute_busy,
+                       exposed, (lo, hi))
 
 
-def gpu_overlap(records: Iterable[TaskRecord], lo: float, hi: float) -> tuple[float, float]:
-    """(busiest GPU's compute time, worst GPU's transfer time not overlapped by its compute) in [lo, hi].
+def gpu_overlap(step_records: Iterable[TaskRecord], all_records: Iterable[TaskRecord]) -> tuple[float, float]:
+    """(busiest GPU's compute time in the step, worst GPU's transfer time in the step not hidden by compute).
 
-    A transfer belongs to a GPU when it runs on one of that GPU's streams (its copy engines, its
-    communication stream).
+    A transfer involves a GPU when it is one end of a copy or a rank of a collective; it is hidden where
+    that GPU computes (for any step) at the same time.
     """
+    comp_all: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for r in all_records:
+        if r.op in ("compute", "optimizer"):
+            for g in r.gpus:
+                comp_all[g].append((r.start, r.end))
     comp: dict[str, list[tuple[float, float]]] = defaultdict(list)
     xfer: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for r in records:
-        if not r.device.startswith("gpu"):
-            continue
-        if r.op in ("compute", "optimizer"):
-            comp[r.device].append((r.start, r.end))
-        elif r.op in TRANSFER_OPS:
-            xfer[r.device].append((r.start, r.end))
-    busiest = 0.0
+    for r in step_records:
+        target = comp if r.op in ("compute", "optimizer") else xfer if r.op in TRANSFER_OPS else None
+        if target is not None:
+            for g in r.gpus:
+                target[g].append((r.start, r.end))
+    busiest = max((length(union(iv)) for iv in comp.values()), default=0.0)
     worst = 0.0
-    for g in set(comp) | set(xfer):
-        c = clip(union(comp[g]), lo, hi)
-        x = clip(union(xfer[g]), lo, hi)
-        busiest = max(busiest, length(c))
-        worst = max(worst, length(subtract(x, c)))
+    for g, iv in xfer.items():
+        worst = max(worst, length(subtract(union(iv), union(comp_all.get(g, [])))))
     return busiest, worst
 
 
@@ -261,6 +268,7 @@ def build_result(plan: Plan, hw: HardwareSpec, raw: RawRun, metrics: StepMetrics
         min_used_bytes={p: s.min_used for p, s in mem.pools.items()},
         simulated_plan=plan,
         warmup_repeat=raw.warmup_repeat,
+        topology=topo,
     )
 
 

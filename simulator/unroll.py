@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from simulator.errors import PlanError
 from simulator.plan import Placement, Plan, Ref, TaskSpec
 
 
-@dataclass(frozen=True)
-class ConcreteTask:
+class ConcreteTask(NamedTuple):
+    """One task of the unrolled plan (a NamedTuple: made by the ten thousand)."""
+
     uid: str
     spec: TaskSpec
     step: int
@@ -27,8 +28,9 @@ def task_uid(task_id: str, step: int, it: int) -> str:
 
 
 class Unroller:
-    """Unrolls a plan; ``warmup_repeat`` caps the repeat count of every segment in the warm-up steps
-    (all steps but the last), which only have to leave the measured step in its steady state."""
+    """Unrolls a plan; ``warmup_repeat`` caps the repeat count of every *repeated* segment in the
+    warm-up steps (all steps but the last), which only have to leave the measured step in its steady
+    state; 0 leaves such segments out of the warm-up (references into them are then satisfied)."""
 
     def __init__(self, plan: Plan, warmup_repeat: int | None = None):
         self.plan = plan
@@ -38,7 +40,7 @@ class Unroller:
         self.warmup_repeat = warmup_repeat
 
     def reps(self, step: int, seg: int) -> int:
-        if self.warmup_repeat is not None and step < self.plan.steps - 1:
+        if self.warmup_repeat is not None and step < self.plan.steps - 1 and self.repeat[seg] > 1:
             return min(self.repeat[seg], self.warmup_repeat)
         return self.repeat[seg]
 
@@ -57,16 +59,16 @@ class Unroller:
         tseg = self.seg_of.get(ref.id, seg)
         if ref.steps_back:
             s = step - ref.steps_back
-            return None if s < 0 else (s, tseg, self.reps(s, tseg) - 1)
+            return None if s < 0 or self.reps(s, tseg) == 0 else (s, tseg, self.reps(s, tseg) - 1)
         if tseg == seg:
             back = self._back(step, seg, it, ref.iters_back)
             return None if back is None else (back[0], seg, back[1])
-        return step, tseg, self.reps(step, tseg) - 1
+        return None if self.reps(step, tseg) == 0 else (step, tseg, self.reps(step, tseg) - 1)
 
     def tensor_instance(self, ref: Ref, step: int, seg: int, it: int, where: str) -> str | None:
         spec = self.tensors.get(ref.id)
         if spec is None:
-            raise PlanError(f"{where}: references missing tensor {ref.id!r}")
+            raise PlanError(f"task {where!r}: references missing tensor {ref.id!r}")
         if spec.scope == "global":
             return spec.id
         if spec.scope == "step":
@@ -74,7 +76,7 @@ class Unroller:
             return None if s < 0 else f"{spec.id}[s{s}]"
         if ref.steps_back:
             s = step - ref.steps_back
-            if s < 0:
+            if s < 0 or self.reps(s, seg) == 0:
                 return None
             back: tuple[int, int] | None = (s, self.reps(s, seg) - 1 - ref.iters_back)
             if back[1] < 0:
@@ -105,12 +107,12 @@ class Unroller:
                             loc = self._locate(r, step, si, it)
                             if loc is not None:
                                 deps.append(task_uid(r.id, loc[0], loc[2]))
-                        where = f"task {t.id!r}"
+                        where = t.id
                         tensor = (self.tensor_instance(t.tensor, step, si, it, where)
                                   if t.tensor is not None else None)
                         out.append(ConcreteTask(
-                            uid=task_uid(t.id, step, it), spec=t, step=step, segment=si, iteration=it,
-                            deps=tuple(deps), allocs=self._places(t.allocs, step, si, it, where),
-                            frees=self._places(t.frees, step, si, it, where),
-                            reads=self._places(t.reads, step, si, it, where), tensor=tensor))
+                            task_uid(t.id, step, it), t, step, si, it, tuple(deps),
+                            self._places(t.allocs, step, si, it, where) if t.allocs else (),
+                            self._places(t.frees, step, si, it, where) if t.frees else (),
+                            self._places(t.reads, step, si, it, where) if t.reads else (), tensor))
         return out

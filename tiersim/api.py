@@ -43,7 +43,7 @@ def resolve_hardware(hw: str | HardwareSpec, overrides: Sequence[str] = ()) -> H
 def load_hardware_from_spec(hw: HardwareSpec, overrides: Sequence[str]) -> HardwareSpec:
     from hardware_models import spec_from_dict
 
-    return spec_from_dict(hw.to_dict(), overrides)
+    return spec_from_dict(hw.to_dict(), file=f"{hw.name} (given as a HardwareSpec)", overrides=overrides)
 
 
 def make_job(hw: str | HardwareSpec, model: str | ModelSpec, request: JobRequest | None = None,

@@ -1,23 +1,78 @@
 """Command line: ``tiersim simulate|hardware|models|policies|validate`` and ``simulate`` on its own.
 
-Exit codes: 0 success (feasible), 2 bad input (one line on stderr), 3 infeasible (printed as an answer).
+    simulate --hw a100x8 --model 70b --policy zero-offload          # same as `tiersim simulate ...`
+    simulate --hw a100 --model 7b --json                             # one JSON object on stdout
+    simulate --hw a100 --model 7b --plan-out plan.json --trace t.json
+    simulate --plan plan.json                                        # re-simulate a saved plan
+    tiersim hardware list | hardware show NAME [--set PATH=VALUE]
+    tiersim models list | models show NAME
+    tiersim policies list | policies show NAME
+
+Defaults: ``--hw a100x8``, ``--model 70b``, ``--policy zero-offload`` when planning; every default that is
+picked (these and the workload's: sequence length, micro- and global batch, precision, checkpointing,
+flash attention) is listed in the report ("default picked: ...") and in ``workload.assumed`` of the JSON.
+With ``--plan FILE`` the plan fixes model, workload and policy (giving ``--model``, ``--policy``,
+``--knob`` or a workload flag as well is bad input) and its embedded hardware is used unless ``--hw``
+is given; ``--set`` overrides apply to whichever hardware is used.
+
+Exit codes:
+    0  success; for ``simulate``: the job fits (feasible)
+    1  ``simulate --check`` found a violated simulator invariant (a bug in tiersim, not in the input)
+    2  bad input: exactly ONE line on stderr naming the field or file and the fix, nothing on stdout
+    3  infeasible: printed on stdout as an answer (which pool overflows, by how many GB)
+
+``simulate --json`` prints ONE JSON object with the same keys whether the job fits, runs out of memory in
+the simulation, or is found infeasible by the policy before any simulation:
+
+    feasible            bool
+    verdict             str: "FEASIBLE" or "INFEASIBLE: <pool> ... over by <N> GB"
+    policy, knobs       str, {knob: value}
+    hardware            str (preset name)
+    model               {name, params, ...dimensions}
+    workload            {global_batch, micro_batch, seq_len, precision, checkpointing, flash_attention,
+                         assumed: [every default picked], ...}
+    n_gpus              int
+    step_time_s, tokens_per_s, tflops_per_gpu, mfu, compute_busy_s, exposed_transfer_s
+                        float; null when the policy found the job infeasible (nothing simulated)
+    peak_bytes, peak_by_kind, link_bytes, link_busy_s, stream_busy_s
+                        {pool|link|stream: ...}; null when nothing was simulated
+    capacity_bytes      {pool: usable bytes}; reserved_bytes {pool: {what: bytes}}
+    oom                 null when feasible, else {stage: "simulation"|"plan", pool, requested_bytes,
+                         capacity_bytes, over_by_bytes, total_demand_bytes, free_bytes, time_s, task,
+                         tensor, what, message}; fields a stage cannot know are null (a policy's verdict
+                         has no time, task, tensor or free bytes; requested = total demand = its need)
+    ooms                [every oom, first one first]
+    sim                 {events, wall_s, method, simulated_tasks} (zeros when nothing was simulated)
+    notes, info         [str], {...} from the policy
+    invariant_violations  [str], only with --check
+
+``--plan-out`` and ``--trace`` are written when a plan exists (also when its simulation runs out of
+memory); their directories must exist, which is checked before any work is done.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from hardware_models import HardwareInputError
 from policies import KnobError, PlanInfeasible
 from simulator import PlanError
 from workloads import WorkloadInputError
 
-EXIT_OK, EXIT_BAD_INPUT, EXIT_INFEASIBLE = 0, 2, 3
-INPUT_ERRORS = (HardwareInputError, WorkloadInputError, PlanError, KnobError)
+EXIT_OK, EXIT_INVARIANT, EXIT_BAD_INPUT, EXIT_INFEASIBLE = 0, 1, 2, 3
+DEFAULT_HW, DEFAULT_MODEL, DEFAULT_POLICY = "a100x8", "70b", "zero-offload"
+
+
+class UsageError(ValueError):
+    """A bad combination of command-line arguments (one line naming the flag and the fix)."""
+
+
+INPUT_ERRORS = (HardwareInputError, WorkloadInputError, PlanError, KnobError, UsageError)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -26,20 +81,31 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _add_job_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--hw", default="a100x8", help="hardware preset or YAML file (default: a100x8)")
-    p.add_argument("--model", default="70b", help="model preset/shorthand, config.json or YAML (default: 70b)")
+    p.add_argument("--hw", default=None,
+                   help=f"hardware preset or YAML file (default: {DEFAULT_HW}; with --plan: the plan's own)")
+    p.add_argument("--model", default=None,
+                   help=f"model preset/shorthand, config.json or YAML (default: {DEFAULT_MODEL})")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="PATH=VALUE",
                    help="override a hardware field, e.g. --set host.dram=1TB --set pcie.gen=5")
-    p.add_argument("--micro-batch", type=int)
-    p.add_argument("--seq-len", type=int)
-    p.add_argument("--global-batch", type=int, help="sequences per optimizer step over all GPUs")
+    p.add_argument("--micro-batch", type=int, help="sequences per micro-batch per GPU (default: 1)")
+    p.add_argument("--seq-len", type=int, help="tokens per sequence (default: the model's context, <= 4096)")
+    p.add_argument("--global-batch", type=int,
+                   help="sequences per optimizer step over all GPUs (default: 8 per GPU x micro-batch)")
     p.add_argument("--precision", choices=["bf16", "fp16", "fp32"])
     p.add_argument("--checkpointing", choices=["none", "selective", "full"])
     p.add_argument("--no-flash-attention", dest="flash", action="store_false", default=None)
 
 
+# flags that describe the job and so make no sense with --plan (dest -> flag)
+JOB_FLAGS = {"model": "--model", "policy": "--policy", "knobs": "--knob", "micro_batch": "--micro-batch",
+             "seq_len": "--seq-len", "global_batch": "--global-batch", "precision": "--precision",
+             "checkpointing": "--checkpointing", "flash": "--no-flash-attention"}
+
+
 def build_parser(prog: str = "tiersim") -> argparse.ArgumentParser:
-    ap = _Parser(prog=prog, description="Simulate and plan LLM training across GPU HBM, CPU DRAM and NVMe.")
+    ap = _Parser(prog=prog, description="Simulate and plan LLM training across GPU HBM, CPU DRAM and NVMe.",
+                 epilog="exit codes: 0 feasible/success, 1 invariant violated (--check), 2 bad input, "
+                        "3 infeasible")
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
     sim = sub.add_parser("simulate", help="simulate one training step of a policy")
     _add_simulate_args(sim)
@@ -60,7 +126,7 @@ def build_parser(prog: str = "tiersim") -> argparse.ArgumentParser:
 
 def _add_simulate_args(p: argparse.ArgumentParser) -> None:
     _add_job_args(p)
-    p.add_argument("--policy", default="zero-offload", help="policy name (tiersim policies list)")
+    p.add_argument("--policy", default=None, help=f"policy name (tiersim policies list; default: {DEFAULT_POLICY})")
     p.add_argument("--knob", dest="knobs", action="append", default=[], metavar="NAME=VALUE",
                    help="policy knob (tiersim policies show NAME)")
     p.add_argument("--plan", dest="plan_in", help="simulate this plan file instead of planning")
@@ -78,46 +144,77 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def simulate_main(argv: Sequence[str] | None = None) -> int:
     """The ``simulate`` entry point: ``simulate --hw a100x8 --model 70b --policy tinypipe``."""
-    p = _Parser(prog="simulate", description="Simulate one training step (same as `tiersim simulate`).")
+    p = _Parser(prog="simulate", description="Simulate one training step (same as `tiersim simulate`).",
+                epilog="exit codes: 0 feasible, 1 invariant violated (--check), 2 bad input, 3 infeasible")
     _add_simulate_args(p)
     args = sys.argv[1:] if argv is None else list(argv)
     return _run(p, args, command="simulate")
 
 
+def infeasible_json(e: PlanInfeasible) -> dict[str, Any]:
+    """The JSON of a PlanInfeasible raised where the job is unknown (same keys as ``simulate --json``)."""
+    from tiersim.commands.simulate import plan_infeasible_dict
+
+    return plan_infeasible_dict(e)
+
+
 def _run(parser: argparse.ArgumentParser, argv: Sequence[str] | None, command: str | None = None) -> int:
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help (0) or a usage error already printed (2): return, don't raise
+        return e.code if isinstance(e.code, int) else EXIT_BAD_INPUT
     cmd = command or args.cmd
     try:
-        if cmd == "simulate":
-            from tiersim.commands.simulate import run_simulate
-            return run_simulate(args)
-        if cmd == "hardware":
-            from tiersim.commands.catalog import run_hardware
-            return run_hardware(args)
-        if cmd == "models":
-            from tiersim.commands.catalog import run_models
-            return run_models(args)
-        if cmd == "policies":
-            from tiersim.commands.catalog import run_policies
-            return run_policies(args)
-        if cmd == "validate":
-            from tiersim.commands.validate import run_validate
-            return run_validate(args)
+        rc = _dispatch(parser, args, cmd)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's shutdown
+        return rc
     except INPUT_ERRORS as e:
-        print(f"tiersim: error: {e}", file=sys.stderr)
+        print(f"{parser.prog}: error: {_one_line(str(e))}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except PlanInfeasible as e:
+    except PlanInfeasible as e:  # raised outside `simulate` (which reports it with the job's context)
         if getattr(args, "json", False):
-            print(json.dumps({"feasible": False, "infeasible": e.to_dict(), "oom": None}, indent=1))
+            print(json.dumps(infeasible_json(e), indent=1))
         else:
             print(f"INFEASIBLE: {e}")
         return EXIT_INFEASIBLE
-    except BrokenPipeError:
+    except BrokenPipeError:  # e.g. `tiersim hardware list | head -1`
+        _silence_stdout()
         return EXIT_OK
     except OSError as e:
-        print(f"tiersim: error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"{parser.prog}: error: {where}{e.strerror or e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+
+
+def _silence_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no real file behind stdout (tests capture it)
+        pass
+
+
+def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace, cmd: str) -> int:
+    if cmd == "simulate":
+        from tiersim.commands.simulate import run_simulate
+        return run_simulate(args)
+    if cmd == "hardware":
+        from tiersim.commands.catalog import run_hardware
+        return run_hardware(args)
+    if cmd == "models":
+        from tiersim.commands.catalog import run_models
+        return run_models(args)
+    if cmd == "policies":
+        from tiersim.commands.catalog import run_policies
+        return run_policies(args)
+    if cmd == "validate":
+        from tiersim.commands.validate import run_validate
+        return run_validate(args)
     parser.error(f"unknown command {cmd!r}")
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 if __name__ == "__main__":

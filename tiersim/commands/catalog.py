@@ -4,20 +4,30 @@ from __future__ import annotations
 
 import argparse
 
-from policies import POLICIES, KnobError, get_policy, knob_help
+from policies import POLICIES, get_policy, knob_help
 from reports.units import table
+from tiersim.cli import UsageError
 
 
 def _need_name(args: argparse.Namespace, what: str, known: list[str]) -> str:
     if not args.name:
-        raise KnobError(f"'{what} show' needs a NAME; known: {', '.join(known)}")
+        raise UsageError(f"'{what} show' needs a NAME, e.g. 'tiersim {what} show {known[0]}'; known: "
+                         f"{', '.join(known)}")
     return str(args.name)
+
+
+def _no_name(args: argparse.Namespace, what: str) -> None:
+    if args.name:
+        raise UsageError(f"'{what} list' takes no NAME; to see one, run 'tiersim {what} show {args.name}'")
 
 
 def run_hardware(args: argparse.Namespace) -> int:
     from hardware_models import describe, list_presets, load_hardware
 
     if args.action == "list":
+        _no_name(args, "hardware")
+        if args.sets:
+            raise UsageError("'hardware list' takes no --set; use 'tiersim hardware show NAME --set PATH=VALUE'")
         rows = []
         for name in list_presets():
             hw = load_hardware(name)
@@ -32,6 +42,7 @@ def run_models(args: argparse.Namespace) -> int:
     from workloads import list_models, load_model
 
     if args.action == "list":
+        _no_name(args, "models")
         rows = []
         for name in list_models():
             m = load_model(name)
@@ -47,6 +58,7 @@ def run_models(args: argparse.Namespace) -> int:
 
 def run_policies(args: argparse.Namespace) -> int:
     if args.action == "list":
+        _no_name(args, "policies")
         print(table([[p.name, p.summary] for p in POLICIES.values()], ["policy", "what it does"], "ll"))
         return 0
     info = get_policy(_need_name(args, "policies", list(POLICIES)))

@@ -1,14 +1,26 @@
-"""``tiersim simulate``."""
+"""``tiersim simulate`` (and the ``simulate`` entry point); the JSON schema is documented in ``tiersim.cli``."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
+from pathlib import Path
+from typing import Any
 
-from simulator import Plan, simulate_plan
-from tiersim.api import JobRequest, make_job, make_plan, resolve_hardware
+from hardware_models import HardwareSpec, build_topology, spec_from_dict
+from policies import Job, PlanInfeasible, get_policy, parse_knobs
+from simulator import Plan, Result, simulate_plan, validate_plan
+from tiersim.api import JobRequest, make_job, resolve_hardware
+from tiersim.cli import DEFAULT_HW, DEFAULT_MODEL, DEFAULT_POLICY, JOB_FLAGS, UsageError
 
-EXIT_OK, EXIT_INFEASIBLE = 0, 3
+EXIT_OK, EXIT_INVARIANT, EXIT_INFEASIBLE = 0, 1, 3
+NOT_SIMULATED = {"events": 0, "wall_s": 0.0, "method": "not simulated (the policy found the job infeasible)",
+                 "simulated_tasks": 0}
+# figures that only a simulation yields: null in the JSON when the policy rejected the job up front
+SIMULATED_FIELDS = ("step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "peak_bytes", "peak_by_kind",
+                    "link_bytes", "link_busy_s", "stream_busy_s", "compute_busy_s", "exposed_transfer_s")
 
 
 def request_from_args(args: argparse.Namespace) -> JobRequest:
@@ -16,21 +28,163 @@ def request_from_args(args: argparse.Namespace) -> JobRequest:
                       precision=args.precision, checkpointing=args.checkpointing, flash_attention=args.flash)
 
 
+def check_output_path(flag: str, path: str | None) -> None:
+    """Fail before any work when ``path`` cannot be written: its directory must exist."""
+    if path is None:
+        return
+    if not path.strip():
+        raise UsageError(f"{flag}: empty path; give a file name, e.g. {flag} out.json")
+    p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"{flag} {path}: is a directory; give a file name, e.g. {p / 'out.json'}")
+    parent = p.parent
+    if not parent.is_dir():
+        raise UsageError(f"{flag} {path}: directory '{parent}' does not exist; create it first or pick another path")
+
+
+def _check_not_empty(args: argparse.Namespace) -> None:
+    for dest, flag, hint in (("hw", "--hw", "a preset (tiersim hardware list) or a YAML file"),
+                             ("model", "--model", "a preset (tiersim models list), a config.json or a YAML file"),
+                             ("policy", "--policy", "a policy (tiersim policies list)"),
+                             ("plan_in", "--plan", "a plan file written by --plan-out")):
+        value = getattr(args, dest, None)
+        if value is not None and not value.strip():
+            raise UsageError(f"{flag}: empty value; give {hint}")
+
+
+def _write(flag: str, path: str, write: Any) -> None:
+    try:
+        write(path)
+    except OSError as e:
+        raise UsageError(f"{flag} {path}: cannot write ({e.strerror or e})") from None
+
+
+def _check_plan_flags(args: argparse.Namespace) -> None:
+    for dest, flag in JOB_FLAGS.items():
+        value = getattr(args, dest, None)
+        if value not in (None, []):
+            raise UsageError(f"{flag} cannot be combined with --plan (the plan fixes model, workload, policy and "
+                             f"knobs); drop {flag} or plan afresh without --plan")
+
+
+def _model_dict(job: Job) -> dict[str, Any]:
+    model = dataclasses.asdict(job.model)
+    model["params"] = job.model.params()
+    return model
+
+
+def plan_infeasible_dict(e: PlanInfeasible, job: Job | None = None, knobs: Any = None) -> dict[str, Any]:
+    """The JSON of a job its policy rejected before simulating: the keys of ``Result.to_dict()`` plus
+    ``verdict``, with simulated figures null and ``oom`` carrying the policy's verdict."""
+    from reports.text import oom_verdict
+
+    over = e.need_bytes - e.capacity_bytes
+    oom = {"stage": "plan", "pool": e.pool, "requested_bytes": e.need_bytes, "capacity_bytes": e.capacity_bytes,
+           "over_by_bytes": over, "total_demand_bytes": e.need_bytes, "free_bytes": None, "time_s": None,
+           "task": None, "tensor": None, "what": e.what, "message": str(e)}
+    capacity: dict[str, float] | None = None
+    reserved: dict[str, dict[str, float]] | None = None
+    if job is not None:
+        pools = build_topology(job.hw).pools
+        capacity = {p.name: p.capacity_bytes for p in pools.values()}
+        reserved = {p.name: dict(p.reserved) for p in pools.values()}
+    d: dict[str, Any] = {
+        "feasible": False,
+        "verdict": oom_verdict(oom),
+        "policy": e.policy,
+        "knobs": dataclasses.asdict(knobs) if knobs is not None else {},
+        "hardware": job.hw.name if job else None,
+        "model": _model_dict(job) if job else None,
+        "workload": {**job.config.to_dict(), "provenance": job.trace.provenance, "assumed": list(job.assumed)}
+        if job else None,
+        "n_gpus": job.n_gpus if job else None,
+        **dict.fromkeys(SIMULATED_FIELDS),
+        "capacity_bytes": capacity,
+        "reserved_bytes": reserved,
+        "oom": oom,
+        "ooms": [oom],
+        "sim": dict(NOT_SIMULATED),
+        "notes": [],
+        "info": {},
+    }
+    return d
+
+
+def result_dict(result: Result) -> dict[str, Any]:
+    """``Result.to_dict()`` plus ``verdict``, with ``stage``/``what``/``message`` on every oom."""
+    from reports.text import oom_verdict, verdict_line
+
+    d = result.to_dict()
+    for o in [d["oom"], *d["ooms"]]:
+        if o is not None:
+            o.setdefault("stage", "simulation")
+            o.setdefault("what", None)
+            o.setdefault("message", oom_verdict(o))
+    return {"feasible": d.pop("feasible"), "verdict": verdict_line(result), **d}
+
+
+def _dumps(d: dict[str, Any]) -> str:
+    return json.dumps(_finite(d), indent=1)
+
+
+def _finite(x: Any) -> Any:
+    """JSON has no NaN or Infinity: write null rather than a file no strict parser reads."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_finite(v) for v in x]
+    return x
+
+
 def run_simulate(args: argparse.Namespace) -> int:
     from reports import format_result, write_trace
+    from reports.text import format_infeasible
 
-    if args.plan_in:
+    _check_not_empty(args)
+    check_output_path("--plan-out", args.plan_out)
+    check_output_path("--trace", args.trace)
+    extra_assumed: list[str] = []
+    hw: HardwareSpec
+    if args.plan_in is not None:
+        _check_plan_flags(args)
         plan = Plan.load(args.plan_in)
-        from hardware_models import spec_from_dict
-
-        hw = spec_from_dict(plan.hardware, args.sets) if args.sets or args.hw == "a100x8" else \
-            resolve_hardware(args.hw, args.sets)
+        if args.hw is not None:
+            hw = resolve_hardware(args.hw, args.sets)
+        else:
+            hw = spec_from_dict(plan.hardware, file=f"{args.plan_in} (embedded hardware)", overrides=args.sets)
+            extra_assumed.append(f"hardware={hw.name} (embedded in {args.plan_in}; pass --hw to change)")
+        # name the file and the machine when the plan does not fit this hardware (e.g. 8 GPUs planned, 1 here)
+        validate_plan(plan, f"{args.plan_in} on hardware {hw.name!r}", build_topology(hw).locations)
     else:
-        job, _ = make_job(args.hw, args.model, request_from_args(args), hw_overrides=args.sets)
-        plan = make_plan(job, args.policy, args.knobs)
+        picked = []
+        for name, value, default, flag in (("hardware", args.hw, DEFAULT_HW, "--hw"),
+                                           ("model", args.model, DEFAULT_MODEL, "--model"),
+                                           ("policy", args.policy, DEFAULT_POLICY, "--policy")):
+            if value is None:
+                picked.append(f"{name}={default} (default; pick with {flag})")
+        hw_name = DEFAULT_HW if args.hw is None else args.hw
+        model_name = DEFAULT_MODEL if args.model is None else args.model
+        policy = get_policy(DEFAULT_POLICY if args.policy is None else args.policy)
+        knobs = parse_knobs(policy, args.knobs)
+        job, _ = make_job(hw_name, model_name, request_from_args(args), hw_overrides=args.sets)
+        job = dataclasses.replace(job, assumed=(*picked, *job.assumed))
         hw = job.hw
+        try:
+            plan = policy.plan(job, knobs)
+        except PlanInfeasible as e:
+            d = plan_infeasible_dict(e, job, knobs)
+            if args.json:
+                print(_dumps(d))
+            else:
+                print(format_infeasible(d, hw, args.sets))
+                skipped = [f for f, v in (("--plan-out", args.plan_out), ("--trace", args.trace)) if v]
+                if skipped:
+                    print(f"(no plan, so {' and '.join(skipped)} not written)")
+            return EXIT_INFEASIBLE
     if args.plan_out:
-        plan.save(args.plan_out)
+        _write("--plan-out", args.plan_out, plan.save)
     result = simulate_plan(plan, hw, extrapolate=args.extrapolate)
     violations: list[str] = []
     if args.check:
@@ -38,18 +192,20 @@ def run_simulate(args: argparse.Namespace) -> int:
 
         violations = check_invariants(result)
     if args.trace:
-        write_trace(result, args.trace)
+        _write("--trace", args.trace, lambda p: write_trace(result, p))
     if args.json:
-        d = result.to_dict()
+        d = result_dict(result)
+        if extra_assumed:
+            d["workload"]["assumed"] = [*extra_assumed, *d["workload"].get("assumed", [])]
         if args.check:
             d["invariant_violations"] = violations
-        print(json.dumps(d, indent=1))
+        print(_dumps(d))
     else:
-        print(format_result(result))
+        print(format_result(result, hw, args.sets, extra_assumed))
         if args.check:
             print("invariants: " + ("all hold" if not violations else f"{len(violations)} VIOLATED"))
             for v in violations:
                 print(f"  {v}")
     if violations:
-        return 1
+        return EXIT_INVARIANT
     return EXIT_OK if result.feasible else EXIT_INFEASIBLE

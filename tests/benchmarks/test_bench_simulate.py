@@ -1,0 +1,33 @@
+"""Benchmarks (deselected by default; `make bench`). Targets live here, not in timed unit tests.
+
+Target (issue "The spine"): one simulated step of 70b on a100x8 with zero-offload in under 2 s on the
+2-core development machine. The benchmark prints wall seconds and events per second.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from simulator import simulate_plan
+from tiersim.api import make_job, make_plan
+
+pytestmark = pytest.mark.benchmark
+
+
+def test_bench_70b_a100x8_zero_offload(benchmark) -> None:  # noqa: ANN001
+    job, _ = make_job("a100x8", "70b")
+    plan = make_plan(job, "zero-offload")
+    result = benchmark.pedantic(simulate_plan, args=(plan, job.hw), rounds=3, iterations=1)
+    wall = benchmark.stats.stats.mean
+    print(f"\n70b/a100x8/zero-offload: {wall:.2f} s wall per simulated step, "
+          f"{result.sim.events / result.sim.wall_s:,.0f} events/s ({result.sim.events:,} events, "
+          f"{result.sim.simulated_tasks:,} tasks), method: {result.sim.method}; target < 2 s")
+    assert result.feasible
+
+
+def test_bench_plan_and_simulate_7b_a100(benchmark) -> None:  # noqa: ANN001
+    def run() -> float:
+        job, _ = make_job("a100", "7b")
+        return simulate_plan(make_plan(job, "zero-offload"), job.hw).step_time_s
+
+    assert benchmark(run) > 0
