@@ -34,7 +34,10 @@ def check_invariants(result: Result) -> list[str]:
     if plan is None:
         return bad
     bad.extend(_check_tasks(plan, result))
-    # step time bounds
+    # step time bounds: only a steady state has a period that must hold a step's work (a plan whose streams
+    # never settle, e.g. one stream running ahead of the others forever, is reported as NOT steady)
+    if "NOT steady" in result.sim.method:
+        return bad
     st = result.step_time_s
     for s, busy in result.stream_busy_s.items():
         if busy > st * (1 + 1e-9) + _EPS:

@@ -31,6 +31,7 @@ Ops
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -292,6 +293,11 @@ def _task_from_dict(d: Mapping[str, Any], where: str) -> TaskSpec:
         reads=_placements(d.get("reads", ()), where), tags=dict(d.get("tags", {})))
 
 
+def _size(x: float) -> bool:
+    """A finite, non-negative amount (NaN and inf fail; json.loads accepts both)."""
+    return math.isfinite(x) and x >= 0
+
+
 def validate_plan(plan: Plan, where: str = "plan", locations: Iterable[str] | None = None) -> None:
     """Static checks: every referenced tensor, stream, dependency and location exists; sizes are sane.
 
@@ -311,8 +317,8 @@ def validate_plan(plan: Plan, where: str = "plan", locations: Iterable[str] | No
             raise PlanError(f"{where}: tensor {t.id!r}: kind {t.kind!r} is not one of {', '.join(TENSOR_KINDS)}")
         if t.scope not in SCOPES:
             raise PlanError(f"{where}: tensor {t.id!r}: scope {t.scope!r} is not one of {', '.join(SCOPES)}")
-        if not (t.bytes >= 0):
-            raise PlanError(f"{where}: tensor {t.id!r}: bytes must be >= 0, got {t.bytes}")
+        if not _size(t.bytes):
+            raise PlanError(f"{where}: tensor {t.id!r}: bytes must be finite and >= 0, got {t.bytes}")
         if t.home is not None and t.scope != "global":
             raise PlanError(f"{where}: tensor {t.id!r}: only global tensors can have a home")
         if locs is not None and t.home is not None and t.home not in locs:
@@ -351,25 +357,27 @@ def validate_plan(plan: Plan, where: str = "plan", locations: Iterable[str] | No
                     raise PlanError(f"{w}: references missing tensor {p.tensor.id!r}")
                 if locs is not None and p.loc not in locs:
                     raise PlanError(f"{w}: location {p.loc!r} is not a location of this hardware")
-            if t.op == "compute" and (t.flops < 0 or t.hbm_bytes < 0):
-                raise PlanError(f"{w}: flops and hbm_bytes must be >= 0")
+            if t.op == "compute" and not (_size(t.flops) and _size(t.hbm_bytes)):
+                raise PlanError(f"{w}: flops and hbm_bytes must be finite and >= 0")
             if t.op == "copy":
                 if t.src is None or t.dst is None:
                     raise PlanError(f"{w}: a copy needs 'src' and 'dst'")
-                if t.tensor is None and t.bytes <= 0:
+                if t.tensor is None and not (_size(t.bytes) and t.bytes > 0):
                     raise PlanError(f"{w}: a copy needs a 'tensor' or a positive 'bytes'")
                 if t.tensor is not None and t.tensor.id not in tensors:
                     raise PlanError(f"{w}: copies missing tensor {t.tensor.id!r}")
                 if locs is not None and (t.src not in locs or t.dst not in locs):
                     raise PlanError(f"{w}: copy location {t.src!r} -> {t.dst!r} is not on this hardware")
-                if t.bytes < 0:
-                    raise PlanError(f"{w}: bytes must be >= 0")
-            if t.op == "optimizer" and t.params <= 0:
+                if not _size(t.bytes):
+                    raise PlanError(f"{w}: bytes must be finite and >= 0")
+            if t.op == "optimizer" and not (_size(t.params) and t.params > 0):
                 raise PlanError(f"{w}: an optimizer task needs a positive 'params'")
             if t.op == "collective":
                 if t.coll not in COLLECTIVES:
                     raise PlanError(f"{w}: coll {t.coll!r} is not one of {', '.join(COLLECTIVES)}")
                 if not t.ranks:
                     raise PlanError(f"{w}: a collective needs 'ranks'")
+                if not _size(t.bytes):
+                    raise PlanError(f"{w}: bytes must be finite and >= 0")
                 if locs is not None and any(r not in locs for r in t.ranks):
                     raise PlanError(f"{w}: ranks {list(t.ranks)} include a location not on this hardware")

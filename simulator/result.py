@@ -84,6 +84,7 @@ class Result:
     simulated_plan: Plan | None = None       # the plan actually simulated (fewer repeats if extrapolated)
     warmup_repeat: int | None = None         # repeat cap of the warm-up steps in that simulation
     topology: Topology | None = None
+    measured_step: int = 0                   # index of the measured step in the simulated plan
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -172,16 +173,16 @@ class StepMetrics:
     window: tuple[float, float]
 
 
-def step_metrics(plan: Plan, raw: RawRun) -> StepMetrics:
+def step_metrics(plan: Plan, raw: RawRun, measured: int | None = None) -> StepMetrics:
     """Figures of the measured (last) step.
 
     The step time is the period between the ends of the last two steps. Busy times and exposed transfer
     are those of the measured step's own tasks (wherever they fall in time: with a delayed update the
     next step's compute overlaps this step's optimizer), bytes those it moved.
     """
-    last = plan.steps - 1
+    last = plan.steps - 1 if measured is None else measured
     hi = raw.step_end.get(last, 0.0)
-    lo = raw.step_end.get(last - 1, 0.0) if plan.steps >= 2 else 0.0
+    lo = raw.step_end.get(last - 1, 0.0) if last >= 1 else 0.0
     mine = [r for r in raw.records if r.step == last]
     link_iv: dict[str, list[tuple[float, float]]] = defaultdict(list)
     by_stream: dict[str, list[tuple[float, float]]] = defaultdict(list)
@@ -221,7 +222,8 @@ def gpu_overlap(step_records: Iterable[TaskRecord], all_records: Iterable[TaskRe
     return busiest, worst
 
 
-def build_result(plan: Plan, hw: HardwareSpec, raw: RawRun, metrics: StepMetrics, sim: SimInfo) -> Result:
+def build_result(plan: Plan, hw: HardwareSpec, raw: RawRun, metrics: StepMetrics, sim: SimInfo,
+                 measured: int | None = None) -> Result:
     mem = raw.memory
     topo = raw.topology
     peaks = {p: s.peak for p, s in mem.pools.items()}
@@ -269,6 +271,7 @@ def build_result(plan: Plan, hw: HardwareSpec, raw: RawRun, metrics: StepMetrics
         simulated_plan=plan,
         warmup_repeat=raw.warmup_repeat,
         topology=topo,
+        measured_step=plan.steps - 1 if measured is None else measured,
     )
 
 

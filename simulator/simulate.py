@@ -11,8 +11,10 @@ otherwise grind through one by one. Two devices keep that cheap, and the result 
 - a segment repeated more than ``EXPLICIT_MAX`` times is simulated with 1, 2 and 3 repeats; if the step
   time, bytes per link and compute time grow by the same amount from 1 to 2 as from 2 to 3 (and the
   peak memory is the same), every additive figure is extrapolated linearly to the real count and the
-  peaks are the steady state's. If not, 4 repeats are tried against 2 and 3; if that fails too, the
-  plan is simulated whole;
+  peaks are the steady state's; and every stream of the segment must start its last iteration exactly
+  one period after its previous one (a stream running ahead of the others drifts: its backlog or memory
+  grows with the repeat count, which two aggregate increments cannot see). If not, 4 repeats are tried
+  against 2 and 3; if that fails too, the plan is simulated whole;
 - both shortcuts need the previous step to be over before the measured step's repeated segment starts
   its second iteration. Where consecutive steps overlap for longer (a delayed parameter update's CPU
   optimizer beside the next step's micro-steps) the step time is a max() of regimes, a few iterations
@@ -83,8 +85,8 @@ class _Runner:
         return SimInfo(self.events, self.wall, method, self.tasks)
 
 
-def simulate_plan(plan: Plan, hw: HardwareSpec, *, extrapolate: bool = True,
-                  topology: Topology | None = None) -> Result:
+def _simulate(plan: Plan, hw: HardwareSpec, *, extrapolate: bool = True,
+              topology: Topology | None = None) -> Result:
     warm = WARMUP_REPEAT if extrapolate and plan.steps > 1 else None
     runner = _Runner(plan, hw, topology, warm)
     warm_note = ("warm-up steps without their repeated segments" if WARMUP_REPEAT == 0 else
@@ -143,7 +145,92 @@ def _steady(runner: _Runner, counts: dict[str, int], seg: str,
         pb, pc = _peaks(b[1]), _peaks(c[1])
         same_peaks = all(abs(pb[x] - pc[x]) <= 1e-6 * max(1.0, pc[x]) for x in pc)
         same_oom = bool(b[1].memory.ooms) == bool(c[1].memory.ooms)
-        if _close(d1, d2, base[2].step_time_s) and same_peaks and same_oom:
+        if _close(d1, d2, base[2].step_time_s) and same_peaks and same_oom and \
+                _lockstep(c[0], c[1], seg, d2.step_time_s, base[2].step_time_s):
             k = n - 1  # metrics(R) = metrics(k) + (R - k) * d2
             return k, d2, b[2], c
     return None
+
+
+def _lockstep(plan: Plan, raw: RawRun, seg: str, period: float, scale: float) -> bool:
+    """Does every stream of the repeated segment advance by exactly one period per iteration?
+
+    A stream that runs ahead of the others (nothing holds it back) drifts: its backlog, memory or a
+    later change of bottleneck grows with the repeat count, which two aggregate increments cannot see.
+    """
+    last = plan.steps - 1
+    si = [s.name for s in plan.segments].index(seg)
+    n = plan.segments[si].repeat
+    if n < 2:
+        return True
+    first: dict[tuple[str, int], float] = {}
+    for r in raw.records:
+        if r.step == last and r.segment == si and r.iteration >= n - 2:
+            key = (r.stream, r.iteration)
+            first[key] = min(first.get(key, r.start), r.start)
+    tol = _REL_TOL * max(scale, 1e-12)
+    for (stream, it), t in first.items():
+        if it == n - 1 and (stream, n - 2) in first and abs(t - first[(stream, n - 2)] - period) > tol:
+            return False
+    return True
+
+
+MAX_EXTRA_STEPS = 6
+
+
+def physically_possible(result: Result) -> bool:
+    """Could a steady state really repeat with this period? Every stream of a step fits in it, and every
+    link can carry the step's bytes in it. A period that fails this was measured before the steps
+    settled (the previous step still ran inside the measured one's window)."""
+    st = result.step_time_s * (1 + 1e-9) + 1e-12
+    if any(busy > st for busy in result.stream_busy_s.values()):
+        return False
+    topo = result.topology
+    if topo is None:
+        return True
+    for ln, nbytes in result.link_bytes.items():
+        link = topo.links[ln]
+        cap = link.duplex_bw if link.duplex_bw is not None else link.bw_fwd + link.bw_rev
+        if nbytes / cap > st:
+            return False
+    return True
+
+
+def simulate_plan(plan: Plan, hw: HardwareSpec, *, extrapolate: bool = True,
+                  topology: Topology | None = None) -> Result:
+    """Simulate ``plan`` on ``hw`` and return the Result of its measured step.
+
+    The measured step is the plan's last one. If its period is shorter than its own streams or links
+    need, it was cut short by an end effect: nothing came after it to contend with its tail (a delayed
+    update's optimizer overlaps the next step), or the steps had not settled. Then the plan is simulated
+    whole with a trailing step after the measured one and more warm-up steps, until two consecutive
+    two-step mean periods agree and the period is physically possible; the result says so.
+    """
+    result = _simulate(plan, hw, extrapolate=extrapolate, topology=topology)
+    if physically_possible(result):
+        return result
+    prev = None
+    events, wall, tasks = result.sim.events, result.sim.wall_s, result.sim.simulated_tasks
+    res = result
+    for extra in range(2, MAX_EXTRA_STEPS + 1):
+        longer = replace(plan, steps=plan.steps + extra)
+        raw = run_plan(longer, hw, topology)
+        measured = longer.steps - 2  # the last step only trails, to contend with the measured one's tail
+        m = step_metrics(longer, raw, measured)
+        # the period over the measured step and its predecessor: steady states that alternate between two
+        # step lengths (two streams taking turns on a link) have a stable two-step mean
+        ends = raw.step_end
+        period = (ends[measured] - ends[measured - 2]) / 2
+        m = replace(m, step_time_s=period)
+        events, wall, tasks = events + raw.events, wall + raw.wall_s, tasks + len(raw.records)
+        res = build_result(longer, hw, raw, m, SimInfo(events, wall, "", tasks), measured)
+        stable = prev is not None and abs(period - prev) <= _REL_TOL * max(period, 1e-12)
+        if stable and physically_possible(res):
+            return replace(res, sim=SimInfo(events, wall, f"full with {longer.steps} steps, measuring steps "
+                                            f"{measured}-{measured + 1} (the plan's last step ended early: "
+                                            "nothing contended with its tail)", tasks))
+        prev = period
+    return replace(res, sim=SimInfo(events, wall, f"full with {plan.steps + MAX_EXTRA_STEPS} steps; NOT steady: "
+                                    "consecutive periods still differ", tasks),
+                   notes=(*res.notes, "the simulated steps did not reach a steady state; the step time is "
+                          "that of the last simulated step"))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from golden_cases import CASES, GOLDEN_DIR, run_case
 
 
