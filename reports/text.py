@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hardware_models import HardwareSpec
-from reports.units import gb, pct, secs, table
+from reports.units import group_numbered, gb, pct, secs, table
 from simulator import Result
 
 WORKLOAD_FIELDS = ("global_batch", "micro_batch", "seq_len", "precision", "checkpointing", "flash_attention")
@@ -111,11 +111,13 @@ def format_result(result: Result, hw: HardwareSpec | None = None, overrides: Seq
         reserved = sum(r.reserved_bytes.get(pool, {}).values())
         kinds = ", ".join(f"{k} {v / 1e9:.1f}" for k, v in r.peak_by_kind.get(pool, {}).items() if v > 0)
         rows.append([pool, gb(peak), gb(cap), pct(peak / cap) if cap else "-", gb(reserved), kinds])
-    out.append(table(rows, ["pool", "peak", "capacity", "used", "reserved", "at peak (GB by kind)"], "lrrrrl"))
+    out.append(table(group_numbered(rows), ["pool", "peak", "capacity", "used", "reserved", "at peak (GB by kind)"],
+                     "lrrrrl"))
     out.append("")
     out.append("Links (measured step):")
-    rows = [[ln, gb(b), secs(r.link_busy_s.get(ln, 0.0))] for ln, b in sorted(r.link_bytes.items()) if b > 0]
-    out.append(table(rows, ["link", "bytes", "busy"]) if rows else "  (no transfers)")
+    names = sorted(r.link_bytes, key=_link_order)
+    rows = [[ln, gb(r.link_bytes[ln]), secs(r.link_busy_s.get(ln, 0.0))] for ln in names if r.link_bytes[ln] > 0]
+    out.append(table(group_numbered(rows), ["link", "bytes", "busy"]) if rows else "  (no transfers)")
     for n in r.notes:
         out.append(f"note: {n}")
     out.append(f"simulation: {r.sim.events:,} events, {r.sim.simulated_tasks:,} tasks, {r.sim.wall_s:.2f} s wall, "
@@ -139,6 +141,14 @@ def format_infeasible(d: Mapping[str, Any], hw: HardwareSpec | None = None, over
         rows = [[p, gb(caps[p]), gb(sum(reserved.get(p, {}).values()))] for p in sorted(caps, key=_pool_order)]
         out.append(table(rows, ["pool", "capacity", "reserved"]))
     return "\n".join(out)
+
+
+def _link_order(name: str) -> tuple[str, int, str]:
+    """gpu2.pcie before gpu10.pcie; links grouped by kind (all .nvlink together)."""
+    import re
+
+    m = re.match(r"^([a-z_]+)(\d+)(.*)$", name)
+    return (m[3] + m[1], int(m[2]), name) if m else (name, 0, name)
 
 
 def _pool_order(name: str) -> tuple[int, int, str]:

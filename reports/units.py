@@ -37,3 +37,40 @@ def table(rows: list[list[str]], header: list[str] | None = None, align: str = "
         if header and k == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def group_numbered(rows: list[list[str]]) -> list[list[str]]:
+    """Merge runs of rows that differ only in the number of their first cell: eight identical GPU rows
+    become one ``gpu0-7 (each)`` row, ``gpu0.nvlink`` .. ``gpu7.nvlink`` one ``gpu0-7.nvlink (each)``."""
+    import re
+
+    out: list[list[str]] = []
+    run: list[tuple[int, list[str]]] = []
+    pattern = re.compile(r"^([a-z_]+)(\d+)(.*)$")
+
+    def flush() -> None:
+        if not run:
+            return
+        if len(run) == 1:
+            out.append(run[0][1])
+        else:
+            m = pattern.match(run[0][1][0])
+            assert m is not None
+            out.append([f"{m[1]}{run[0][0]}-{run[-1][0]}{m[3]} (each)", *run[0][1][1:]])
+        run.clear()
+
+    for row in rows:
+        m = pattern.match(row[0])
+        if m is None:
+            flush()
+            out.append(row)
+            continue
+        n = int(m[2])
+        if run:
+            m0 = pattern.match(run[-1][1][0])
+            assert m0 is not None
+            if not (m0[1] == m[1] and m0[3] == m[3] and n == run[-1][0] + 1 and run[-1][1][1:] == row[1:]):
+                flush()
+        run.append((n, row))
+    flush()
+    return out

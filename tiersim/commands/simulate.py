@@ -166,6 +166,11 @@ def run_simulate(args: argparse.Namespace) -> int:
                 picked.append(f"{name}={default} (default; pick with {flag})")
         hw_name = DEFAULT_HW if args.hw is None else args.hw
         model_name = DEFAULT_MODEL if args.model is None else args.model
+        if args.policy == "all":
+            from tiersim.commands.compare import run_all
+
+            job, _ = make_job(hw_name, model_name, request_from_args(args), hw_overrides=args.sets)
+            return run_all(args, dataclasses.replace(job, assumed=(*picked, *job.assumed)))
         policy = get_policy(DEFAULT_POLICY if args.policy is None else args.policy)
         knobs = parse_knobs(policy, args.knobs)
         job, _ = make_job(hw_name, model_name, request_from_args(args), hw_overrides=args.sets)
