@@ -26,6 +26,7 @@ otherwise grind through one by one. Two devices keep that cheap, and the result 
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 
 from hardware_models import HardwareSpec, Topology
@@ -176,6 +177,7 @@ def _lockstep(plan: Plan, raw: RawRun, seg: str, period: float, scale: float) ->
 
 
 MAX_EXTRA_STEPS = 6
+CHECK_ENV = "TIERSIM_CHECK_INVARIANTS"  # "1": check the invariants after every simulation (the test suite sets it)
 
 
 def physically_possible(result: Result) -> bool:
@@ -206,6 +208,17 @@ def simulate_plan(plan: Plan, hw: HardwareSpec, *, extrapolate: bool = True,
     whole with a trailing step after the measured one and more warm-up steps, until two consecutive
     two-step mean periods agree and the period is physically possible; the result says so.
     """
+    result = _settled(plan, hw, extrapolate, topology)
+    if os.environ.get(CHECK_ENV) == "1":
+        from simulator.invariants import check_invariants
+
+        bad = check_invariants(result)
+        if bad:
+            raise AssertionError(f"simulator invariants violated ({CHECK_ENV}=1): " + "; ".join(bad[:5]))
+    return result
+
+
+def _settled(plan: Plan, hw: HardwareSpec, extrapolate: bool, topology: Topology | None) -> Result:
     result = _simulate(plan, hw, extrapolate=extrapolate, topology=topology)
     if physically_possible(result):
         return result

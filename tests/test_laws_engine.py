@@ -282,9 +282,11 @@ def test_without_shared_links_more_bandwidth_never_slows_a_plan(case: Case, whic
     faster = replace(case.machine, bw=tuple(bw))
     for kw in ({"extrapolate": False}, {}):
         before, after = sim(case, **kw), sim(case, machine=faster, **kw)  # type: ignore[arg-type]
-        end_before = max(r.end for r in before.records)
-        end_after = max(r.end for r in after.records)
-        assert end_after <= end_before * (1 + REL) + 1e-12
+        assert before.simulated_plan is not None and after.simulated_plan is not None
+        if before.simulated_plan.steps == after.simulated_plan.steps:  # same run length simulated
+            end_before = max(r.end for r in before.records)
+            end_after = max(r.end for r in after.records)
+            assert end_after <= end_before * (1 + REL) + 1e-12
         if case.plan.steps == 1:
             assert after.step_time_s <= before.step_time_s * (1 + REL) + 1e-12
 
