@@ -193,7 +193,7 @@ class Plan:
             tensors = tuple(_tensor_from_dict(t, f"{where}: tensors[{i}]") for i, t in enumerate(d["tensors"]))
             streams = tuple(StreamSpec(s["id"], s["device"], s["kind"]) for s in d["streams"])
             segments = tuple(
-                Segment(s["name"], int(s["repeat"]),
+                Segment(s["name"], _whole(s["repeat"], f"{where}: segment {s.get('name')!r} field 'repeat'"),
                         tuple(_task_from_dict(t, f"{where}: segment {s['name']!r} task {j}")
                               for j, t in enumerate(s["tasks"])))
                 for s in d["segments"])
@@ -223,6 +223,18 @@ class Plan:
         except json.JSONDecodeError as e:
             raise PlanError(f"{p}: line {e.lineno}: malformed JSON ({e.msg})") from None
         return cls.from_dict(d, where=str(p))
+
+
+def _whole(x: Any, where: str) -> int:
+    if isinstance(x, bool) or not isinstance(x, int | float) or int(x) != x:
+        raise PlanError(f"{where}: expected a whole number, got {x!r}")
+    return int(x)
+
+
+def _str_list(x: Any, where: str) -> list[str]:
+    if isinstance(x, str) or not isinstance(x, list | tuple) or not all(isinstance(v, str) for v in x):
+        raise PlanError(f"{where}: expected a list of task ids, got {x!r}")
+    return list(x)
 
 
 def _placements(items: Iterable[Sequence[str]], where: str) -> tuple[Placement, ...]:
@@ -282,7 +294,7 @@ def _task_from_dict(d: Mapping[str, Any], where: str) -> TaskSpec:
     where = f"{where} ({tid!r})"
     return TaskSpec(
         id=tid, op=str(d["op"]), stream=str(d["stream"]),
-        deps=tuple(Ref.parse(x, where) for x in d.get("deps", ())),
+        deps=tuple(Ref.parse(x, where) for x in _str_list(d.get("deps", ()), f"{where} field 'deps'")),
         flops=float(d.get("flops", 0.0)), hbm_bytes=float(d.get("hbm_bytes", 0.0)),
         bytes=float(d.get("bytes", 0.0)),
         tensor=Ref.parse(d["tensor"], where) if d.get("tensor") is not None else None,

@@ -275,3 +275,15 @@ def test_plans_compare_by_value() -> None:
     q = replace(p, streams=(*p.streams[:-1], StreamSpec("gpu0.comm", "gpu0", "copy")))
     assert q != p and Plan.from_dict(q.to_dict()) == q
     assert replace(p, segments=(*p.segments[:-1], Segment("opt", 2, p.segments[-1].tasks))) != p
+
+
+def test_a_deps_string_or_fractional_repeat_is_rejected_not_coerced() -> None:
+    from simulator import Plan, PlanError
+
+    base = {"schema": "tiersim.plan", "version": 1, "policy": "t", "hardware": {}, "tensors": [],
+            "streams": [{"id": "s", "device": "gpu0", "kind": "compute"}]}
+    with pytest.raises(PlanError, match="expected a list of task ids"):
+        Plan.from_dict({**base, "segments": [{"name": "m", "repeat": 1, "tasks": [
+            {"id": "a", "op": "noop", "stream": "s"}, {"id": "b", "op": "noop", "stream": "s", "deps": "a"}]}]})
+    with pytest.raises(PlanError, match="'repeat': expected a whole number"):
+        Plan.from_dict({**base, "segments": [{"name": "m", "repeat": 2.5, "tasks": []}]})
