@@ -38,6 +38,14 @@ class Unroller:
         self.repeat = [s.repeat for s in plan.segments]
         self.tensors = plan.tensor_map()
         self.warmup_repeat = warmup_repeat
+        # an iteration-scoped tensor belongs to the segment that first allocates it; a task of another
+        # segment naming it plainly means that segment's last iteration (as for task references)
+        self.tensor_seg: dict[str, int] = {}
+        for si, sg in enumerate(plan.segments):
+            for t in sg.tasks:
+                made = [p.tensor.id for p in t.allocs] + ([t.tensor.id] if t.alloc_dst and t.tensor else [])
+                for tid in made:
+                    self.tensor_seg.setdefault(tid, si)
 
     def reps(self, step: int, seg: int) -> int:
         if self.warmup_repeat is not None and step < self.plan.steps - 1 and self.repeat[seg] > 1:
@@ -74,6 +82,12 @@ class Unroller:
         if spec.scope == "step":
             s = step - ref.steps_back
             return None if s < 0 else f"{spec.id}[s{s}]"
+        home = self.tensor_seg.get(spec.id, seg)
+        if home != seg:
+            s = step - ref.steps_back
+            if s < 0 or self.reps(s, home) == 0:
+                return None
+            return f"{spec.id}[s{s}.{home}.{self.reps(s, home) - 1}]"
         if ref.steps_back:
             s = step - ref.steps_back
             if s < 0 or self.reps(s, seg) == 0:

@@ -27,7 +27,7 @@ from engine_helpers import (
     tensor,
 )
 
-from simulator import Plan, PlanError, Segment, TaskSpec
+from simulator import Plan, Segment, TaskSpec
 from simulator.engine import compute_seconds
 from simulator.invariants import check_invariants
 from simulator.simulate import EXPLICIT_MAX, simulate_plan
@@ -321,9 +321,6 @@ def test_an_iteration_scoped_tensor_freed_one_iteration_later_doubles_the_peak()
     assert res.leaked == ()  # persistent: the last iteration's activation may stay
 
 
-@pytest.mark.xfail(strict=True, raises=PlanError, reason="unroll.py names an iteration-scoped tensor instance after "
-                   "the segment of the task that references it, so a later segment cannot name the last iteration's "
-                   "instance with a plain 'act' as plan.py's docstring says it can (PlanError: not resident)")
 def test_a_later_segment_names_the_last_iteration_of_an_iteration_scoped_tensor() -> None:
     micro = [compute("fwd", "gpu0.compute", hbm_gb=2039, allocs=(place("act", "gpu0"),),
                      frees=(place("act@1", "gpu0"),))]
