@@ -165,7 +165,11 @@ def emit_microstep(b: PlanBuilder, job: Job, lay: Layout, grads: Grads, *, gathe
     # forward
     prev_sync: dict[int, str] = {}
     for i, layer in enumerate(layers):
-        pre = gather(i, "f", {j: param_ready.get(i, []) for j in range(t)}) if gather_params else {}
+        # prefetch one layer ahead: layer i is gathered while layer i-1 computes, not earlier, so at most
+        # two gathered layers are live (DeepSpeed's prefetch; without the bound every gather runs ahead)
+        pre = gather(i, "f", {j: list(param_ready.get(i, [])) + ([f"fwd{i - 2}.{g}" for g in lay.dp_group(j)]
+                                                                  if i >= 2 else []) for j in range(t)}) \
+            if gather_params else {}
         for r, g in enumerate(lay.gpus()):
             k, j = lay.tp_index(r)
             deps = ([pre[j]] if pre else list(param_ready.get(i, []))) + ([prev_sync[k]] if k in prev_sync else [])
@@ -177,8 +181,9 @@ def emit_microstep(b: PlanBuilder, job: Job, lay: Layout, grads: Grads, *, gathe
     # backward, last layer first
     for i in reversed(range(L)):
         layer = layers[i]
-        pre = gather(i, "b", {j: [f"fwd{L - 1}.{g}" for g in lay.dp_group(j)] for j in range(t)}
-                     if i == L - 1 else {}) if gather_params else {}
+        after = f"fwd{L - 1}" if i >= L - 2 else f"bwd{i + 2}"  # backward prefetch: also one layer ahead
+        pre = gather(i, "b", {j: [f"{after}.{g}" for g in lay.dp_group(j)] for j in range(t)}) \
+            if gather_params else {}
         rc_sync: dict[int, str] = {}
         if layer.recompute_flops > 0:
             for r, g in enumerate(lay.gpus()):
