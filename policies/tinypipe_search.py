@@ -1,0 +1,386 @@
+"""Holistic layer packing for ``tinypipe``: stage boundaries and packs chosen together by an exact search.
+
+The problem (our reading of Tiny-Pipe's "holistic layer packing"; the paper's own formulation was not
+available to us): split layers ``0..L-1`` into ``S`` contiguous pipeline stages and each swapped stage into
+contiguous *packs* (layers swapped together), so that the peak GPU memory of the worst stage is minimal,
+subject to throughput: every stage's time per micro-batch stays within ``(1 + tolerance)`` of ``T*``,
+the bottleneck stage time of the best balanced partition.
+
+Each stage runs in one of three modes, decided by a rule (not by the optimiser), in this order:
+
+- ``gpu``: everything on the GPU (16-bit weights and gradients, fp32 master, Adam m and v, the optimizer
+  step on the GPU) when it fits: nothing is offloaded that need not be;
+- ``resident``: 16-bit weights and gradients stay on the GPU, master weights, m, v and the Adam step on
+  the CPU, when that fits;
+- ``swap``: weights live in CPU DRAM and are fetched pack by pack (``prefetch`` packs ahead), in forward
+  and again in backward; gradients go down to the CPU per pack.
+
+Costs per stage (a model for the search; the simulator is the judge of the chosen plan):
+
+- time per micro-batch: ``gpu``/``resident``: the sum of the layers' compute (forward, recompute,
+  backward, launch overheads); ``swap``: ``sum over packs of max(compute, transfer) + overhead`` (a pack's
+  transfers overlap its neighbours' compute; packing a compute-heavy with a transfer-heavy layer lets
+  them hide each other, which is why packing can pay);
+- GPU memory: ``in_flight * activations + workspace`` plus ``2 * weights`` (+ ``states`` for ``gpu``), or
+  for ``swap`` ``(prefetch + 1) * largest pack`` of weights (at most ``prefetch + 1`` fetched packs are
+  resident at once) ``+ 2 * largest pack`` of gradient buffers (one being written, one going down).
+
+The search is exact for this model: a min-max dynamic programme over stage boundaries (three passes:
+``T*`` by time; the least peak memory with every stage time <= ``(1 + tol) T*``; then, among partitions
+with that peak, the least bottleneck time), where a swapped stage's best packing comes from an inner
+dynamic programme over pack boundaries (least time under a cap on the pack size; the least cap meeting a
+time bound by bisection over the finitely many pack sizes). Packs hold at most ``max_pack_layers`` layers.
+``tests/test_policy_tinypipe.py`` checks it against brute force on small instances.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+MODES = ("gpu", "resident", "swap")
+MAX_PACK_LAYERS = 16
+_REL = 1e-12
+INF = math.inf
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """What the search needs of one layer (per micro-batch)."""
+
+    compute_s: float          # forward + recompute + backward, launches included
+    swap_s: float             # transfer time when swapped: two fetches and the gradient going down
+    param_bytes: float        # 16-bit weights the GPU holds for the layer (gradients are the same size)
+    state_bytes: float        # fp32 master + Adam m, v: extra GPU bytes in ``gpu`` mode
+    act_bytes: float          # activations saved for the backward, per micro-batch in flight
+    transient_bytes: float    # working memory of the layer's kernels (workspace)
+
+
+@dataclass(frozen=True)
+class Problem:
+    layers: tuple[LayerCost, ...]
+    stages: int
+    inflight: tuple[int, ...]          # micro-batches whose activations a stage holds at most, per stage index
+    capacity: float                    # usable bytes of one GPU
+    prefetch: int = 1
+    pack_overhead_s: float = 0.0       # per pack per micro-batch (copy setup latencies)
+    tolerance: float = 0.05
+    modes: tuple[str, ...] = MODES     # allowed modes, in order of preference
+    shared_param_bytes: float = 0.0    # tied embedding table: in the first and the last layer's figures,
+    shared_state_bytes: float = 0.0    # but held once by a range (or pack) that has both
+    max_pack_layers: int = MAX_PACK_LAYERS
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.stages <= len(self.layers):
+            raise ValueError(f"stages must be within 1..{len(self.layers)}, got {self.stages}")
+        if len(self.inflight) != self.stages:
+            raise ValueError("inflight needs one entry per stage")
+        if not self.modes or any(m not in MODES for m in self.modes):
+            raise ValueError(f"modes must be a non-empty subset of {MODES}")
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    index: int
+    first: int
+    last: int                          # inclusive
+    mode: str
+    packs: tuple[tuple[int, int], ...]  # inclusive layer ranges, in forward order
+    time_s: float
+    mem_bytes: float
+
+
+@dataclass(frozen=True)
+class Solution:
+    stages: tuple[StagePlan, ...]
+    t_star: float                      # bottleneck stage time of the best balanced partition
+    bound: float                       # (1 + tolerance) * t_star
+    peak_bytes: float                  # least peak GPU memory within the bound
+    bottleneck_s: float                # the chosen partition's slowest stage
+    evaluations: dict[str, int] = field(default_factory=dict)
+
+
+class Model:
+    """Evaluation of stages and packs (shared by the search and by brute-force checks)."""
+
+    def __init__(self, prob: Problem):
+        self.p = prob
+        n = len(prob.layers)
+        self.n = n
+
+        def prefix(values: list[float]) -> list[float]:
+            out = [0.0]
+            for v in values:
+                out.append(out[-1] + v)
+            return out
+
+        ls = prob.layers
+        self._c = prefix([x.compute_s for x in ls])
+        self._x = prefix([x.swap_s for x in ls])
+        self._w = prefix([x.param_bytes for x in ls])
+        self._st = prefix([x.state_bytes for x in ls])
+        self._a = prefix([x.act_bytes for x in ls])
+        self._tmax: dict[tuple[int, int], float] = {}
+        self._wmax: dict[tuple[int, int], float] = {}
+        self._mode: dict[tuple[int, int, int], str] = {}
+
+    # -- sums over inclusive ranges ------------------------------------------------------------------
+    def _whole(self, i: int, j: int) -> bool:
+        return i == 0 and j == self.n - 1
+
+    def compute(self, i: int, j: int) -> float:
+        return self._c[j + 1] - self._c[i]
+
+    def transfer(self, i: int, j: int) -> float:
+        return self._x[j + 1] - self._x[i]
+
+    def weights(self, i: int, j: int) -> float:
+        w = self._w[j + 1] - self._w[i]
+        return w - self.p.shared_param_bytes if self._whole(i, j) else w
+
+    def states(self, i: int, j: int) -> float:
+        s = self._st[j + 1] - self._st[i]
+        return s - self.p.shared_state_bytes if self._whole(i, j) else s
+
+    def acts(self, i: int, j: int) -> float:
+        return self._a[j + 1] - self._a[i]
+
+    def workspace(self, i: int, j: int) -> float:
+        key = (i, j)
+        v = self._tmax.get(key)
+        if v is None:
+            v = max(x.transient_bytes for x in self.p.layers[i:j + 1])
+            self._tmax[key] = v
+        return v
+
+    def largest_layer(self, i: int, j: int) -> float:
+        key = (i, j)
+        v = self._wmax.get(key)
+        if v is None:
+            v = max(self.weights(x, x) for x in range(i, j + 1))
+            self._wmax[key] = v
+        return v
+
+    # -- stages --------------------------------------------------------------------------------------
+    def fixed(self, i: int, j: int, s: int) -> float:
+        """Activations in flight and workspace: in every mode."""
+        return self.p.inflight[s] * self.acts(i, j) + self.workspace(i, j)
+
+    def mode_memory(self, i: int, j: int, s: int, mode: str) -> float:
+        base = self.fixed(i, j, s) + 2 * self.weights(i, j)
+        return base + self.states(i, j) if mode == "gpu" else base
+
+    def mode(self, i: int, j: int, s: int) -> str:
+        """The first allowed mode that fits (swap when allowed and nothing else fits; else the last allowed)."""
+        key = (i, j, s)
+        hit = self._mode.get(key)
+        if hit is None:
+            hit = self.p.modes[-1]
+            for m in self.p.modes:
+                if m == "swap" or self.mode_memory(i, j, s, m) <= self.p.capacity:
+                    hit = m
+                    break
+            self._mode[key] = hit
+        return hit
+
+    def pack_time(self, u: int, t: int) -> float:
+        return max(self.compute(u, t), self.transfer(u, t)) + self.p.pack_overhead_s
+
+    def swap_memory(self, i: int, j: int, s: int, largest_pack: float) -> float:
+        return (self.p.prefetch + 3) * largest_pack + self.fixed(i, j, s)
+
+    def stage_time(self, i: int, j: int, s: int, packs: tuple[tuple[int, int], ...]) -> float:
+        if self.mode(i, j, s) != "swap":
+            return self.compute(i, j)
+        return sum(self.pack_time(u, t) for u, t in packs)
+
+    def stage_memory(self, i: int, j: int, s: int, packs: tuple[tuple[int, int], ...]) -> float:
+        m = self.mode(i, j, s)
+        if m != "swap":
+            return self.mode_memory(i, j, s, m)
+        return self.swap_memory(i, j, s, max(self.weights(u, t) for u, t in packs))
+
+
+class Search(Model):
+    """The exact search (module docstring)."""
+
+    def __init__(self, prob: Problem):
+        super().__init__(prob)
+        self._rows: dict[tuple[int, float], tuple[list[float], list[int]]] = {}
+        self._caps: list[float] | None = None
+        self.evals = {"stage": 0, "pack_dp": 0}
+
+    def caps(self) -> list[float]:
+        """Every size a pack can have (contiguous runs of at most ``max_pack_layers`` layers), ascending.
+
+        The least feasible cap of any range is one of its own pack sizes, all of which are in this list,
+        so bisecting this list finds it exactly.
+        """
+        if self._caps is None:
+            k = self.p.max_pack_layers
+            self._caps = sorted({self.weights(u, t) for u in range(self.n)
+                                 for t in range(u, min(self.n - 1, u + k - 1) + 1)})
+        return self._caps
+
+    def _row(self, i: int, cap: float, j: int) -> tuple[list[float], list[int]]:
+        """Least swapped time of layers i..t for t up to j (packs <= cap), extended on demand."""
+        key = (i, cap)
+        row = self._rows.get(key)
+        if row is None:
+            row = ([0.0], [0])
+            self._rows[key] = row
+        best, cut = row
+        if len(best) - 1 + i > j:
+            return row
+        self.evals["pack_dp"] += 1
+        k = self.p.max_pack_layers
+        limit = cap * (1 + _REL)
+        cc, xx, ww = self._c, self._x, self._w
+        shared = self.p.shared_param_bytes
+        last = self.n - 1
+        over = self.p.pack_overhead_s
+        for t in range(len(best) - 1 + i, j + 1):
+            b, arg = INF, -1
+            for u in range(t, max(i, t - k + 1) - 1, -1):
+                w = ww[t + 1] - ww[u]
+                if u == 0 and t == last:
+                    w -= shared
+                if w > limit:
+                    break
+                prev = best[u - i]
+                if prev == INF:
+                    continue
+                v = prev + max(cc[t + 1] - cc[u], xx[t + 1] - xx[u]) + over
+                if v < b:
+                    b, arg = v, u
+            best.append(b)
+            cut.append(arg)
+        return row
+
+    def min_time(self, i: int, j: int, cap: float) -> tuple[float, tuple[tuple[int, int], ...]]:
+        """Least swapped-stage time of i..j with every pack <= cap bytes, and that packing."""
+        best, cut = self._row(i, cap, j)
+        packs: list[tuple[int, int]] = []
+        if best[j - i + 1] < INF:
+            t = j
+            while t >= i:
+                u = cut[t - i + 1]
+                packs.append((u, t))
+                t = u - 1
+            packs.reverse()
+        return best[j - i + 1], tuple(packs)
+
+    def min_cap(self, i: int, j: int, bound: float) -> float | None:
+        """Least largest-pack size whose best packing of i..j meets the time bound (None: none does)."""
+        caps = self.caps()
+        limit = bound * (1 + _REL)
+        if self.min_time(i, j, INF)[0] > limit:
+            return None
+        lo = bisect.bisect_left(caps, self.largest_layer(i, j) * (1 - _REL))
+        hi = len(caps) - 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.min_time(i, j, caps[mid])[0] <= limit:
+                hi = mid
+            else:
+                lo = mid + 1
+        return caps[lo]
+
+    # -- per-stage costs for the three passes ----------------------------------------------------------
+    def best_time(self, i: int, j: int, s: int) -> float:
+        self.evals["stage"] += 1
+        if self.mode(i, j, s) != "swap":
+            return self.compute(i, j)
+        return self.min_time(i, j, INF)[0]
+
+    def mem_within(self, i: int, j: int, s: int, bound: float) -> float:
+        self.evals["stage"] += 1
+        if self.compute(i, j) > bound * (1 + _REL):
+            return INF   # no mode is faster than its compute
+        m = self.mode(i, j, s)
+        if m != "swap":
+            return self.mode_memory(i, j, s, m)
+        cap = self.min_cap(i, j, bound)
+        return INF if cap is None else self.swap_memory(i, j, s, cap)
+
+    def _swap_cap(self, i: int, j: int, s: int, peak: float) -> float | None:
+        cap = (peak * (1 + _REL) - self.fixed(i, j, s)) / (self.p.prefetch + 3)
+        if cap < self.largest_layer(i, j) * (1 - _REL):
+            return None
+        caps = self.caps()
+        k = bisect.bisect_right(caps, cap * (1 + _REL)) - 1
+        return None if k < 0 else caps[k]
+
+    def time_within(self, i: int, j: int, s: int, peak: float) -> float:
+        self.evals["stage"] += 1
+        m = self.mode(i, j, s)
+        if m != "swap":
+            return self.compute(i, j) if self.mode_memory(i, j, s, m) <= peak * (1 + _REL) else INF
+        cap = self._swap_cap(i, j, s, peak)
+        return INF if cap is None else self.min_time(i, j, cap)[0]
+
+    # -- the min-max programme over stage boundaries ---------------------------------------------------
+    def minmax(self, cost: Callable[[int, int, int], float],
+               lower: Callable[[int, int, int], float]) -> tuple[float, list[int]]:
+        """min over partitions into S contiguous stages of max_s cost(first, last, s); and the firsts.
+
+        ``lower(i, j, s)`` <= ``cost(i, j, s)`` must not decrease as the range grows to the left: once it
+        reaches the best value found, no longer range can do better and the scan stops (exactness kept).
+        """
+        n, S = self.n, self.p.stages
+        f = [[INF] * n for _ in range(S)]
+        arg = [[-1] * n for _ in range(S)]
+        for j in range(0, n - S + 1):
+            f[0][j] = cost(0, j, 0)
+            arg[0][j] = 0
+        for s in range(1, S):
+            for j in range(s, n - (S - 1 - s)):
+                best, at = INF, -1
+                for i in range(j, s - 1, -1):
+                    if lower(i, j, s) >= best:
+                        break
+                    prev = f[s - 1][i - 1]
+                    if prev >= best:
+                        continue
+                    v = max(prev, cost(i, j, s))
+                    if v < best:
+                        best, at = v, i
+                f[s][j], arg[s][j] = best, at
+        firsts = [0] * S
+        j = n - 1
+        for s in range(S - 1, -1, -1):
+            i = arg[s][j]
+            firsts[s] = max(i, 0)
+            j = i - 1
+        return f[S - 1][n - 1], firsts
+
+    def solve(self) -> Solution:
+        by_compute = lambda i, j, s: self.compute(i, j)  # noqa: E731  (every mode's time >= its compute)
+
+        def by_fixed(i: int, j: int, s: int) -> float:
+            return INF if self.compute(i, j) > bound * (1 + _REL) else self.fixed(i, j, s)
+
+        t_star, _ = self.minmax(self.best_time, by_compute)
+        bound = t_star * (1 + self.p.tolerance) if math.isfinite(self.p.tolerance) else INF
+        peak, _ = self.minmax(lambda i, j, s: self.mem_within(i, j, s, bound), by_fixed)
+        _, firsts = self.minmax(lambda i, j, s: self.time_within(i, j, s, peak), by_compute)
+        stages = []
+        lasts = [*firsts[1:], self.n]
+        for s, (i, nxt) in enumerate(zip(firsts, lasts, strict=True)):
+            j = nxt - 1
+            m = self.mode(i, j, s)
+            if m == "swap":
+                cap = self._swap_cap(i, j, s, peak)
+                assert cap is not None
+                packs = self.min_time(i, j, cap)[1]
+            else:
+                packs = tuple((x, x) for x in range(i, j + 1))
+            stages.append(StagePlan(s, i, j, m, packs, self.stage_time(i, j, s, packs),
+                                    self.stage_memory(i, j, s, packs)))
+        return Solution(tuple(stages), t_star, bound, peak, max(st.time_s for st in stages), dict(self.evals))
+
+
+def solve(prob: Problem) -> Solution:
+    return Search(prob).solve()
