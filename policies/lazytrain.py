@@ -15,15 +15,16 @@ Executor (``plan``), data parallel over all GPUs of the machine (or the one GPU)
   freed after the layer's forward (and again after its backward). The last ``prefetch_depth + 1`` layers
   keep their forward copy through the forward/backward turn. With tied embeddings the head's streamed
   unit includes the embedding table (its matmul reads it);
-- three tierings, chosen by the estimated step time (``param_home``/``optimizer_home`` = auto) among those
-  that fit: (1) everything on the GPU (16 B/param, GPU Adam, per-layer gradient all-reduce: the plain
-  data-parallel step of ``none`` stage 0); (2) parameters resident, gradients reduce-scattered and copied to
-  the CPU per layer, CPU Adam after the last micro-step, updated slices uploaded and all-gathered (as
-  ZeRO-Offload); (3) parameters streamed as above, gradients to the CPU per layer, CPU Adam writing the
-  DRAM (or NVMe) home copy. In (2) and (3) the fp32 master weights and m, v sit in DRAM, or on NVMe
-  (read into a two-layer staging buffer, updated, written back) where DRAM does not hold them; the CPU
-  gradient accumulates in ``cpu_grad_bytes`` per parameter. On a unified machine (DGX Spark) the CPU is
-  the GPU's own pool: only tierings and placements that use NVMe are offered;
+- three tierings (levels), chosen with ``param_home``/``optimizer_home`` = auto by ``tiering_rule``: the
+  least offloading that fits (level 1, else 2, else 3; within a level the least estimated step time), or
+  the least estimated step time overall. (1) Everything on the GPU (16 B/param, GPU Adam, per-layer
+  gradient all-reduce: the plain data-parallel step of ``none`` stage 0). (2) Parameters resident,
+  gradients reduce-scattered and copied to the CPU per layer, CPU Adam after the last micro-step, updated
+  slices uploaded and all-gathered (as ZeRO-Offload). (3) Parameters streamed as above, gradients to the
+  CPU per layer, CPU Adam writing the DRAM (or NVMe) home copy. In (2) and (3) the fp32 master weights
+  and m, v sit in DRAM, or on NVMe (read into a two-layer staging buffer, updated, written back) where
+  DRAM does not hold them; the CPU gradient accumulates in ``cpu_grad_bytes`` per parameter. On a unified
+  machine (DGX Spark) the CPU is the GPU's own pool: only tierings and placements that use NVMe are offered;
 - activations, per layer, as the MILP chose: full (``keep``) or only the layer input (``ckpt``, the forward
   is recomputed just before the backward), on the GPU, or copied out right after the layer's forward on
   a copy stream (overlapping the next layer's forward) to the CPU or NVMe (GPU->NVMe bounces through
@@ -69,7 +70,12 @@ Knobs:
   CPU Adam's rate unchanged;
 - ``param_home`` (auto|gpu|cpu|nvme, default auto) and ``optimizer_home`` (auto|gpu|cpu|nvme, default
   auto): force a tiering (gpu parameters = resident; streamed parameters need a CPU optimizer);
-- ``cpu_grad_bytes`` (float, default 4): bytes per parameter of the CPU gradient buffer (DeepSpeed: fp32).
+- ``cpu_grad_bytes`` (float, default 4): bytes per parameter of the CPU gradient buffer (DeepSpeed: fp32);
+- ``tiering_rule`` (least_offload|fastest_estimate, default least_offload): how the tiering is picked. The
+  estimate (micro-steps x (compute + MILP objective) + optimizer phase) charges each transfer to one
+  window, so it overstates bursty exposure (e.g. a big embedding all-reduce that the simulator spreads
+  over several layers) and can prefer offloading the optimizer where the simulator says otherwise;
+  least_offload follows the brief "offload nothing it need not".
 
 Where our reading is weakest: (a) whether LazyTrain decides parameter and optimizer placement inside the
 MILP (we enumerate tierings outside it and compare estimated step times); (b) "overlap" as a decision: we
@@ -109,6 +115,7 @@ class Knobs:
     param_home: Literal["auto", "gpu", "cpu", "nvme"] = "auto"
     optimizer_home: Literal["auto", "gpu", "cpu", "nvme"] = "auto"
     cpu_grad_bytes: float = 4.0
+    tiering_rule: Literal["least_offload", "fastest_estimate"] = "least_offload"
 
     def validate(self) -> None:
         if self.strategy not in ("milp", *HEURISTICS):
@@ -128,6 +135,8 @@ class Knobs:
                             f"{self.param_home} (streamed parameters use the CPU optimizer)")
         if self.cpu_grad_bytes not in (2.0, 4.0):
             raise KnobError(f"{NAME}: knob 'cpu_grad_bytes' must be 2 or 4")
+        if self.tiering_rule not in ("least_offload", "fastest_estimate"):
+            raise KnobError(f"{NAME}: knob 'tiering_rule' must be least_offload or fastest_estimate")
 
 
 @dataclass(frozen=True)
@@ -159,14 +168,18 @@ def schedule(job: Job, knobs: Knobs) -> Schedule:
         raise KnobError(f"{NAME}: param_home={knobs.param_home}, optimizer_home={knobs.optimizer_home} is not "
                         f"possible on {job.hw.name} (no NVMe, or a unified machine whose CPU tier is the GPU's "
                         f"pool); use auto")
+    least = knobs.tiering_rule == "least_offload"
     cands = sorted(((c.lower_bound_s(accum), i, c) for i, c in enumerate(_costs(job, knobs, t) for t in options)),
-                   key=lambda x: (x[0], x[1]))
+                   key=lambda x: ((x[2].tiering.level if least else 0), x[0], x[1]))
     best: Schedule | None = None
     log: list[dict[str, Any]] = []
     failed: list[tuple[Costs, MilpResult | Evaluation | None]] = []
     for lb, _, c in cands:
         rec: dict[str, Any] = {"tiering": str(c.tiering), "lower_bound_s": lb}
         log.append(rec)
+        if best is not None and least and c.tiering.level > best.tiering.level:
+            rec["result"] = f"skipped: level {best.tiering.level} fits and offloads less"
+            continue
         if best is not None and lb >= best.estimate_s:
             rec["result"] = "skipped: its lower bound is above the best estimate"
             continue

@@ -15,10 +15,11 @@ Our reading (every point an assumption; the full text was not available to us):
   ``peer`` (all 16 B/param partitioned over the GPUs' spare HBM, ZeRO-3 style: the weights are
   all-gathered over NVLink before each use and dropped after it, gradients reduce-scattered, GPU Adam on
   the shard; only with NVLink and more than one GPU, and only within the spare HBM left after the
-  working set and the gpu tier), ``cpu`` (fp16 weights, fp32 master, m, v and a 4 B/param fp32 gradient
-  buffer in host DRAM: 18 B/param, DeepSpeed's ``18 P`` estimate; CPU Adam) and ``nvme`` (weights, master,
-  m and v on the NVMe set, the fp32 gradients in DRAM; per step the optimizer swaps each layer's
-  fp32 states in, runs CPU Adam and writes states and weights back, double-buffered).
+  working set and the gpu tier), ``cpu`` (fp16 weights, fp32 master, m, v and a gradient buffer of
+  ``host_grad_bytes`` in host DRAM: 18 B/param with fp32 gradients, DeepSpeed's ``18 P`` estimate; CPU
+  Adam) and ``nvme`` (weights, master, m and v on the NVMe set, the gradients in DRAM; per step the
+  optimizer swaps each layer's fp32 states in, runs CPU Adam and writes states and weights back,
+  double-buffered).
 - Offloaded weights are fetched per use, forward and backward (recompute + backward), by every GPU.
   With NVLink each rank uploads 1/n of the chunk over its PCIe link and an NVLink all-gather assembles it
   (ZeRO-Infinity's bandwidth-centric partitioning); without NVLink every GPU uploads the whole chunk.
@@ -38,14 +39,21 @@ Our reading (every point an assumption; the full text was not available to us):
   curve and pay a launch overhead and a copy latency each, which is what makes too many chunks bad.
   Resident (gpu-tier) layers are not split: there is nothing to overlap.
 - Prefetch window: ``buffers`` = round(prefetch x chunks) chunk buffers per GPU; the fetch of a unit
-  starts when the buffer ``buffers`` units back is freed (across micro-steps too).
+  starts when the buffer ``buffers`` units back is freed (across micro-steps too). Gradient buckets are
+  bounded the same way: a layer's backward waits until the bucket 3 layers back is reduced / offloaded
+  (unbounded when every layer is resident and all buckets fit, as in plain data parallelism).
+- With every layer resident the plan is exactly ``none`` at ZeRO stage 2 (stage 0 on one GPU); on
+  several GPUs that is faster than ``none``'s default stage 0 (GPU Adam over 1/n of the states).
 - Automatic selection (``auto``): a staged search over order x GPU/peer split x chunks x prefetch (the
   knobs left on auto) scored by an analytic list schedule of one rank (``synergyscale_model.estimate``);
-  when the job is small enough the best candidates and the fixed defaults are then simulated (a reduced
-  plan: 1 and 2 micro-steps, extrapolated to the real accumulation; 'streams' is only chosen there) and
-  the fastest kept. Placement always fills the fastest tier first subject to capacities (gpu, peer, cpu,
-  nvme); on a unified machine (DGX Spark) the CPU tier is the GPU's own pool, so auto never uses it and
-  an explicit ``cpu_fraction`` there reports no savings.
+  when the job is small enough (at most SIM_TASK_BUDGET simulated tasks in all) the fixed defaults and
+  the best candidates are then simulated (a reduced plan: 1 and 2 micro-steps, extrapolated to the real
+  accumulation; the real one when it is 1 or 2; 'streams' is only chosen there) and the fastest kept
+  (the defaults on a tie, or within 0.2% when extrapolated). ``plan.info`` records the choice, the
+  candidates evaluated and simulated, and the estimates. Placement always fills the fastest tier first
+  subject to capacities (gpu, peer, cpu, nvme), leaving the host room the remaining layers need; on a
+  unified machine (DGX Spark) the CPU tier is the GPU's own pool, so auto never uses it and an explicit
+  ``cpu_fraction`` there reports no savings (``gpu_bytes_saved_per_gpu`` is the net, <= 0).
 - Optimizer: GPU Adam (HBM-bound) for the gpu and peer tiers on compute stream 0 after the last backward;
   CPU Adam per layer in backward order as the gradients land, the next step's forward of an offloaded
   layer waiting for its update (no delayed update).
@@ -59,8 +67,12 @@ Where our reading is weakest:
   park whole layers on one peer and pull them over NVLink point-to-point.
 - The search space and objective are ours (the paper's selector may use profiling); the analytic estimate
   ignores bandwidth sharing between concurrent streams beyond aggregate per-link bounds.
-- Activation offload is a plain switch (checkpointed layer inputs of fetched layers go to DRAM); the
-  NVMe tier keeps fp32 gradients in DRAM; no overlap of the CPU gradient accumulation cost.
+- Activation offload is a plain switch (checkpointed layer inputs of fetched layers go to DRAM), not
+  searched. The NVMe tier keeps its gradients in DRAM (fp32 by default), so DRAM, not NVMe, bounds the
+  largest model: 70B does not fit one a100 preset (256 GB) with fp32 host gradients; the paper's 114B on
+  one A100 implies a larger host or gradients kept elsewhere. CPU-side gradient accumulation is free.
+- Fill-fastest-first is per layer in a fixed priority order; the GPU working-set bound used while
+  filling assumes every layer may be fetched, so some HBM (a few GB) stays unused.
 
 Knobs (defaults in brackets):
 - ``auto`` (bool, True): search the knobs left on auto; False uses the fixed defaults below.

@@ -158,7 +158,7 @@ def _stages(job: Job, knobs: Knobs) -> tuple[int, int]:
     S = knobs.stages or max(d for d in range(1, n + 1) if n % d == 0 and d <= len(job.trace.layers))
     if n % S:
         raise KnobError(f"{NAME}: knob 'stages' must divide the GPU count {n}, got {S}")
-    if S > len(job.trace.layers):
+    if len(job.trace.layers) < S:
         raise KnobError(f"{NAME}: knob 'stages' = {S} exceeds the model's {len(job.trace.layers)} layers")
     return S, n // S
 
@@ -292,7 +292,7 @@ def plan(job: Job, knobs: Knobs) -> Plan:
     notes.insert(0, f"{S} pipeline stage(s) x {dp} data-parallel replica(s), {knobs.schedule}, {M} micro-batch(es) "
                     f"per step; stage modes {', '.join(f'{m}={modes.count(m)}' for m in MODES if m in modes)}; "
                     f"{swapped} of {len(job.trace.layers)} layers swapped from DRAM")
-    if not knobs.stages and S < job.n_gpus:
+    if not knobs.stages and job.n_gpus > S:
         notes.append(f"stages=auto: the model has {len(job.trace.layers)} layers for {job.n_gpus} GPUs, "
                      f"so {S} stages x {dp} replicas")
     if uni:

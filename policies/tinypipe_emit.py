@@ -146,16 +146,16 @@ class Emitter:
         self.opt_seg = len(ctx.schedule.segments)
 
     # -- sizes ----------------------------------------------------------------------------------------
-    def layer_params(self, s: int, l: int) -> float:
-        p = float(self.L[l].params)
-        if self.c.head_copy(s) and l == len(self.L) - 1:
+    def layer_params(self, s: int, x: int) -> float:
+        p = float(self.L[x].params)
+        if self.c.head_copy(s) and x == len(self.L) - 1:
             p += self.c.table_params
         return p
 
-    def layer_bytes(self, s: int, l: int) -> float:
-        """16-bit bytes the GPU holds for layer l (the head also needs the tied table to compute)."""
-        w = float(self.L[l].param_bytes)
-        if self.c.tied and l == len(self.L) - 1:
+    def layer_bytes(self, s: int, x: int) -> float:
+        """16-bit bytes the GPU holds for layer x (the head also needs the tied table to compute)."""
+        w = float(self.L[x].param_bytes)
+        if self.c.tied and x == len(self.L) - 1:
             w += self.c.table_params * self.c.db
         return w
 
@@ -210,29 +210,28 @@ class Emitter:
         last_b_d2h: Ev | None = None
         fresh_done: set[int] = set()
         comp, h2d, d2h = f"{g}.compute", f"{g}.h2d", f"{g}.d2h"
+        def fetch(p: int, phase: str, op: Op, suf: str, scope: str, tg: dict[str, Any]) -> tuple[str, Ev]:
+            u, t = packs[p]
+            buf = self.tensor(f"buf{p}.{g}{suf}", self.pack_bytes(s, u, t), "param16", scope, u)
+            deps: list[Any] = []
+            j = len(fetches)
+            if j - c.prefetch - 1 >= 0:
+                deps.append(fetches[j - c.prefetch - 1])
+            if p not in fresh_done:
+                fresh_done.add(p)
+                deps += self.refresh_refs(s, p)
+            e = self.ev(f"ld{p}.{g}{suf}", op.seg, op.it, "copy", h2d, deps, src="cpu", dst=g,
+                        bytes=self.pack_bytes(s, u, t), allocs=[(buf, g)], reads=[(f"home.s{s}.p{p}", "cpu")],
+                        tags={**tg, "pack": p, "phase": f"fetch-{phase}"})
+            fetches.append(("res", r, s, j))
+            return buf, e
+
         for n, op in enumerate(ops):
             rep = sched.repeated(op.seg)
             suf = f".t{op.slot}{op.kind}" if rep else f".m{op.mb}{op.kind}"
             scope = "iteration" if rep else "step"
             nxt = ops[n + 1] if n + 1 < len(ops) else None
             tg = {"stage": s, "rank": r} if rep else {"stage": s, "rank": r, "mb": op.mb}
-
-            def fetch(p: int, phase: str) -> tuple[str, Ev]:
-                u, t = packs[p]
-                buf = self.tensor(f"buf{p}.{g}{suf}", self.pack_bytes(s, u, t), "param16", scope, u)
-                deps: list[Any] = []
-                j = len(fetches)
-                if j - c.prefetch - 1 >= 0:
-                    deps.append(fetches[j - c.prefetch - 1])
-                if p not in fresh_done:
-                    fresh_done.add(p)
-                    deps += self.refresh_refs(s, p)
-                e = self.ev(f"ld{p}.{g}{suf}", op.seg, op.it, "copy", h2d, deps, src="cpu", dst=g,
-                            bytes=self.pack_bytes(s, u, t), allocs=[(buf, g)],
-                            reads=[(f"home.s{s}.p{p}", "cpu")],
-                            tags={**tg, "pack": p, "phase": f"fetch-{phase}"})
-                fetches.append(("res", r, s, j))
-                return buf, e
 
             if op.kind == "F":
                 recv: list[Any] = [("fs", r, s - 1, op.mb)] if s > 0 else []
@@ -242,7 +241,7 @@ class Emitter:
                     u, t = packs[p]
                     fe = None
                     if swap:
-                        buf, fe = fetch(p, "fwd")
+                        buf, fe = fetch(p, "fwd", op, suf, scope, tg)
                         j = len(fetches) - 1
                     for x in range(u, t + 1):
                         lay = self.L[x]
@@ -290,7 +289,7 @@ class Emitter:
                             buf, j = carry
                             carry = None
                         else:
-                            buf, fe = fetch(p, "bwd")
+                            buf, fe = fetch(p, "bwd", op, suf, scope, tg)
                             j = len(fetches) - 1
                         gb = self.tensor(f"gb{p}.{g}{suf}", self.pack_bytes(s, u, t), "grad", scope, u)
                     for x in range(t, u - 1, -1):

@@ -13,7 +13,9 @@ Each stage runs in one of three modes, decided by a rule (not by the optimiser),
 - ``resident``: 16-bit weights and gradients stay on the GPU, master weights, m, v and the Adam step on
   the CPU, when that fits;
 - ``swap``: weights live in CPU DRAM and are fetched pack by pack (``prefetch`` packs ahead), in forward
-  and again in backward; gradients go down to the CPU per pack.
+  and again in backward; gradients go down to the CPU per pack. Only where swapping needs less memory
+  than the alternatives (for a stage of one or two layers the swap buffers can outweigh the stage); where
+  no mode fits, the least hungry one (the plan is then infeasible, and says by how much).
 
 Costs per stage (a model for the search; the simulator is the judge of the chosen plan):
 
@@ -173,13 +175,20 @@ class Model:
         return base + self.states(i, j) if mode == "gpu" else base
 
     def mode(self, i: int, j: int, s: int) -> str:
-        """The first allowed mode that fits (swap when allowed and nothing else fits; else the last allowed)."""
+        """The first allowed mode that fits, in order; ``swap`` only where it needs less memory than every
+        allowed alternative (with few layers, prefetch and gradient buffers can outweigh the stage);
+        when nothing fits, the least hungry allowed mode."""
         key = (i, j, s)
         hit = self._mode.get(key)
         if hit is None:
-            hit = self.p.modes[-1]
+            other = {m: self.mode_memory(i, j, s, m) for m in self.p.modes if m != "swap"}
+            hit = min(other, key=other.__getitem__) if other else "swap"
             for m in self.p.modes:
-                if m == "swap" or self.mode_memory(i, j, s, m) <= self.p.capacity:
+                if m == "swap":
+                    if not other or self.swap_memory(i, j, s, self.largest_layer(i, j)) < min(other.values()):
+                        hit = m
+                        break
+                elif other[m] <= self.p.capacity:
                     hit = m
                     break
             self._mode[key] = hit
