@@ -140,6 +140,7 @@ class Emitter:
         self.L = job.trace.layers
         self.S = len(ctx.stages)
         self.events: list[Ev] = []
+        self.declared: set[str] = set()
         self.keyed: dict[Key, Ev] = {}
         self.final_bwd: dict[tuple[int, int, int], Ev] = {}   # (r, s, layer) -> last backward of the step
         self.final_d2h: dict[tuple[int, int, int], Ev] = {}   # (r, s, pack)
@@ -192,7 +193,8 @@ class Emitter:
         return e
 
     def tensor(self, tid: str, nbytes: float, kind: str, scope: str, layer: int | None = None) -> str:
-        if tid not in self.b._tensors:
+        if tid not in self.declared:
+            self.declared.add(tid)
             self.b.tensor(tid, nbytes, kind, scope=scope, layer=layer)
         return tid
 
@@ -210,6 +212,7 @@ class Emitter:
         last_b_d2h: Ev | None = None
         fresh_done: set[int] = set()
         comp, h2d, d2h = f"{g}.compute", f"{g}.h2d", f"{g}.d2h"
+
         def fetch(p: int, phase: str, op: Op, suf: str, scope: str, tg: dict[str, Any]) -> tuple[str, Ev]:
             u, t = packs[p]
             buf = self.tensor(f"buf{p}.{g}{suf}", self.pack_bytes(s, u, t), "param16", scope, u)
