@@ -1,10 +1,10 @@
 """Policies: each turns (hardware, workload, knobs) into a Plan. One module per policy."""
 
-from policies import lazytrain, none, synergyscale, zero_infinity, zero_offload
+from policies import lazytrain, none, synergyscale, tinypipe, zero_infinity, zero_offload
 from policies.base import Job, KnobError, PlanInfeasible, PolicyInfo, knob_help, parse_knobs
 
-POLICIES: dict[str, PolicyInfo] = {p.name: p for p in (none.POLICY, zero_offload.POLICY, zero_infinity.POLICY,
-                                                             lazytrain.POLICY, synergyscale.POLICY)}
+POLICIES: dict[str, PolicyInfo] = {p.name: p for p in (
+    none.POLICY, zero_offload.POLICY, zero_infinity.POLICY, tinypipe.POLICY, lazytrain.POLICY, synergyscale.POLICY)}
 
 
 def get_policy(name: str) -> PolicyInfo:

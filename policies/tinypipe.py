@@ -19,7 +19,8 @@ Our reading, as planned here:
   weights, gradients, fp32 master, Adam m and v, activations in flight and workspace all fit (nothing is
   offloaded that need not be; GPU Adam); else ``resident`` when 16-bit weights and gradients fit (CPU
   Adam; gradients accumulate on the GPU and go down once per step, layer by layer, then the updated
-  16-bit weights are uploaded); else ``swap``: the stage's 16-bit weights live in DRAM and are fetched
+  16-bit weights are uploaded); else ``swap`` (where it needs less GPU memory than ``resident``; with one
+  or two layers the swap buffers can outweigh the stage): the stage's 16-bit weights live in DRAM and are fetched
   pack by pack into freshly allocated GPU buffers, ``prefetch_packs`` packs ahead of the one computing,
   in the forward and again in the backward (in a forward-backward pair of 1F1B the last pack stays for
   the backward); a pack is resident from its fetch start to its last use; each backward pack's gradient
@@ -44,6 +45,8 @@ Our reading, as planned here:
   two GPUs, or on the CPU when a side swaps). With one stage the head reads the embedding's table.
 - Unified memory (DGX Spark): moving to the CPU frees nothing, so only ``gpu`` mode is planned, no
   swapping, and no savings are reported (``cpu_bytes_saved`` = 0, ``active_cpu_mm`` changes nothing).
+- Stage modes are all-or-nothing: a stage that does not fit swaps all its packs, even where the GPU could
+  keep some of them (STRONGHOLD's window would); e.g. 13b on a100-40g swaps everything and uses ~5 GB.
 - NVMe is not used.
 
 Where our reading is weakest (the paper's text would settle these; each is a knob or stated here):
