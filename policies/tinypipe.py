@@ -62,8 +62,9 @@ Where our reading is weakest (the paper's text would settle these; each is a kno
   activation sends and the once-per-step optimizer when balancing.
 
 Knobs:
-- ``stages`` (int, default 0 = auto: the GPU count, or its largest divisor not above the layer count):
-  pipeline stages; must divide the GPU count.
+- ``stages`` (int, default 0 = auto: the fewest stages with which every stage keeps everything on its
+  GPU, else the GPU count, or its largest divisor not above the layer count): pipeline stages; must
+  divide the GPU count.
 - ``schedule`` (1f1b | gpipe, default 1f1b): micro-batch schedule.
 - ``balance_tolerance`` (float, default 0.05): how far a stage's estimated time may exceed the best
   balanced partition's bottleneck when trading time for GPU memory.
@@ -73,6 +74,7 @@ Knobs:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -155,10 +157,24 @@ def layer_costs(job: Job) -> tuple[list[LayerCost], float]:
 
 
 def _stages(job: Job, knobs: Knobs) -> tuple[int, int]:
-    """(stages, data-parallel replicas). Auto: one stage per GPU, or when the model has fewer layers than
-    GPUs the largest divisor of the GPU count that it has layers for."""
+    """(stages, data-parallel replicas). Auto: the fewest stages (a divisor of the GPU count) with which
+    every stage keeps everything, optimizer included, on its GPU — a pipeline exists to cut memory, and
+    where memory allows, data-parallel replicas beat a pipeline's bubble; otherwise one stage per GPU (or,
+    when the model has fewer layers than GPUs, the largest divisor of the GPU count it has layers for)."""
     n = job.n_gpus
-    S = knobs.stages or max(d for d in range(1, n + 1) if n % d == 0 and d <= len(job.trace.layers))
+    fits = [d for d in range(1, n + 1) if n % d == 0 and d <= len(job.trace.layers)]
+    S = knobs.stages
+    if not S:
+        S = fits[-1]
+        for d in fits[:-1]:
+            try:
+                job.accumulation(n // d)
+            except KnobError:
+                continue
+            _, sol = search(job, dataclasses.replace(knobs, stages=d))
+            if sol.peak_bytes <= gpu_pool(job).capacity_bytes and all(st.mode == "gpu" for st in sol.stages):
+                S = d
+                break
     if n % S:
         raise KnobError(f"{NAME}: knob 'stages' must divide the GPU count {n}, got {S}")
     if len(job.trace.layers) < S:
@@ -296,8 +312,10 @@ def plan(job: Job, knobs: Knobs) -> Plan:
                     f"per step; stage modes {', '.join(f'{m}={modes.count(m)}' for m in MODES if m in modes)}; "
                     f"{swapped} of {len(job.trace.layers)} layers swapped from DRAM")
     if not knobs.stages and job.n_gpus > S:
-        notes.append(f"stages=auto: the model has {len(job.trace.layers)} layers for {job.n_gpus} GPUs, "
-                     f"so {S} stages x {dp} replicas")
+        notes.append(f"stages=auto: {S} stage(s) x {dp} data-parallel replica(s): "
+                     + ("every stage fits on its GPU with fewer stages than GPUs"
+                        if all(st.mode == "gpu" for st in sol.stages) else
+                        f"the model has {len(job.trace.layers)} layers for {job.n_gpus} GPUs"))
     if uni:
         notes.append("unified memory: GPU and CPU share one pool, so moving anything to the CPU frees nothing; "
                      "everything stays GPU-side (no swapping, GPU Adam) and no CPU savings are reported")

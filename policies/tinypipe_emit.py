@@ -377,16 +377,19 @@ class Emitter:
                     self.ev(f"stfree.{g}", seg, 0, "free", f"{g}.compute", frees=[(f"stash.{g}", g)])
             layers = range(st.first, st.last + 1)
             if st.mode == "gpu":
-                ar = None
+                # gradients all-reduced per layer as soon as the last micro-batch's backward of that layer
+                # ends, overlapping the backward of the layers before it (DDP/DeepSpeed bucketing)
+                ars: list[Ev] = []
                 if dp > 1:
-                    ar = self.ev(f"ar.s{s}", seg, 0, "collective", f"dp{s}",
-                                 [self.final_bwd[(r, s, st.first)] for r in range(dp)]
-                                 + [x for r in range(dp) for x in tied_dep(r, s, layers)],
-                                 coll="all_reduce", bytes=self.stage_bytes(st), ranks=tuple(gpus),
-                                 tags={"stage": s, "phase": "grad-reduce"})
+                    for x in reversed(layers):
+                        ars.append(self.ev(f"ar{x}.s{s}", seg, 0, "collective", f"dp{s}",
+                                           [self.final_bwd[(r, s, x)] for r in range(dp)]
+                                           + [y for r in range(dp) for y in tied_dep(r, s, range(x, x + 1))],
+                                           coll="all_reduce", bytes=self.layer_bytes(s, x), ranks=tuple(gpus),
+                                           tags={"stage": s, "layer": x, "phase": "grad-reduce"}))
                 for r, g in enumerate(gpus):
                     self.ev(f"opt.{g}", seg, 0, "optimizer", f"{g}.compute",
-                            [ar] if ar else tied_dep(r, s, layers), params=self.stage_params(st),
+                            ars[-1:] if ars else tied_dep(r, s, layers), params=self.stage_params(st),
                             tags={"stage": s, "rank": r, "phase": "optimizer"})
             elif st.mode == "resident":
                 ups: list[list[Ev]] = [[] for _ in range(dp)]
