@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hardware_models import HardwareSpec
-from reports.units import group_numbered, gb, pct, secs, table
+from reports.units import gb, group_numbered, pct, secs, table
 from simulator import Result
 
 WORKLOAD_FIELDS = ("global_batch", "micro_batch", "seq_len", "precision", "checkpointing", "flash_attention")

@@ -22,7 +22,7 @@ def run_all(args: argparse.Namespace, job: Job) -> int:
     if args.plan_out or args.trace:
         raise UsageError("--plan-out/--trace need one policy; run that policy alone")
     rows = []
-    for name, info in POLICIES.items():
+    for info in POLICIES.values():
         knobs = parse_knobs(info, [])
         t0 = time.perf_counter()
         try:
@@ -39,8 +39,9 @@ def run_all(args: argparse.Namespace, job: Job) -> int:
                       "results": rows}))
     else:
         c = job.config
+        gpus = f"{job.n_gpus} GPU{'s' if job.n_gpus != 1 else ''}"
         head = (f"tiersim: every policy, {job.model.name} ({job.model.params() / 1e9:.2f}B) on {job.hw.name} "
-                f"({job.n_gpus} GPU{'s' if job.n_gpus != 1 else ''}); global batch {c.global_batch}, micro-batch {c.micro_batch}, seq {c.seq_len}, "
+                f"({gpus}); global batch {c.global_batch}, micro-batch {c.micro_batch}, seq {c.seq_len}, "
                 f"{c.precision}, checkpointing {c.checkpointing}")
         print(format_comparison(rows, head))
         for a in job.assumed:
