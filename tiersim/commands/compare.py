@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 import time
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
 
 from policies import POLICIES, Job, PlanInfeasible, parse_knobs
 from simulator import simulate_plan
@@ -12,27 +15,38 @@ from tiersim.cli import UsageError
 EXIT_OK, EXIT_INFEASIBLE = 0, 3
 
 
+def _one(name: str, job: Job, extrapolate: bool) -> dict[str, Any]:
+    """Plan and simulate one policy with its default knobs; the JSON-shaped result (picklable, small)."""
+    from tiersim.commands.simulate import plan_infeasible_dict, result_dict
+
+    info = POLICIES[name]
+    knobs = parse_knobs(info, [])
+    t0 = time.perf_counter()
+    try:
+        plan = info.plan(job, knobs)
+    except PlanInfeasible as e:
+        d = plan_infeasible_dict(e, job, knobs)
+        d["sim"]["wall_s"] = time.perf_counter() - t0
+        return d
+    return result_dict(simulate_plan(plan, job.hw, extrapolate=extrapolate))
+
+
 def run_all(args: argparse.Namespace, job: Job) -> int:
     from reports.compare import format_comparison
-    from tiersim.commands.simulate import _dumps, plan_infeasible_dict, result_dict
+    from tiersim.commands.simulate import _dumps
 
     if args.knobs:
         raise UsageError("--knob cannot be combined with --policy all (knobs belong to one policy); "
                          "run that policy alone")
     if args.plan_out or args.trace:
         raise UsageError("--plan-out/--trace need one policy; run that policy alone")
-    rows = []
-    for info in POLICIES.values():
-        knobs = parse_knobs(info, [])
-        t0 = time.perf_counter()
-        try:
-            plan = info.plan(job, knobs)
-        except PlanInfeasible as e:
-            d = plan_infeasible_dict(e, job, knobs)
-            d["sim"]["wall_s"] = time.perf_counter() - t0
-            rows.append(d)
-            continue
-        rows.append(result_dict(simulate_plan(plan, job.hw, extrapolate=args.extrapolate)))
+    names = list(POLICIES)
+    workers = min(len(names), os.cpu_count() or 1)
+    if workers > 1:  # the policies are independent: plan and simulate them in parallel processes
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            rows = list(pool.map(_one, names, [job] * len(names), [args.extrapolate] * len(names)))
+    else:
+        rows = [_one(name, job, args.extrapolate) for name in names]
     if args.json:
         print(_dumps({"job": {"hardware": job.hw.name, "model": job.model.name,
                               "workload": job.config.to_dict(), "assumed": list(job.assumed)},
