@@ -26,7 +26,7 @@ test: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q
 
 bench: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest -q -m benchmark -s tests/benchmarks
+	$(BIN)/python -m pytest -q -m benchmark -s tests
 
 validate: $(VENV)/.installed
 	$(BIN)/tiersim validate

@@ -76,7 +76,7 @@ def plan(job: Job, knobs: Knobs) -> Plan:
     cap = gpu_pool(job).capacity_bytes
     persistent = sum(states.values())
     if persistent > cap:
-        raise PlanInfeasible(NAME, "gpu0", persistent, cap, f"ZeRO-{stage} model states (tp={lay.tp})")
+        raise PlanInfeasible(NAME, gpu_pool(job).name, persistent, cap, f"ZeRO-{stage} model states (tp={lay.tp})")
     opt_all = [f"opt.{g}^1" for g in lay.gpus()]
     if stage >= 3:
         ready = {0: opt_all}

@@ -1,6 +1,6 @@
 """Benchmarks (deselected by default; `make bench`). Targets live here, not in timed unit tests.
 
-Target (issue "The spine"): one simulated step of 70b on a100x8 with zero-offload in under 2 s on the
+Targets: (issue "The spine") one simulated step of 70b on a100x8 with zero-offload in under 2 s on the
 2-core development machine. The benchmark prints wall seconds and events per second.
 """
 
@@ -31,3 +31,20 @@ def test_bench_plan_and_simulate_7b_a100(benchmark) -> None:  # noqa: ANN001
         return simulate_plan(make_plan(job, "zero-offload"), job.hw).step_time_s
 
     assert benchmark(run) > 0
+
+
+def test_bench_policy_all_70b_a100x8() -> None:
+    """Target (issue "seed policies"): `simulate --policy all --hw a100x8 --model 70b` under 15 s here."""
+    import contextlib
+    import io
+    import time
+
+    from tiersim.cli import simulate_main
+
+    out = io.StringIO()
+    t0 = time.perf_counter()
+    with contextlib.redirect_stdout(out):
+        code = simulate_main(["--policy", "all", "--hw", "a100x8", "--model", "70b"])
+    wall = time.perf_counter() - t0
+    print(f"\nsimulate --policy all --hw a100x8 --model 70b: {wall:.1f} s wall (target < 15 s)")
+    assert code == 0
