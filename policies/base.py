@@ -95,7 +95,12 @@ def knob_help(info: PolicyInfo) -> list[tuple[str, str, str]]:
     hints = typing.get_type_hints(info.knobs_type)
     out = []
     for f in dataclasses.fields(info.knobs_type):
-        out.append((f.name, getattr(hints[f.name], "__name__", str(hints[f.name])), repr(f.default)))
+        typ = hints[f.name]
+        if typing.get_origin(typ) is typing.Literal:
+            name = "|".join(str(c) for c in typing.get_args(typ))
+        else:
+            name = getattr(typ, "__name__", str(typ))
+        out.append((f.name, name, repr(f.default)))
     return out
 
 

@@ -71,7 +71,7 @@ def test_policies_show_lists_every_knob(name: str, capsys: pytest.CaptureFixture
     info = POLICIES[name]
     out = run(capsys, "policies", "show", name)
     assert out.startswith(info.doc.strip().splitlines()[0])
-    knob_rows = out.split("knob ", 1)[1].splitlines()[2:]  # after the table header and its rule
+    knob_rows = out.rsplit("\nknob ", 1)[1].splitlines()[2:]  # after the table header and its rule
     assert [r.split()[0] for r in knob_rows] == [k for k, _, _ in knob_help(info)]
     for k, typ, default in knob_help(info):
         assert next(r for r in knob_rows if r.split()[0] == k).split()[1:] == [typ, default]
