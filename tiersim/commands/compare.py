@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any
 
 from policies import POLICIES, Job, PlanInfeasible, parse_knobs
@@ -42,11 +43,25 @@ def run_all(args: argparse.Namespace, job: Job) -> int:
         raise UsageError("--plan-out/--trace need one policy; run that policy alone")
     names = list(POLICIES)
     workers = min(len(names), os.cpu_count() or 1)
+    show = sys.stderr.isatty()  # progress for a person watching; pipes and scripts get only the result
+    t0 = time.perf_counter()
+    done: dict[str, dict[str, Any]] = {}
+
+    def progress(name: str) -> None:
+        if show:
+            print(f"[{len(done)}/{len(names)}] {name} done ({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
+
     if workers > 1:  # the policies are independent: plan and simulate them in parallel processes
         with ProcessPoolExecutor(max_workers=workers) as pool:
-            rows = list(pool.map(_one, names, [job] * len(names), [args.extrapolate] * len(names)))
+            futures = {pool.submit(_one, name, job, args.extrapolate): name for name in names}
+            for fut in as_completed(futures):
+                done[futures[fut]] = fut.result()
+                progress(futures[fut])
     else:
-        rows = [_one(name, job, args.extrapolate) for name in names]
+        for name in names:
+            done[name] = _one(name, job, args.extrapolate)
+            progress(name)
+    rows = [done[name] for name in names]
     if args.json:
         print(_dumps({"job": {"hardware": job.hw.name, "model": job.model.name,
                               "workload": job.config.to_dict(), "assumed": list(job.assumed)},
