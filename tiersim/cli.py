@@ -1,4 +1,4 @@
-"""Command line: ``tiersim simulate|hardware|models|policies|validate`` and ``simulate`` on its own.
+"""Command line: ``tiersim simulate|hardware|models|policies|validate|replay`` and ``simulate`` on its own.
 
     simulate --hw a100x8 --model 70b --policy zero-offload          # same as `tiersim simulate ...`
     simulate --hw a100 --model 7b --json                             # one JSON object on stdout
@@ -7,6 +7,7 @@
     tiersim hardware list | hardware show NAME [--set PATH=VALUE]
     tiersim models list | models show NAME
     tiersim policies list | policies show NAME
+    tiersim replay plan.json [--steps N] [--verify] [--json] [--trace t.json]   # run a plan for real (torch)
 
 Defaults: ``--hw a100x8``, ``--model 70b``, ``--policy zero-offload`` when planning; every default that is
 picked (these and the workload's: sequence length, micro- and global batch, precision, checkpointing,
@@ -121,6 +122,12 @@ def build_parser(prog: str = "tiersim") -> argparse.ArgumentParser:
     po.add_argument("name", nargs="?")
     va = sub.add_parser("validate", help="compare the simulator with published figures")
     va.add_argument("--json", action="store_true")
+    rp = sub.add_parser("replay", help="execute a plan for real with torch; compare with its simulation",
+                        epilog="exit codes: 0 replayed (and verified), 1 --verify mismatch, 2 bad input, "
+                               "3 over a pool's capacity")
+    from tiersim.commands.replay import add_replay_args
+
+    add_replay_args(rp)
     return ap
 
 
@@ -210,6 +217,9 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace, cmd: st
     if cmd == "validate":
         from tiersim.commands.validate import run_validate
         return run_validate(args)
+    if cmd == "replay":
+        from tiersim.commands.replay import run_replay
+        return run_replay(args)
     parser.error(f"unknown command {cmd!r}")
 
 

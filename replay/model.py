@@ -1,0 +1,176 @@
+"""The plan's decoder, built at the plan's dimensions with a fixed seed, as a list of per-layer modules.
+
+Module ``i`` is the workload trace's layer ``i``: ``0`` the embedding, ``1..L`` the blocks, ``L+1`` the
+head (final norm, LM head and the cross-entropy loss), so a plan task tagged ``{"layer": i}`` runs
+module ``i``. Two styles, picked by the model's fields (``workloads.model.ModelSpec``):
+
+- GPT-2 style (``norm: layernorm``, ``mlp: gelu``, ``learned_pos``, ``bias``): LayerNorm, tanh-GELU MLP,
+  learned positions (OPT keeps 2 offset rows);
+- LLaMA style (``norm: rmsnorm``, ``mlp: swiglu``, rotary positions, no bias): RMSNorm, SwiGLU, GQA.
+
+Any mix of these fields is honoured; the parameter count equals ``ModelSpec.params()`` exactly.
+With tied embeddings the head has no matrix of its own and takes the embedding's ``wte`` as an input.
+Dropout is never applied (training must be deterministic to be compared with a reference); mixture of
+experts is not supported yet.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from replay.errors import ReplayError
+
+INIT_STD = 0.02  # GPT-2's initialiser range
+NORM_EPS = 1e-5
+
+
+@dataclass(frozen=True)
+class Dims:
+    n_layers: int
+    hidden: int
+    n_heads: int
+    n_kv_heads: int
+    ffn: int
+    vocab: int
+    max_pos: int
+    tied: bool
+    mlp: str
+    norm: str
+    bias: bool
+    learned_pos: bool
+    pos_offset: int  # OPT: position rows start at 2
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.n_heads
+
+    @classmethod
+    def from_workload(cls, workload: Mapping[str, Any]) -> Dims:
+        m = workload.get("model")
+        if not isinstance(m, Mapping):
+            raise ReplayError("plan: workload has no 'model' dimensions; re-create the plan with this tiersim")
+        try:
+            if int(m.get("n_experts", 1)) > 1:
+                raise ReplayError(f"model {m.get('name')!r}: mixture-of-experts models are not supported by "
+                                  "replay yet")
+            return cls(n_layers=int(m["n_layers"]), hidden=int(m["hidden"]), n_heads=int(m["n_heads"]),
+                       n_kv_heads=int(m.get("n_kv_heads", m["n_heads"])), ffn=int(m["ffn"]),
+                       vocab=int(m["vocab"]), max_pos=int(m.get("max_pos", 2048)),
+                       tied=bool(m.get("tied_embeddings", False)), mlp=str(m.get("mlp", "gelu")),
+                       norm=str(m.get("norm", "layernorm")), bias=bool(m.get("bias", False)),
+                       learned_pos=bool(m.get("learned_pos", False)),
+                       pos_offset=2 if m.get("family") == "opt" else 0)
+        except KeyError as e:
+            raise ReplayError(f"plan: workload.model has no field {e.args[0]!r}") from None
+
+
+def _norm(d: Dims) -> nn.Module:
+    if d.norm == "rmsnorm":
+        return nn.RMSNorm(d.hidden, eps=NORM_EPS)
+    return nn.LayerNorm(d.hidden, eps=NORM_EPS)
+
+
+class Embedding(nn.Module):
+    def __init__(self, d: Dims):
+        super().__init__()
+        self.d = d
+        self.wte = nn.Parameter(torch.empty(d.vocab, d.hidden))
+        rows = d.max_pos + d.pos_offset if d.learned_pos else 0
+        self.wpe = nn.Parameter(torch.empty(rows, d.hidden)) if rows else None
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        x = F.embedding(tokens, self.wte)
+        if self.wpe is not None:
+            pos = torch.arange(tokens.shape[1], device=tokens.device) + self.d.pos_offset
+            x = x + F.embedding(pos, self.wpe)
+        return x
+
+
+def _rotary(x: Tensor) -> Tensor:
+    """Rotary position embedding (half-split form, as HF LLaMA) of x: (batch, heads, seq, head_dim)."""
+    s, hd = x.shape[-2], x.shape[-1]
+    inv = 1.0 / (10000.0 ** (torch.arange(0, hd, 2, device=x.device, dtype=torch.float32) / hd))
+    ang = torch.outer(torch.arange(s, device=x.device, dtype=torch.float32), inv)
+    cos = torch.cat([ang.cos(), ang.cos()], dim=-1).to(x.dtype)
+    sin = torch.cat([ang.sin(), ang.sin()], dim=-1).to(x.dtype)
+    x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+class Block(nn.Module):
+    def __init__(self, d: Dims):
+        super().__init__()
+        self.d = d
+        kv = d.n_kv_heads * d.head_dim
+        self.ln1, self.ln2 = _norm(d), _norm(d)
+        self.q = nn.Linear(d.hidden, d.hidden, bias=d.bias)
+        self.k = nn.Linear(d.hidden, kv, bias=d.bias)
+        self.v = nn.Linear(d.hidden, kv, bias=d.bias)
+        self.o = nn.Linear(d.hidden, d.hidden, bias=d.bias)
+        if d.mlp == "swiglu":
+            self.gate = nn.Linear(d.hidden, d.ffn, bias=d.bias)
+        self.up = nn.Linear(d.hidden, d.ffn, bias=d.bias)
+        self.down = nn.Linear(d.ffn, d.hidden, bias=d.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        d = self.d
+        b, s, _ = x.shape
+        h = self.ln1(x)
+        q = self.q(h).view(b, s, d.n_heads, d.head_dim).transpose(1, 2)
+        k = self.k(h).view(b, s, d.n_kv_heads, d.head_dim).transpose(1, 2)
+        v = self.v(h).view(b, s, d.n_kv_heads, d.head_dim).transpose(1, 2)
+        if not d.learned_pos:
+            q, k = _rotary(q), _rotary(k)
+        if d.n_kv_heads != d.n_heads:
+            rep = d.n_heads // d.n_kv_heads
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.o(a.transpose(1, 2).reshape(b, s, d.hidden))
+        h = self.ln2(x)
+        m = F.silu(self.gate(h)) * self.up(h) if d.mlp == "swiglu" else F.gelu(self.up(h), approximate="tanh")
+        return x + self.down(m)
+
+
+class Head(nn.Module):
+    """Final norm, LM head and the mean cross-entropy; ``wte`` is the tied embedding matrix (or None)."""
+
+    def __init__(self, d: Dims):
+        super().__init__()
+        self.norm = _norm(d)
+        self.lm = None if d.tied else nn.Parameter(torch.empty(d.vocab, d.hidden))
+
+    def forward(self, x: Tensor, targets: Tensor, wte: Tensor | None = None) -> Tensor:
+        w = self.lm if self.lm is not None else wte
+        if w is None:
+            raise ReplayError("head: tied embeddings need the embedding matrix")
+        logits = self.norm(x) @ w.t()
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def build_layers(d: Dims, seed: int) -> list[nn.Module]:
+    """The model's layers (embedding, blocks, head), deterministically initialised from ``seed``."""
+    layers: list[nn.Module] = [Embedding(d), *(Block(d) for _ in range(d.n_layers)), Head(d)]
+    g = torch.Generator().manual_seed(seed)
+    std_out = INIT_STD / math.sqrt(2 * d.n_layers)  # GPT-2's scaled init of residual projections
+    with torch.no_grad():
+        for layer in layers:
+            for name, p in layer.named_parameters():
+                if name.endswith("bias"):
+                    p.zero_()
+                elif p.dim() == 1:
+                    p.fill_(1.0)  # norm weights
+                else:
+                    std = std_out if name.split(".")[0] in ("o", "down") else INIT_STD
+                    p.normal_(0.0, std, generator=g)
+    return layers
+
+
+def param_count(layers: list[nn.Module]) -> int:
+    return sum(p.numel() for layer in layers for p in layer.parameters())

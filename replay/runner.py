@@ -1,0 +1,386 @@
+"""Execute a Plan for real: one worker thread per stream, in plan order, waiting on its dependencies.
+
+The plan is unrolled with ``simulator.unroll.Unroller`` (every step in full). Each task then:
+
+- *begins*: the tensors it reads must be resident where it says, its allocations are made (and counted
+  against the plan's pool capacities, the GPU included even on a CPU-only machine), a copy's tensor must
+  be at its source — the same rules as the simulator's engine, so a replay doubles as a plan checker;
+- *runs* for real (``replay.store``): compute tasks tagged ``{"layer": i, "phase": fwd|recompute|bwd}``
+  run module i; optimizer tasks run Adam on the layer's (or, untagged, every layer's) master parameters
+  where the plan puts them; ``param-upload`` / ``grad-offload`` copies move those tensors; other copies
+  move a real buffer of the plan's size (files under ``--nvme-dir`` for nvme); collectives over one rank
+  are no-ops;
+- *ends*: its frees are applied.
+
+Recorded: per-task start/end (``simulator.engine.TaskRecord``, so the simulator's metrics and trace
+writer apply unchanged), bytes per pool over time, bytes per link (routed over the plan's topology),
+real bytes moved, step ends, losses and final weights.
+
+The replay computes in fp32 whatever the plan's precision (bytes are still counted as the plan states
+them), so that it can be compared with an fp32 reference; dropout is off. On CUDA every plan stream gets
+its own CUDA stream and a task ends when its kernels have finished (a synchronisation per task).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+
+import simpy
+import torch
+from torch import Tensor
+
+from hardware_models import HardwareSpec, Topology, build_topology
+from replay.errors import ReplayError, ReplayOom
+from replay.model import Dims, build_layers
+from replay.pools import Pools
+from replay.store import Batching, Store
+from simulator.engine import RawRun, TaskRecord
+from simulator.errors import PlanError
+from simulator.flows import FlowNetwork
+from simulator.memory import MemoryTracker
+from simulator.plan import Plan, validate_plan
+from simulator.result import Result, SimInfo, build_result, step_metrics
+from simulator.unroll import ConcreteTask, Unroller
+
+DEFAULT_SEED = 1234
+
+
+@dataclass
+class Measurement:
+    records: list[TaskRecord]
+    memory: MemoryTracker
+    link_bytes: dict[str, float]
+    link_bytes_by_step: dict[int, dict[str, float]]
+    real_link_bytes: dict[str, float]
+    step_end: dict[int, float]
+    wall_s: float
+    losses: dict[tuple[int, int], float]
+    weights: list[dict[str, Tensor]]
+    topology: Topology
+    device: str
+    leaked: list[str] = field(default_factory=list)
+
+    def step_times(self) -> list[float]:
+        ends = [self.step_end[s] for s in sorted(self.step_end)]
+        return [e - (ends[i - 1] if i else 0.0) for i, e in enumerate(ends)]
+
+
+def pick_device(name: str = "auto") -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ReplayError("--device cuda: no CUDA device on this machine; use --device cpu")
+    return torch.device(name)
+
+
+def plan_gpus(plan: Plan) -> list[str]:
+    """Every GPU location a plan touches."""
+    locs: set[str] = {s.device for s in plan.streams} | {t.home for t in plan.tensors if t.home}
+    for seg in plan.segments:
+        for t in seg.tasks:
+            locs |= {p.loc for p in (*t.allocs, *t.frees, *t.reads)} | set(t.ranks)
+            locs |= {x for x in (t.src, t.dst) if x}
+    return sorted((x for x in locs if x.startswith("gpu")), key=lambda g: int(g[3:]) if g[3:].isdigit() else 0)
+
+
+def check_replayable(plan: Plan, device: torch.device) -> str:
+    """The one GPU location the plan computes on; ReplayError when this machine cannot replay it."""
+    gpus = plan_gpus(plan)
+    have = torch.cuda.device_count() if device.type == "cuda" else 1
+    if len(gpus) > have:
+        raise ReplayError(f"plan uses {len(gpus)} GPUs ({gpus[0]}..{gpus[-1]}) but this machine offers {have} "
+                          f"{device.type} device(s) for replay; replay a single-GPU plan (e.g. --hw a100)")
+    if len(gpus) > 1:
+        raise ReplayError(f"plan uses {len(gpus)} GPUs; multi-GPU replay is not implemented yet")
+    if not gpus:
+        raise ReplayError("plan computes on no GPU; nothing to replay")
+    return gpus[0]
+
+
+def _order_check(per_stream: dict[str, list[ConcreteTask]], uids: set[str]) -> None:
+    """Fail before running when some task could never start (deadlock, or a dep the plan never runs)."""
+    for ts in per_stream.values():
+        for t in ts:
+            for d in t.deps:
+                if d not in uids:
+                    raise ReplayError(f"task {t.uid!r}: depends on {d!r}, which the plan never runs")
+    done: set[str] = set()
+    pos = dict.fromkeys(per_stream, 0)
+    progress = True
+    while progress:
+        progress = False
+        for sid, ts in per_stream.items():
+            while pos[sid] < len(ts) and all(d in done for d in ts[pos[sid]].deps):
+                done.add(ts[pos[sid]].uid)
+                pos[sid] += 1
+                progress = True
+    for sid, ts in per_stream.items():
+        if pos[sid] < len(ts):
+            t = ts[pos[sid]]
+            waits = [d for d in t.deps if d not in done]
+            raise ReplayError(f"deadlock: task {t.uid!r} on stream {sid!r} never runs (it waits for {waits[0]!r})")
+
+
+class Runner:
+    """Replays one plan; ``run()`` returns a Measurement (raises ReplayError / ReplayOom)."""
+
+    def __init__(self, plan: Plan, hw: HardwareSpec, *, device: str = "auto", nvme_dir: str | None = None,
+                 seed: int = DEFAULT_SEED):
+        self.topo = build_topology(hw)
+        validate_plan(plan, "plan", self.topo.locations)
+        self.plan = plan
+        self.hw = hw
+        self.device = pick_device(device)
+        self.gpu = check_replayable(plan, self.device)
+        self.dims = Dims.from_workload(plan.workload)
+        self.n_layers = self.dims.n_layers + 2
+        self.seed = seed
+        self.nvme_dir = nvme_dir
+        w = plan.workload
+        self.batching = Batching(seed, int(w.get("micro_batch", 1)), int(w.get("seq_len", 128)))
+        self.streams = plan.stream_map()
+        self.tensors = plan.tensor_map()
+        self._scan()
+
+    # -- static analysis of the plan -------------------------------------------------------------------
+    def _scan(self) -> None:
+        recompute: set[int] = set()
+        master: dict[int, str] = {}
+        self.producers: dict[str, set[int] | None] = {}
+        for seg in self.plan.segments:
+            for t in seg.tasks:
+                layer = t.tags.get("layer")
+                if layer is not None and not (isinstance(layer, int) and 0 <= layer < self.n_layers):
+                    raise ReplayError(f"task {t.id!r}: layer {layer!r} is not a layer of this model "
+                                      f"(0..{self.n_layers - 1})")
+                dev = self.streams[t.stream].device
+                if t.op == "compute" and t.tags.get("phase") == "recompute" and layer is not None:
+                    recompute.add(layer)
+                if t.op == "optimizer":
+                    for i in ([layer] if layer is not None else range(self.n_layers)):
+                        if master.setdefault(i, dev) != dev:
+                            raise ReplayError(f"task {t.id!r}: updates layer {i} on {dev!r}, but another "
+                                              f"optimizer task updates it on {master[i]!r}")
+                    if dev == self.gpu:
+                        self.producers[t.id] = {layer} if layer is not None else None
+                if t.op == "copy" and t.tags.get("phase") == "param-upload" and layer is not None \
+                        and t.dst == self.gpu:
+                    self.producers[t.id] = {layer}
+        self.keep_graph = [i not in recompute for i in range(self.n_layers)]
+        self.master_loc = [master.get(i, self.gpu) for i in range(self.n_layers)]
+
+    # -- running ----------------------------------------------------------------------------------------
+    def run(self) -> Measurement:
+        tasks = Unroller(self.plan).unroll()
+        per_stream: dict[str, list[ConcreteTask]] = defaultdict(list)
+        for t in tasks:
+            per_stream[t.spec.stream].append(t)
+        _order_check(per_stream, {t.uid for t in tasks})
+        self.accum: dict[int, int] = defaultdict(int)
+        for t in tasks:
+            if t.spec.op == "compute" and t.spec.tags.get("phase") == "bwd":
+                self.accum[t.step] = max(self.accum[t.step], t.iteration + 1)
+        self.pools = Pools(self.device, self.nvme_dir)
+        self.store = Store(self.dims, build_layers(self.dims, self.seed), self.gpu, self.master_loc, self.pools,
+                           self.batching)
+        self.mem = MemoryTracker({p.name: p.capacity_bytes for p in self.topo.pools.values()}, self.topo.pool_of)
+        for ts in self.plan.tensors:
+            if ts.home is not None:
+                self.mem.alloc(0.0, ts.id, ts.home, ts.bytes, ts.kind, "<initial>")
+        self.mem_lock = threading.Lock()
+        self.records: list[TaskRecord] = []
+        self.link_bytes: dict[str, float] = defaultdict(float)
+        self.by_step: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        self.real_bytes: dict[str, float] = defaultdict(float)
+        self.step_end: dict[int, float] = defaultdict(float)
+        self.events = {t.uid: threading.Event() for t in tasks}
+        self.error: BaseException | None = None
+        self.abort = threading.Event()
+        threads = [threading.Thread(target=self._worker, args=(sid, ts), name=f"replay:{sid}", daemon=True)
+                   for sid, ts in per_stream.items()]
+        try:
+            self.t0 = time.perf_counter()
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+            wall = time.perf_counter() - self.t0
+            if self.error is not None:
+                raise self.error
+            keep = {t.id for t in self.plan.tensors if t.persistent or t.home is not None}
+            leaked = [f"{inst}@{loc}" for inst, loc in self.mem.resident if inst.split("[", 1)[0] not in keep]
+            return Measurement(sorted(self.records, key=lambda r: (r.start, r.stream)), self.mem,
+                               dict(self.link_bytes), {k: dict(v) for k, v in self.by_step.items()},
+                               dict(self.real_bytes), dict(self.step_end), wall, dict(self.store.losses),
+                               self.store.final_weights(), self.topo, str(self.device), leaked)
+        finally:
+            self.store.close()
+            self.pools.close()
+
+    def _now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def _worker(self, sid: str, tasks: list[ConcreteTask]) -> None:
+        device = self.streams[sid].device
+        try:
+            if self.device.type == "cuda":  # one CUDA stream per plan stream, so copies overlap compute
+                with torch.cuda.device(self.device), torch.cuda.stream(torch.cuda.Stream(self.device)):
+                    self._tasks(sid, device, tasks)
+            else:
+                self._tasks(sid, device, tasks)
+        except BaseException as e:  # noqa: BLE001 - any failure stops every stream and is re-raised
+            with self.mem_lock:
+                if self.error is None:
+                    self.error = e if isinstance(e, ReplayError) else \
+                        ReplayError(f"stream {sid!r}: {type(e).__name__}: {e}")
+            self.abort.set()
+            for ev in self.events.values():
+                ev.set()
+
+    def _tasks(self, sid: str, device: str, tasks: list[ConcreteTask]) -> None:
+        """Run one stream's tasks in order; a task ends when its device work has finished."""
+        cuda = self.device.type == "cuda"
+        for t in tasks:
+            for d in t.deps:
+                self.events[d].wait()
+            if self.abort.is_set():
+                return
+            start = self._now()
+            self._begin(t)
+            try:
+                nbytes, links = self._execute(t, device)
+                if cuda:
+                    torch.cuda.current_stream(self.device).synchronize()
+            except (RuntimeError, KeyError, ValueError, OSError) as e:  # torch's and the file system's failures
+                raise ReplayError(f"task {t.uid!r}: {type(e).__name__}: {' '.join(str(e).split())}") from e
+            self._finish(t)
+            end = self._now()
+            with self.mem_lock:
+                self.records.append(TaskRecord(t.uid, t.spec.id, t.spec.op, sid, device, start, end, t.step,
+                                               t.segment, t.iteration, nbytes, dict(t.spec.tags),
+                                               self._gpus(t, device), links))
+                self.step_end[t.step] = max(self.step_end[t.step], end)
+            self.events[t.uid].set()
+
+    @staticmethod
+    def _gpus(t: ConcreteTask, device: str) -> tuple[str, ...]:
+        s = t.spec
+        if s.op == "collective":
+            return tuple(s.ranks)
+        if s.op == "copy":
+            return tuple(x for x in (s.src, s.dst) if x is not None and x.startswith("gpu"))
+        return (device,) if device.startswith("gpu") else ()
+
+    # -- memory accounting (the simulator engine's rules) ----------------------------------------------
+    def _alloc(self, inst: str, loc: str, uid: str) -> None:
+        spec = self.tensors[inst.split("[", 1)[0]]
+        n = len(self.mem.ooms)
+        self.mem.alloc(self._now(), inst, loc, spec.bytes, spec.kind, uid)
+        if len(self.mem.ooms) > n:
+            o = self.mem.ooms[-1]
+            raise ReplayOom(f"task {uid!r}: out of memory on {o.pool}: allocating {inst!r} ({o.requested_bytes:.0f} "
+                            f"bytes) with {o.free_bytes:.0f} of {o.capacity_bytes:.0f} bytes free")
+
+    def _begin(self, t: ConcreteTask) -> None:
+        with self.mem_lock:
+            try:
+                for inst, loc in t.reads:
+                    if not self.mem.is_resident(inst, loc):
+                        raise ReplayError(f"task {t.uid!r}: reads tensor {inst!r} on {loc!r}, but it is not there")
+                for inst, loc in t.allocs:
+                    self._alloc(inst, loc, t.uid)
+                s = t.spec
+                if s.op == "copy" and t.tensor is not None:
+                    if not self.mem.is_resident(t.tensor, s.src or ""):
+                        raise ReplayError(f"task {t.uid!r}: copies tensor {t.tensor!r} from {s.src!r}, "
+                                          "but it is not there")
+                    if s.alloc_dst:
+                        self._alloc(t.tensor, s.dst or "", t.uid)
+            except PlanError as e:
+                raise ReplayError(str(e)) from None
+
+    def _finish(self, t: ConcreteTask) -> None:
+        with self.mem_lock:
+            try:
+                s = t.spec
+                if s.op == "copy" and t.tensor is not None and s.free_src:
+                    self.mem.free(self._now(), t.tensor, s.src or "", t.uid)
+                for inst, loc in t.frees:
+                    self.mem.free(self._now(), inst, loc, t.uid)
+            except PlanError as e:
+                raise ReplayError(str(e)) from None
+        for inst, loc in t.frees:
+            self.store.drop_buffer(inst, loc)
+
+    # -- the real work -----------------------------------------------------------------------------------
+    def _version(self, t: ConcreteTask, layer: int) -> int:
+        """The parameter version a forward uses: the one its producer dependency made (0 before the run)."""
+        refs = [r.id for r in t.spec.deps if r.id in self.producers
+                and (self.producers[r.id] is None or layer in (self.producers[r.id] or ()))]
+        if not refs:
+            return self.store.latest[layer]
+        found = [self.store.produced.get(d, {}).get(layer) for d in t.deps if d.split("[", 1)[0] in refs]
+        made = [v for v in found if v is not None]
+        return max(made) if made else 0
+
+    def _execute(self, t: ConcreteTask, device: str) -> tuple[float, tuple[str, ...]]:
+        s = t.spec
+        phase = s.tags.get("phase")
+        layer = s.tags.get("layer")
+        if s.op == "compute":
+            if device != self.gpu:
+                raise ReplayError(f"task {t.uid!r}: computes on {device!r}, which is not the plan's GPU")
+            if layer is None:
+                return 0.0, ()
+            key = (t.step, t.iteration, layer)
+            if phase == "fwd":
+                self.store.forward(t.uid, key, self._version(t, layer), self.keep_graph[layer])
+            elif phase == "recompute":
+                self.store.recompute(t.uid, key)
+            elif phase == "bwd":
+                self.store.backward(t.uid, key, self.accum[t.step], device)
+            return 0.0, ()
+        if s.op == "optimizer":
+            layers = [layer] if layer is not None else [i for i in range(self.n_layers)
+                                                         if self.master_loc[i] == device]
+            self.store.optimizer(t.uid, device, layers, t.step, self.accum[t.step])
+            return 0.0, ()
+        if s.op == "copy":
+            src, dst = s.src or "", s.dst or ""
+            nbytes = s.bytes if s.bytes > 0 else self.tensors[s.tensor.id].bytes if s.tensor else 0.0
+            if phase == "param-upload" and layer is not None:
+                real = self.store.upload(t.uid, layer, src, dst)
+            elif phase == "grad-offload" and layer is not None:
+                real = self.store.move_grads(t.uid, layer, t.step, t.iteration, src, dst)
+            else:
+                real = self.store.copy_buffer(t.tensor, src, dst, int(nbytes), s.free_src)
+            links = tuple(h.link for h in self.topo.route(src, dst))
+            with self.mem_lock:
+                for ln in links:
+                    self.link_bytes[ln] += nbytes
+                    self.by_step[t.step][ln] += nbytes
+                    self.real_bytes[ln] += real
+            return nbytes, links
+        if s.op == "collective" and len(s.ranks) > 1:
+            raise ReplayError(f"task {t.uid!r}: a collective over {len(s.ranks)} ranks needs multi-GPU replay")
+        return 0.0, ()
+
+
+def measured_result(plan: Plan, hw: HardwareSpec, m: Measurement) -> Result:
+    """The measurement as a simulator Result (same metric definitions, same trace writer)."""
+    raw = RawRun(m.records, m.memory, FlowNetwork(simpy.Environment(), {}), m.link_bytes, m.link_bytes_by_step,
+                 m.step_end, len(m.records), m.wall_s, m.topology, m.leaked, None)
+    metrics = step_metrics(plan, raw)
+    return build_result(plan, hw, raw, metrics,
+                        SimInfo(len(m.records), m.wall_s, f"measured by tiersim replay on {m.device}", len(m.records)))
+
+
+def with_steps(plan: Plan, steps: int | None) -> Plan:
+    if steps is None:
+        return plan
+    if steps < 1:
+        raise ReplayError(f"--steps must be >= 1, got {steps}")
+    return replace(plan, steps=steps)

@@ -1,0 +1,317 @@
+"""The real training state a replay mutates, and the operations a plan's tasks map to.
+
+A layer-by-layer forward and backward over ``replay.model``'s module list with explicit saved inputs:
+the forward stores each layer's input (and keeps its autograd graph only where the plan has no
+recomputation for the layer); a recomputation rebuilds the graph from the saved input; the backward
+uses that graph (or rebuilds it) and calls autograd with the upstream gradient. Parameters are explicit
+tensors passed through ``torch.func.functional_call``:
+
+- every layer has *versions* of its parameters on the compute device (version k = after k optimizer
+  steps); a forward uses the version its plan dependencies name (an upload or an on-device optimizer
+  step), and the layer's recomputation and backward of that micro-step use the same version, so a
+  delayed update computes exactly what its plan says even while the next version is being uploaded;
+- the *master* parameters and one ``torch.optim.Adam`` per layer live where the plan's optimizer tasks
+  for that layer run (``cpu`` for ZeRO-Offload, the GPU for ``none``);
+- gradients are held per (location, layer, step, micro-step) and move only with the plan's copies; an
+  optimizer step sums a step's micro-steps in order (what ``.grad`` accumulation does).
+
+Every method raises ReplayError naming the task when the data it needs is not where the plan put it.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call
+
+from replay.data import batch
+from replay.errors import ReplayError
+from replay.model import Dims
+from replay.pools import Held, Pools
+
+LR = 1e-3
+KEEP_VERSIONS = 3  # parameter versions kept per layer besides those in use (a delayed update lags by 2)
+ADAM = {"lr": LR, "betas": (0.9, 0.999), "eps": 1e-8, "foreach": False}  # the reference uses the same
+
+
+@dataclass
+class Graph:
+    x: Tensor | None            # the layer input as an autograd leaf (None for the embedding)
+    params: dict[str, Tensor]   # parameter leaves
+    wte: Tensor | None          # the tied embedding matrix as a leaf (head with tied embeddings)
+    out: Tensor
+
+
+@dataclass
+class Saved:
+    x: Tensor                   # layer input (token ids for the embedding)
+    version: int                # parameter version the forward used
+    wte_version: int | None     # head with tied embeddings: the embedding's version
+    graph: Graph | None = None
+
+
+@dataclass(frozen=True)
+class Batching:
+    seed: int
+    micro_batch: int
+    seq_len: int
+
+
+class Store:
+    def __init__(self, dims: Dims, layers: list[nn.Module], compute_loc: str, master_loc: list[str],
+                 pools: Pools, batching: Batching):
+        self.dims = dims
+        self.layers = [m.to(pools.device) for m in layers]
+        self.compute_loc = compute_loc
+        self.master_loc = master_loc
+        self.pools = pools
+        self.batching = batching
+        self.lock = threading.Lock()
+        self.versions: list[dict[int, dict[str, Tensor]]] = []
+        self.latest: list[int] = []
+        self.master: list[dict[str, nn.Parameter]] = []
+        self.optim: list[torch.optim.Adam | None] = []
+        self.master_version: list[int] = []
+        for i, m in enumerate(self.layers):
+            params = {n: p.detach().clone() for n, p in m.named_parameters()}
+            self.versions.append({0: params})
+            self.latest.append(0)
+            dev = pools.torch_device(master_loc[i])
+            if master_loc[i] == "nvme":
+                raise ReplayError(f"layer {i}: optimizer on nvme is not supported by replay yet")
+            mp = {n: nn.Parameter(p.detach().to(dev, copy=True)) for n, p in m.named_parameters()}
+            self.master.append(mp)
+            self.optim.append(torch.optim.Adam(list(mp.values()), **ADAM) if mp else None)  # type: ignore[arg-type]
+            self.master_version.append(0)
+        self.outputs: dict[tuple[int, int, int], Tensor] = {}
+        self.saved: dict[tuple[int, int, int], Saved] = {}
+        self.upstream: dict[tuple[int, int, int], Tensor] = {}
+        self.tied_grad: dict[tuple[int, int], Tensor] = {}
+        self.grads: dict[tuple[str, int, int, int], Held] = {}
+        self.losses: dict[tuple[int, int], float] = {}
+        self.produced: dict[str, dict[int, int]] = {}
+        self.buffers: dict[tuple[str, str], Held] = {}
+
+    @property
+    def head(self) -> int:
+        return len(self.layers) - 1
+
+    # -- compute ---------------------------------------------------------------------------------------
+    def _call(self, i: int, params: dict[str, Tensor], x: Tensor, key: tuple[int, int, int],
+              wte: Tensor | None) -> Tensor:
+        if i == self.head:
+            s, m, _ = key
+            _, targets = batch(self.batching.seed, s, m, self.batching.micro_batch, self.batching.seq_len,
+                               self.dims.vocab)
+            return functional_call(self.layers[i], params, (x, targets.to(x.device), wte))
+        return functional_call(self.layers[i], params, (x,))
+
+    def _graph(self, i: int, saved: Saved, key: tuple[int, int, int]) -> Graph:
+        params = {n: p.detach().requires_grad_(True) for n, p in self.versions[i][saved.version].items()}
+        x = saved.x.detach().requires_grad_(True) if i > 0 else None
+        wte = None
+        if i == self.head and self.dims.tied:
+            assert saved.wte_version is not None
+            wte = self.versions[0][saved.wte_version]["wte"].detach().requires_grad_(True)
+        with torch.enable_grad():
+            out = self._call(i, params, x if x is not None else saved.x, key, wte)
+        return Graph(x, params, wte, out)
+
+    def forward(self, uid: str, key: tuple[int, int, int], version: int, keep_graph: bool) -> None:
+        s, m, i = key
+        if i == 0:
+            tokens, _ = batch(self.batching.seed, s, m, self.batching.micro_batch, self.batching.seq_len,
+                              self.dims.vocab)
+            x = tokens.to(self.pools.device)
+        else:
+            with self.lock:
+                got = self.outputs.pop((s, m, i - 1), None)
+            if got is None:
+                raise ReplayError(f"task {uid!r}: the input of layer {i} (output of layer {i - 1}, step {s}, "
+                                  f"micro-step {m}) is not there: that layer's forward has not run")
+            x = got
+        wte_version = None
+        if i == self.head and self.dims.tied:
+            emb = self.saved.get((s, m, 0))
+            if emb is None:
+                raise ReplayError(f"task {uid!r}: the tied head needs the embedding of step {s}, micro-step {m}")
+            wte_version = emb.version
+        if version not in self.versions[i]:
+            raise ReplayError(f"task {uid!r}: uses version {version} of layer {i}'s parameters, which is no longer "
+                              f"held (the runner keeps the last {KEEP_VERSIONS})")
+        saved = Saved(x, version, wte_version)
+        if keep_graph:
+            saved.graph = self._graph(i, saved, key)
+            out = saved.graph.out
+        else:
+            wte = self.versions[0][wte_version]["wte"] if wte_version is not None else None
+            with torch.no_grad():
+                out = self._call(i, self.versions[i][version], x, key, wte)
+        with self.lock:
+            self.saved[key] = saved
+            if i == self.head:
+                self.losses[(s, m)] = float(out.detach())
+            else:
+                self.outputs[key] = out.detach()
+
+    def _saved(self, uid: str, key: tuple[int, int, int], pop: bool) -> Saved:
+        with self.lock:
+            saved = self.saved.pop(key, None) if pop else self.saved.get(key)
+        if saved is None:
+            s, m, i = key
+            raise ReplayError(f"task {uid!r}: the saved activations of layer {i} (step {s}, micro-step {m}) "
+                              "are not there: its forward has not run or they were already freed")
+        return saved
+
+    def recompute(self, uid: str, key: tuple[int, int, int]) -> None:
+        saved = self._saved(uid, key, pop=False)
+        saved.graph = self._graph(key[2], saved, key)
+
+    def backward(self, uid: str, key: tuple[int, int, int], accum: int, loc: str) -> None:
+        s, m, i = key
+        saved = self._saved(uid, key, pop=True)
+        g = saved.graph if saved.graph is not None else self._graph(i, saved, key)
+        if i == self.head:
+            grad_out = torch.full_like(g.out, 1.0 / accum)  # what (loss / accum).backward() feeds in
+        else:
+            with self.lock:
+                got = self.upstream.pop(key, None)
+            if got is None:
+                raise ReplayError(f"task {uid!r}: the gradient of layer {i}'s output (step {s}, micro-step {m}) "
+                                  f"is not there: the backward of layer {i + 1} has not run")
+            grad_out = got
+        names = list(g.params)
+        inputs = ([g.x] if g.x is not None else []) + [g.params[n] for n in names] + ([g.wte] if g.wte is not None
+                                                                                      else [])
+        grads = torch.autograd.grad(g.out, inputs, grad_out, allow_unused=True)
+        k = 0
+        if g.x is not None:
+            with self.lock:
+                self.upstream[(s, m, i - 1)] = grads[0]
+            k = 1
+        pg = {n: (gr if gr is not None else torch.zeros_like(g.params[n])) for n, gr in zip(names, grads[k:],
+                                                                                           strict=False)}
+        with self.lock:
+            if g.wte is not None:
+                self.tied_grad[(s, m)] = grads[-1]
+            if i == 0 and self.dims.tied:
+                extra = self.tied_grad.pop((s, m), None)
+                if extra is not None:
+                    pg["wte"] = extra + pg["wte"]  # autograd sums the head's and the lookup's contributions
+            self.grads[(loc, i, s, m)] = pg
+
+    # -- optimizer -------------------------------------------------------------------------------------
+    def optimizer(self, uid: str, loc: str, layers: list[int], step: int, n_micro: int) -> None:
+        made: dict[int, int] = {}
+        for i in layers:
+            if self.master_loc[i] != loc:
+                raise ReplayError(f"task {uid!r}: updates layer {i} on {loc!r}, but its master parameters and "
+                                  f"optimizer states are on {self.master_loc[i]!r}")
+            total: dict[str, Tensor] | None = None
+            for m in range(n_micro):
+                with self.lock:
+                    held = self.grads.pop((loc, i, step, m), None)
+                if held is None:
+                    raise ReplayError(f"task {uid!r}: the gradients of layer {i} (step {step}, micro-step {m}) "
+                                      f"are not on {loc!r} where this optimizer step runs")
+                g = self.pools.get(held, loc)
+                self.pools.drop(held)
+                total = g if total is None else {n: total[n] + g[n] for n in total}
+            opt = self.optim[i]
+            if opt is None:
+                continue
+            for n, p in self.master[i].items():
+                p.grad = total[n] if total is not None else torch.zeros_like(p)
+            opt.step()
+            for p in self.master[i].values():
+                p.grad = None
+            with self.lock:
+                self.master_version[i] += 1
+                v = self.master_version[i]
+                made[i] = v
+                if loc == self.compute_loc:
+                    self._store_version(i, v, {n: p.detach().clone() for n, p in self.master[i].items()})
+        with self.lock:
+            self.produced[uid] = made
+
+    def _store_version(self, i: int, v: int, params: dict[str, Tensor]) -> None:
+        """Under the lock: keep version v of layer i, dropping versions no saved activation uses any more."""
+        self.versions[i][v] = params
+        self.latest[i] = max(self.latest[i], v)
+        used = {sv.version for (_, _, j), sv in self.saved.items() if j == i}
+        if i == 0:
+            used |= {sv.wte_version for sv in self.saved.values() if sv.wte_version is not None}
+        for old in [k for k in self.versions[i] if k not in used and k < self.latest[i] - KEEP_VERSIONS + 1]:
+            del self.versions[i][old]
+
+    # -- copies ----------------------------------------------------------------------------------------
+    def upload(self, uid: str, layer: int, src: str, dst: str) -> int:
+        if self.master_loc[layer] != src:
+            raise ReplayError(f"task {uid!r}: copies layer {layer}'s parameters from {src!r}, but they are "
+                              f"updated on {self.master_loc[layer]!r}")
+        if dst != self.compute_loc:
+            raise ReplayError(f"task {uid!r}: uploads layer {layer}'s parameters to {dst!r}, which is not the "
+                              f"GPU that computes ({self.compute_loc!r})")
+        with self.lock:
+            v = self.master_version[layer]
+            params = {n: p.detach() for n, p in self.master[layer].items()}
+        moved = self.pools.put(dst, params, f"param{layer}.v{v}")
+        assert isinstance(moved, dict)
+        with self.lock:
+            self._store_version(layer, v, moved)
+            self.produced[uid] = {layer: v}
+        return Pools.nbytes(moved)
+
+    def move_grads(self, uid: str, layer: int, step: int, micro: int, src: str, dst: str) -> int:
+        with self.lock:
+            held = self.grads.pop((src, layer, step, micro), None)
+        if held is None:
+            raise ReplayError(f"task {uid!r}: copies the gradients of layer {layer} (step {step}, micro-step "
+                              f"{micro}) from {src!r}, but they are not there")
+        tensors = self.pools.get(held, src)
+        moved = self.pools.put(dst, tensors, f"grad{layer}.s{step}.m{micro}")
+        self.pools.drop(held)
+        with self.lock:
+            self.grads[(dst, layer, step, micro)] = moved
+        return Pools.nbytes(tensors)
+
+    def copy_buffer(self, inst: str | None, src: str, dst: str, nbytes: int, free_src: bool) -> int:
+        """A copy the store knows no meaning of: moves real bytes (a buffer of the plan's size)."""
+        key = inst if inst is not None else f"scratch{nbytes}"
+        with self.lock:
+            held = self.buffers.get((key, src))
+        if held is None:
+            held = self.pools.put(src, {"b": torch.zeros(nbytes, dtype=torch.uint8)}, key)
+            with self.lock:
+                self.buffers[(key, src)] = held
+        data = self.pools.get(held, dst)
+        moved = self.pools.put(dst, data, key)
+        with self.lock:
+            if inst is not None:
+                old = self.buffers.get((key, dst))
+                self.buffers[(key, dst)] = moved
+                self.pools.drop(old)
+                if free_src:
+                    self.pools.drop(self.buffers.pop((key, src), None))
+            else:
+                self.pools.drop(moved)
+        return nbytes
+
+    def drop_buffer(self, inst: str, loc: str) -> None:
+        with self.lock:
+            self.pools.drop(self.buffers.pop((inst, loc), None))
+
+    # -- results ---------------------------------------------------------------------------------------
+    def final_weights(self) -> list[dict[str, Tensor]]:
+        return [{n: p.detach().cpu().clone() for n, p in mp.items()} for mp in self.master]
+
+    def close(self) -> None:
+        """Remove the nvme files this replay still holds."""
+        with self.lock:
+            for held in [*self.grads.values(), *self.buffers.values()]:
+                self.pools.drop(held)
+            self.grads.clear()
+            self.buffers.clear()

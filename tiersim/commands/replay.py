@@ -1,0 +1,92 @@
+"""``tiersim replay PLAN``: execute a plan for real with torch and compare it with its simulation.
+
+Exit codes: 0 replayed (and, with ``--verify``, the training matches its reference), 1 ``--verify``
+found a mismatch (a bug in the runner or the policy, not in the input), 2 bad input (one line on stderr:
+unreadable plan, a plan this machine cannot replay, data not where the plan put it), 3 a pool over the
+plan's capacity in the runner's accounting (printed as an answer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+from hardware_models import spec_from_dict
+from simulator import Plan, simulate_plan
+from tiersim.cli import UsageError
+
+EXIT_OK, EXIT_MISMATCH, EXIT_INFEASIBLE = 0, 1, 3
+
+
+def add_replay_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("plan", help="a plan file written by `simulate --plan-out`")
+    p.add_argument("--steps", type=int, help="training steps to run (default: the plan's; the last is measured)")
+    p.add_argument("--nvme-dir", help="directory for the nvme pool's files (default: a temporary directory)")
+    p.add_argument("--verify", action="store_true",
+                   help="also train the plain way from the same seed and check losses and weights agree")
+    p.add_argument("--json", action="store_true", help="print one JSON object (simulated, measured, error)")
+    p.add_argument("--trace", help="write a Chrome/Perfetto trace of the replay here")
+    p.add_argument("--seed", type=int, default=None, help="seed of the weights and data (default: 1234)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="compute device for the plan's GPU (default: cuda when available)")
+
+
+def run_replay(args: argparse.Namespace) -> int:
+    from tiersim.commands.simulate import _dumps, check_output_path
+
+    if not str(args.plan).strip():
+        raise UsageError("replay: empty plan path; give a plan file written by --plan-out")
+    check_output_path("--trace", args.trace)
+    if args.nvme_dir is not None and not Path(args.nvme_dir).is_dir():
+        raise UsageError(f"--nvme-dir {args.nvme_dir}: not a directory; create it first")
+    if args.steps is not None and args.steps < 1:
+        raise UsageError(f"--steps must be >= 1, got {args.steps}")
+    plan = Plan.load(args.plan)
+    if importlib.util.find_spec("torch") is None:
+        raise UsageError("replay needs torch: pip install 'tiersim[replay]' (torch==2.13.0)")
+    from replay.errors import ReplayError, ReplayOom
+    from replay.runner import DEFAULT_SEED, Runner, measured_result, with_steps
+
+    hw = spec_from_dict(plan.hardware, file=f"{args.plan} (embedded hardware)")
+    seed = DEFAULT_SEED if args.seed is None else args.seed
+    try:
+        plan = with_steps(plan, args.steps)
+        runner = Runner(plan, hw, device=args.device, nvme_dir=args.nvme_dir, seed=seed)
+        meas = runner.run()
+    except ReplayOom as e:
+        print(f"INFEASIBLE: {e}")
+        return EXIT_INFEASIBLE
+    except ReplayError as e:
+        raise UsageError(f"{args.plan}: {e}") from None
+    measured = measured_result(plan, hw, meas)
+    simulated = simulate_plan(plan, hw)
+    from replay.compare import comparison, format_comparison
+
+    extra: dict[str, Any] = {
+        "device": meas.device, "wall_s": meas.wall_s, "step_times_s": meas.step_times(), "tasks": len(meas.records),
+        "losses": [[s, m, v] for (s, m), v in sorted(meas.losses.items())],
+        "real_link_bytes": meas.real_link_bytes, "seed": seed, "steps": plan.steps,
+    }
+    d = comparison(simulated, measured, extra)
+    d["verify"] = None
+    if args.verify:
+        from replay.reference import compare, train_reference
+
+        delayed = bool(plan.knobs.get("delayed_update", False))
+        ref_losses, ref_weights = train_reference(runner.dims, runner.batching, plan.steps, dict(runner.accum),
+                                                  delayed=delayed, device=runner.device)
+        d["verify"] = compare(meas.losses, meas.weights, ref_losses, ref_weights,
+                              "delayed-update" if delayed else "plain").to_dict()
+    if args.trace:
+        from reports import write_trace
+
+        try:
+            write_trace(measured, args.trace)
+        except OSError as e:
+            raise UsageError(f"--trace {args.trace}: cannot write ({e.strerror or e})") from None
+    print(_dumps(d) if args.json else format_comparison(d))
+    if d["verify"] is not None and not d["verify"]["ok"]:
+        return EXIT_MISMATCH
+    return EXIT_OK
