@@ -128,6 +128,18 @@ def build_parser(prog: str = "tiersim") -> argparse.ArgumentParser:
     from tiersim.commands.replay import add_replay_args
 
     add_replay_args(rp)
+    ca = sub.add_parser("calibrate", help="measure this machine and write a hardware spec (torch)")
+    ca.add_argument("-o", "--output", required=True, help="the hardware YAML file to write")
+    ca.add_argument("--dir", default=None, help="directory whose disk is measured (default: a temporary one)")
+    ca.add_argument("--base", default=None,
+                    help="preset whose unmeasured fields (prices of links this machine lacks) are kept")
+    ca.add_argument("--json", action="store_true", help="also print the measurements as one JSON object")
+    wl = sub.add_parser("workload", help="check the workload formulas against torch on the meta device")
+    wl.add_argument("action", choices=["check"])
+    wl.add_argument("--model", required=True, help="model preset/shorthand, config.json or YAML")
+    wl.add_argument("--micro-batch", type=int, default=1)
+    wl.add_argument("--seq-len", type=int, default=None, help="default: the model's context, capped at 4096")
+    wl.add_argument("--json", action="store_true")
     return ap
 
 
@@ -220,6 +232,12 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace, cmd: st
     if cmd == "replay":
         from tiersim.commands.replay import run_replay
         return run_replay(args)
+    if cmd == "calibrate":
+        from tiersim.commands.calibrate import run_calibrate
+        return run_calibrate(args)
+    if cmd == "workload":
+        from tiersim.commands.workload import run_workload
+        return run_workload(args)
     parser.error(f"unknown command {cmd!r}")
 
 
