@@ -1,0 +1,555 @@
+"""Measuring this machine for ``tiersim calibrate``: GEMM rates, copy bandwidth between the runner's pools,
+disk bandwidth with the page cache out of the way, the Adam rate, and the host's DRAM and cores.
+
+On a CPU-only machine the runner's "gpu0" pool is host memory (design: copies gpu0 <-> cpu are host
+memcpys, "nvme" is files in a directory), so the figures measured here are those the runner will see.
+On a CUDA machine the GPU path measures pinned H2D / D2H (alone and at once), device-to-device copies
+and bf16 GEMMs on the GPU. Every function takes its sizes as parameters so that tests run in seconds.
+torch is imported here (``replay`` is the only package that may import it); nothing runs at import time.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import mmap
+import os
+import shutil
+import socket
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = [
+    "Calibration",
+    "CalibrationSizes",
+    "DiskResult",
+    "calibrate",
+    "filesystem_type",
+    "host_info",
+    "measure_adam",
+    "measure_copy",
+    "measure_disk",
+    "measure_duplex",
+    "measure_gemm",
+    "measure_small_op",
+]
+
+Progress = Callable[[str], None]
+_ALIGN = 4096
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class CalibrationSizes:
+    """How much work each measurement does. The defaults take ~30-60 s on a small CPU-only host."""
+
+    gemm_flops: tuple[float, ...] = tuple(10 ** (6 + k / 2) for k in range(9))  # 1e6 .. 1e10 FLOP per op
+    gpu_gemm_flops: tuple[float, ...] = tuple(10 ** (6 + k / 2) for k in range(15))  # CUDA: up to 1e13 FLOP
+    gemm_peak_points: int = 3  # other dtypes: only the largest few sizes (their peak)
+    gemm_min_time_s: float = 0.15  # per size: repeat until this much time is spent (at least `repeats` times)
+    copy_bytes: int = 256 * 2**20
+    disk_bytes: int = 256 * 2**20
+    disk_chunk: int = 8 * 2**20
+    adam_params: int = 8_000_000
+    gpu_adam_params: int = 64_000_000  # CUDA: enough that a fused step is bandwidth-bound, not launch-bound
+    repeats: int = 5
+
+    @classmethod
+    def tiny(cls) -> CalibrationSizes:
+        """Sizes for tests: a second or two in all."""
+        return cls(gemm_flops=(1e5, 1e6, 1e7), gpu_gemm_flops=(1e6, 1e8), gemm_peak_points=1, gemm_min_time_s=0.005,
+                   copy_bytes=2**20, disk_bytes=4 * 2**20, disk_chunk=2**20, adam_params=20_000,
+                   gpu_adam_params=20_000, repeats=3)
+
+
+@dataclass(frozen=True)
+class DiskResult:
+    read_bw: float
+    write_bw: float
+    method: str  # "O_DIRECT" or "fsync+fadvise"
+    capacity_free: int
+    directory: str
+    file_bytes: int
+    fs_type: str = "unknown"  # from /proc/mounts; tmpfs/ramfs mean the "disk" is memory
+
+
+@dataclass
+class Calibration:
+    """Everything measured (bytes, seconds, FLOP/s, bytes/s), plus how each figure was obtained."""
+
+    host: str
+    date: str
+    device: str  # "cpu" or "cuda"
+    gpu_model: str
+    gpu_count: int
+    gpu_memory: float
+    gpu_memory_method: str
+    cpu_model: str
+    cores: int
+    dram: float
+    gemm_dtype: str
+    gemm_curve: list[tuple[float, float]]  # (FLOPs of one op, FLOP/s achieved) for gemm_dtype
+    peak_flops: dict[str, float]
+    peak_at: dict[str, float]  # dtype -> FLOPs of the op that reached the peak
+    h2d_bw: float
+    d2h_bw: float
+    duplex_bw: float  # both directions at once, total bytes/s
+    copy_method: str
+    copy_latency_s: float
+    hbm_bw: float
+    hbm_method: str
+    dram_bw: float
+    launch_overhead_s: float
+    optimizer_params_per_s: float  # CPU Adam
+    optimizer_variant: str
+    gpu_optimizer_params_per_s: float  # Adam on the compute device (same as the CPU one on CPU-only)
+    disk: DiskResult
+    wall_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["gemm_curve"] = [list(p) for p in self.gemm_curve]
+        return d
+
+
+# ------------------------------------------------------------------------------------------ timing
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _median_time(fn: Callable[[], object], device: torch.device, repeats: int, min_time_s: float = 0.0,
+                 max_repeats: int = 1000) -> float:
+    """Median seconds of one call of `fn` (after one warm-up), over >= `repeats` calls and >= `min_time_s`."""
+    fn()
+    _sync(device)
+    times: list[float] = []
+    spent = 0.0
+    while len(times) < repeats or (spent < min_time_s and len(times) < max_repeats):
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        dt = time.perf_counter() - t0
+        times.append(dt)
+        spent += dt
+    return statistics.median(times)
+
+
+# -------------------------------------------------------------------------------------------- GEMM
+
+
+def measure_gemm(device: torch.device, dtype: torch.dtype, flops: Sequence[float], repeats: int = 5,
+                 min_time_s: float = 0.1) -> list[tuple[float, float]]:
+    """(FLOPs of one square matmul, FLOP/s) for n x n @ n x n with 2 n^3 close to each of `flops`.
+
+    Small ops are timed in batches (so that one timed call lasts >= ~2 ms) and divided; median of repeats.
+    """
+    out: list[tuple[float, float]] = []
+    seen: set[int] = set()
+    for target in flops:
+        n = max(2, round((target / 2) ** (1 / 3)))
+        if n in seen:
+            continue
+        seen.add(n)
+        a = torch.randn(n, n, device=device).to(dtype)
+        b = torch.randn(n, n, device=device).to(dtype)
+        c = torch.empty(n, n, device=device, dtype=dtype)
+        one = 2.0 * n**3
+
+        def run(a: torch.Tensor = a, b: torch.Tensor = b, c: torch.Tensor = c, k: int = 1) -> None:
+            for _ in range(k):
+                torch.mm(a, b, out=c)
+
+        probe = _median_time(run, device, 1)
+        batch = max(1, min(10_000, math.ceil(2e-3 / max(probe, 1e-9))))
+        dt = _median_time(functools.partial(run, k=batch), device, repeats, min_time_s) / batch
+        out.append((one, one / dt))
+    return out
+
+
+def measure_small_op(device: torch.device, repeats: int = 50) -> float:
+    """Seconds of a tiny (8x8) matmul, synchronised: the per-op launch + dispatch overhead."""
+    a = torch.ones(8, 8, device=device)
+    b = torch.ones(8, 8, device=device)
+    return _median_time(lambda: torch.mm(a, b), device, repeats)
+
+
+# -------------------------------------------------------------------------------------------- copies
+
+
+def measure_copy(src: torch.Tensor, dst: torch.Tensor, repeats: int = 5) -> float:
+    """Bytes/s of ``dst.copy_(src)`` (bytes copied per second, one direction), median of repeats."""
+    device = dst.device if dst.device.type == "cuda" else src.device
+    dt = _median_time(lambda: dst.copy_(src, non_blocking=True), device, repeats)
+    return src.numel() * src.element_size() / dt
+
+
+def measure_duplex(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], repeats: int = 5) -> float:
+    """Total bytes/s of several copies (dst.copy_(src) per pair) running at once.
+
+    CUDA: one stream per copy. CPU: one thread per copy (torch releases the GIL inside copy_).
+    """
+    total = sum(s.numel() * s.element_size() for s, _ in pairs)
+    cuda = [d.device if d.device.type == "cuda" else s.device for s, d in pairs]
+    if any(dev.type == "cuda" for dev in cuda):
+        dev = next(d for d in cuda if d.type == "cuda")
+        streams = [torch.cuda.Stream(dev) for _ in pairs]
+
+        def both() -> None:
+            for (s, d), st in zip(pairs, streams, strict=True):
+                with torch.cuda.stream(st):
+                    d.copy_(s, non_blocking=True)
+
+        return total / _median_time(both, dev, repeats)
+
+    errors: list[BaseException] = []
+
+    def copy(s: torch.Tensor, d: torch.Tensor) -> None:
+        try:
+            d.copy_(s)
+        except BaseException as e:  # re-raised in the caller: no unhandled exception in a thread
+            errors.append(e)
+
+    def threaded() -> None:
+        threads = [threading.Thread(target=copy, args=p) for p in pairs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+
+    return total / _median_time(threaded, torch.device("cpu"), repeats)
+
+
+# -------------------------------------------------------------------------------------------- disk
+
+
+def filesystem_type(directory: str | os.PathLike[str]) -> str:
+    """The type of the filesystem holding `directory` (longest mount point in /proc/mounts), or 'unknown'."""
+    target = os.path.realpath(directory)
+    best, kind = "", "unknown"
+    try:
+        lines = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return kind
+    for line in lines:
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        mount = parts[1].replace("\\040", " ")
+        inside = target == mount or target.startswith(mount.rstrip("/") + "/")
+        if inside and len(mount) >= len(best):
+            best, kind = mount, parts[2]
+    return kind
+
+
+def _direct_flag() -> int:
+    return getattr(os, "O_DIRECT", 0)
+
+
+def _fill(buf: mmap.mmap, chunk: int) -> None:
+    block = os.urandom(min(chunk, 1 << 20))
+    for off in range(0, chunk, len(block)):
+        n = min(len(block), chunk - off)
+        buf[off:off + n] = block[:n]
+
+
+def _write_direct(path: Path, buf: mmap.mmap, chunk: int, count: int) -> float:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _direct_flag(), 0o600)
+    try:
+        t0 = time.perf_counter()
+        for _ in range(count):
+            if os.write(fd, buf) != chunk:
+                raise OSError("short O_DIRECT write")
+        os.fsync(fd)
+        return time.perf_counter() - t0
+    finally:
+        os.close(fd)
+
+
+def _read_direct(path: Path, buf: mmap.mmap, chunk: int, count: int) -> float:
+    fd = os.open(path, os.O_RDONLY | _direct_flag())
+    try:
+        t0 = time.perf_counter()
+        for _ in range(count):
+            if os.readv(fd, [buf]) != chunk:
+                raise OSError("short O_DIRECT read")
+        return time.perf_counter() - t0
+    finally:
+        os.close(fd)
+
+
+def _write_buffered(path: Path, buf: mmap.mmap, chunk: int, count: int) -> float:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        t0 = time.perf_counter()
+        for _ in range(count):
+            os.write(fd, buf)
+        os.fsync(fd)
+        dt = time.perf_counter() - t0
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # drop the now clean pages
+        return dt
+    finally:
+        os.close(fd)
+
+
+def _read_buffered(path: Path, buf: mmap.mmap, chunk: int, count: int) -> float:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        t0 = time.perf_counter()
+        for _ in range(count):
+            if os.readv(fd, [buf]) <= 0:
+                break
+        return time.perf_counter() - t0
+    finally:
+        os.close(fd)
+
+
+def measure_disk(directory: str | os.PathLike[str], nbytes: int = 256 * 2**20, chunk: int = 8 * 2**20,
+                 direct: bool | None = None) -> DiskResult:
+    """Sequential write then read bandwidth of one file of ~`nbytes` in `directory`, page cache avoided.
+
+    O_DIRECT with a 4 KiB-aligned (mmap) buffer where the filesystem accepts it (``direct=None``: try it,
+    fall back on EINVAL); otherwise write + fsync, ``posix_fadvise(DONTNEED)``, then read. The file is
+    removed afterwards. `capacity_free` is the free space of that filesystem.
+    """
+    chunk = max(_ALIGN, chunk // _ALIGN * _ALIGN)
+    count = max(1, nbytes // chunk)
+    folder = Path(directory)
+    buf = mmap.mmap(-1, chunk)  # anonymous mappings are page aligned
+    try:
+        _fill(buf, chunk)
+        fd, name = tempfile.mkstemp(prefix="tiersim-calibrate-", suffix=".bin", dir=folder)
+        os.close(fd)
+        path = Path(name)
+        try:
+            method = ""
+            if direct is not False and _direct_flag():
+                try:
+                    w = _write_direct(path, buf, chunk, count)
+                    r = _read_direct(path, buf, chunk, count)
+                    method = "O_DIRECT"
+                except OSError as e:
+                    if direct or e.errno not in (22, 95):  # EINVAL / EOPNOTSUPP: no O_DIRECT here
+                        raise
+            if not method:
+                w = _write_buffered(path, buf, chunk, count)
+                r = _read_buffered(path, buf, chunk, count)
+                method = "fsync+fadvise"
+        finally:
+            path.unlink(missing_ok=True)
+    finally:
+        buf.close()
+    total = chunk * count
+    free = shutil.disk_usage(folder).free
+    return DiskResult(read_bw=total / r, write_bw=total / w, method=method, capacity_free=int(free),
+                      directory=str(folder.resolve()), file_bytes=total, fs_type=filesystem_type(folder))
+
+
+# -------------------------------------------------------------------------------------------- Adam
+
+
+def _adam(params: list[torch.Tensor], device: torch.device) -> tuple[torch.optim.Adam, str]:
+    for variant in ("fused", "foreach"):
+        try:
+            opt = torch.optim.Adam(params, lr=1e-4, **{variant: True})  # type: ignore[arg-type]
+            opt.step()
+            _sync(device)
+            return opt, variant
+        except (RuntimeError, TypeError, ValueError):
+            continue
+    opt = torch.optim.Adam(params, lr=1e-4, foreach=False)
+    return opt, "single-tensor"
+
+
+def measure_adam(n_params: int, device: torch.device, repeats: int = 5, tensors: int = 8) -> tuple[float, str]:
+    """Params/s of one torch.optim.Adam step over ~`n_params` fp32 params in `tensors` tensors."""
+    each = max(1, n_params // tensors)
+    params = [torch.zeros(each, device=device, requires_grad=True) for _ in range(tensors)]
+    for p in params:
+        p.grad = torch.randn(each, device=device)
+    opt, variant = _adam(params, device)
+    dt = _median_time(opt.step, device, repeats)
+    return each * tensors / dt, variant
+
+
+# -------------------------------------------------------------------------------------------- host
+
+
+def _meminfo_total() -> float:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def host_info() -> dict[str, Any]:
+    """DRAM bytes (sysconf, else /proc/meminfo), logical cores, CPU model and host name."""
+    try:
+        dram = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+        method = "os.sysconf(SC_PAGE_SIZE x SC_PHYS_PAGES)"
+    except (ValueError, OSError, AttributeError):
+        dram, method = _meminfo_total(), "/proc/meminfo MemTotal"
+    return {"dram": dram, "dram_method": method, "cores": os.cpu_count() or 1, "cpu_model": _cpu_model(),
+            "host": socket.gethostname() or "localhost"}
+
+
+# -------------------------------------------------------------------------------------------- all
+
+
+def _gemm_all(device: torch.device, dtypes: Sequence[torch.dtype], flops: Sequence[float], sizes: CalibrationSizes,
+              progress: Progress) -> tuple[list[tuple[float, float]], dict[str, float], dict[str, float]]:
+    names = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+    curve: list[tuple[float, float]] = []
+    peaks: dict[str, float] = {}
+    at: dict[str, float] = {}
+    for i, dt in enumerate(dtypes):
+        targets = tuple(flops) if i == 0 else tuple(flops)[-sizes.gemm_peak_points:]
+        progress(f"GEMM {names[dt]} on {device.type}: {len(targets)} sizes "
+                 f"{min(targets):.0e}..{max(targets):.0e} FLOP")
+        try:
+            pts = measure_gemm(device, dt, targets, sizes.repeats, sizes.gemm_min_time_s)
+        except RuntimeError as e:  # a dtype this device cannot multiply
+            progress(f"GEMM {names[dt]}: skipped ({str(e).splitlines()[0]})")
+            continue
+        if i == 0:
+            curve = pts
+        best = max(pts, key=lambda p: p[1])
+        peaks[names[dt]], at[names[dt]] = best[1], best[0]
+        progress(f"GEMM {names[dt]}: best {best[1] / 1e9:.1f} GFLOP/s at {best[0]:.1e} FLOP")
+    return curve, peaks, at
+
+
+def calibrate(directory: str | os.PathLike[str] | None = None, sizes: CalibrationSizes | None = None,
+              progress: Progress = _quiet, device: str | None = None) -> Calibration:
+    """Measure this machine. `directory`: whose disk is measured (default: a temporary directory)."""
+    sizes = sizes or CalibrationSizes()
+    t_start = time.perf_counter()
+    host = host_info()
+    cuda = torch.cuda.is_available() if device is None else device == "cuda"
+    dev = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    notes: list[str] = []
+    progress(f"host {host['host']}: {host['cores']} cores, {host['dram'] / 2**30:.1f} GiB DRAM, "
+             f"{host['cpu_model']}; compute device {dev}")
+
+    if cuda:
+        props = torch.cuda.get_device_properties(dev)
+        gpu_model, gpu_count = str(props.name), torch.cuda.device_count()
+        gpu_memory, mem_method = float(props.total_memory), "torch.cuda.get_device_properties().total_memory"
+        curve, peaks, at = _gemm_all(dev, (torch.bfloat16, torch.float16, torch.float32), sizes.gpu_gemm_flops,
+                                      sizes, progress)
+        n = sizes.copy_bytes // 4
+        host_a = torch.empty(n, pin_memory=True)
+        host_b = torch.empty(n, pin_memory=True)
+        dev_a = torch.empty(n, device=dev)
+        dev_b = torch.empty(n, device=dev)
+        progress(f"copies: pinned H2D, D2H, both at once, D2D ({sizes.copy_bytes / 2**20:.0f} MiB)")
+        h2d = measure_copy(host_a, dev_a, sizes.repeats)
+        d2h = measure_copy(dev_b, host_b, sizes.repeats)
+        duplex = measure_duplex([(host_a, dev_a), (dev_b, host_b)], sizes.repeats)
+        d2d = measure_copy(dev_a, dev_b, sizes.repeats)
+        copy_method = "pinned host <-> cuda:0 tensor copy_ (non_blocking, synchronised), one stream per direction"
+        hbm_bw = 2 * d2d
+        hbm_method = "cuda:0 device-to-device tensor copy, read + write bytes counted (2 x bytes copied / s)"
+        small = torch.empty(16, pin_memory=True)
+        small_d = torch.empty(16, device=dev)
+        latency = _median_time(lambda: small_d.copy_(small, non_blocking=True), dev, 50)
+        cpu_a = torch.empty(n)
+        cpu_b = torch.empty(n)
+        dram_bw = 2 * measure_copy(cpu_a, cpu_b, sizes.repeats)
+        del host_a, host_b, dev_a, dev_b, cpu_a, cpu_b
+    else:
+        gpu_model, gpu_count = f"CPU as GPU ({host['cpu_model']})", 1
+        gpu_memory = host["dram"] / 4
+        mem_method = "no GPU: a budget of a quarter of host DRAM (override with --set gpu.memory=...)"
+        curve, peaks, at = _gemm_all(dev, (torch.float32, torch.bfloat16, torch.float16), sizes.gemm_flops,
+                                      sizes, progress)
+        n = sizes.copy_bytes // 4
+        a, b = torch.empty(n), torch.empty(n)
+        a.fill_(1.0)
+        b.fill_(0.0)
+        progress(f"copies gpu0 <-> cpu: host memcpy of {sizes.copy_bytes / 2**20:.0f} MiB, alone and two at once")
+        h2d = measure_copy(a, b, sizes.repeats)
+        d2h = measure_copy(b, a, sizes.repeats)
+        half = n // 2
+        duplex = measure_duplex([(a[:half], b[:half]), (b[half:], a[half:])], sizes.repeats)
+        copy_method = ("CPU-only: gpu0 and cpu are both host memory, so a transfer is a tensor copy_ between two "
+                       "host buffers; pinned vs pageable does not apply on CPU")
+        hbm_bw = dram_bw = h2d + d2h  # 2 x bytes copied / s (read + write), both directions' median averaged
+        hbm_method = "CPU-only: host memcpy (tensor copy_), read + write bytes counted (2 x bytes copied / s)"
+        small_a, small_b = torch.empty(16), torch.empty(16)
+        latency = _median_time(lambda: small_b.copy_(small_a), dev, 50)
+        del a, b
+        notes.append("no GPU: gpu.memory is a budget (a quarter of DRAM) that shares the same DRAM as host.dram")
+    progress(f"copies: H2D {h2d / 1e9:.2f} GB/s, D2H {d2h / 1e9:.2f} GB/s, both at once {duplex / 1e9:.2f} GB/s")
+
+    launch = measure_small_op(dev)
+    progress(f"Adam ({sizes.adam_params / 1e6:.2f} M fp32 params) on cpu")
+    opt_rate, variant = measure_adam(sizes.adam_params, torch.device("cpu"), sizes.repeats)
+    gpu_opt_rate = opt_rate
+    if cuda:
+        gpu_opt_rate, _ = measure_adam(sizes.gpu_adam_params, dev, sizes.repeats)
+        progress(f"Adam on {dev}: {gpu_opt_rate / 1e6:.1f} M params/s")
+    progress(f"Adam: {opt_rate / 1e6:.1f} M params/s ({variant})")
+
+    tmp: str | None = None
+    try:
+        if directory is None:
+            tmp = tempfile.mkdtemp(prefix="tiersim-calibrate-")
+            directory = tmp
+        progress(f"disk: {sizes.disk_bytes / 2**20:.0f} MiB sequential write + read in {directory}")
+        disk = measure_disk(directory, sizes.disk_bytes, sizes.disk_chunk)
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    progress(f"disk ({disk.method}, {disk.fs_type}): write {disk.write_bw / 1e9:.2f} GB/s, "
+             f"read {disk.read_bw / 1e9:.2f} GB/s, {disk.capacity_free / 1e9:.0f} GB free")
+    if disk.fs_type in ("tmpfs", "ramfs"):
+        notes.append(f"disk: {disk.directory} is on {disk.fs_type}, i.e. memory, not a drive; pass --dir on a disk")
+    if disk.method != "O_DIRECT":
+        notes.append("disk: O_DIRECT not supported there; write + fsync, then read after "
+                     "posix_fadvise(DONTNEED) (a memory-backed filesystem still reads from memory)")
+
+    return Calibration(
+        host=host["host"], date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), device=dev.type,
+        gpu_model=gpu_model, gpu_count=gpu_count, gpu_memory=gpu_memory, gpu_memory_method=mem_method,
+        cpu_model=host["cpu_model"], cores=int(host["cores"]), dram=host["dram"],
+        gemm_dtype="bf16" if cuda else "fp32", gemm_curve=curve, peak_flops=peaks, peak_at=at,
+        h2d_bw=h2d, d2h_bw=d2h, duplex_bw=duplex, copy_method=copy_method, copy_latency_s=latency,
+        hbm_bw=hbm_bw, hbm_method=hbm_method, dram_bw=dram_bw, launch_overhead_s=launch,
+        optimizer_params_per_s=opt_rate, optimizer_variant=variant, gpu_optimizer_params_per_s=gpu_opt_rate,
+        disk=disk, wall_s=time.perf_counter() - t_start, notes=notes,
+    )

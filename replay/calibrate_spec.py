@@ -1,0 +1,208 @@
+"""Turning a `Calibration` (replay.calibrate) into a hardware description the simulator loads.
+
+Pure data: no torch, no I/O. The result is the preset-file structure (`HardwareSpec.to_dict()` format,
+raw numbers in internal units) with a citation in ``sources`` for every figure: ``measured: tiersim
+calibrate on HOST at DATE (method)`` for what was measured, ``derived: ...`` for what follows from
+measurements, ``assumed: ...`` for what cannot be measured here, and ``from --base NAME: ...`` for a
+field kept from a preset given with ``--base``.
+
+PCIe: the spec expresses a link as x16 theoretical(gen) x lanes/16 x efficiency with efficiency in (0, 1],
+so the measured per-direction rate r is written as lanes 16, the lowest gen whose theoretical x16 rate is
+>= r, and efficiency = r / theoretical(gen); then `PcieSpec.per_direction_bw` equals r exactly (above
+Gen6 x16 it is capped at Gen6, efficiency 1, and the sources say so).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from hardware_models import PCIE_X16_PER_DIRECTION
+
+if TYPE_CHECKING:
+    from replay.calibrate import Calibration
+
+__all__ = ["pcie_fields", "spec_dict"]
+
+_GIB = 2**30
+
+
+def pcie_fields(rate: float) -> tuple[int, int, float, bool]:
+    """(gen, lanes, efficiency, capped) such that x16 theoretical(gen) * efficiency == `rate`."""
+    for gen in sorted(PCIE_X16_PER_DIRECTION):
+        theo = PCIE_X16_PER_DIRECTION[gen]
+        if theo >= rate:
+            return gen, 16, min(1.0, rate / theo), False
+    return max(PCIE_X16_PER_DIRECTION), 16, 1.0, True
+
+
+def _get(d: Mapping[str, Any] | None, path: str) -> Any:
+    cur: Any = d
+    for part in path.split("."):
+        if not isinstance(cur, Mapping) or part not in cur:
+            return None
+        cur = cur[part]
+    return cur
+
+
+def spec_dict(cal: Calibration, base: Mapping[str, Any] | None = None, base_name: str | None = None) -> dict[str, Any]:
+    """The hardware description of the calibrated machine (loads with `spec_from_dict`).
+
+    `base`: a preset's `to_dict()` whose unmeasured fields (fragmentation, RAID efficiencies, NVLink,
+    latencies that cannot be measured here, ...) are kept instead of the assumptions.
+    """
+    stamp = f"tiersim calibrate on {cal.host} at {cal.date}"
+    sources: dict[str, str] = {}
+
+    def measured(path: str, how: str) -> None:
+        sources[path] = f"measured: {stamp} ({how})"
+
+    def kept(path: str, default: Any, why: str) -> Any:
+        value = _get(base, path)
+        if value is not None:
+            cited = _get(base, "sources") or {}
+            sources[path] = f"from --base {base_name}: {cited.get(path, 'uncited in the preset')}"
+            return value
+        sources[path] = f"assumed: {stamp}: {why}"
+        return default
+
+    cpu_only = cal.device == "cpu"
+    reps = "median of repeats"
+
+    # ---------------------------------------------------------------- gpu
+    dtype = cal.gemm_dtype
+    peak = cal.peak_flops[dtype]
+    curve: list[list[float]] = []
+    for flops, rate in sorted(cal.gemm_curve):
+        if curve and flops <= curve[-1][0]:
+            continue
+        curve.append([float(flops), max(1e-6, min(1.0, float(f"{rate / peak:.4g}")))])
+    gpu: dict[str, Any] = {
+        "model": cal.gpu_model,
+        "count": cal.gpu_count,
+        "memory": float(cal.gpu_memory),
+        "peak_flops": {k: float(v) for k, v in cal.peak_flops.items()},
+        "hbm_bw": float(cal.hbm_bw),
+        "gemm_efficiency": curve,
+        "launch_overhead": float(cal.launch_overhead_s),
+    }
+    measured("gpu.model", "torch.cuda.get_device_properties" if not cpu_only
+             else "no CUDA device: the runner's gpu0 is the CPU")
+    measured("gpu.count", "torch.cuda.device_count()" if not cpu_only else "no CUDA device: one CPU 'GPU'")
+    if cpu_only:
+        sources["gpu.memory"] = (f"assumed: {stamp}: no GPU, the gpu0 pool is host memory; a budget of a quarter "
+                                 "of host DRAM (change with --set gpu.memory=SIZE)")
+    else:
+        measured("gpu.memory", cal.gpu_memory_method)
+    for k in cal.peak_flops:
+        measured(f"gpu.peak_flops.{k}", f"best torch.mm {k} rate on {cal.device} over square sizes, reached at "
+                                        f"{cal.peak_at.get(k, 0):.2e} FLOP/op, {reps}; used as the peak")
+    measured("gpu.hbm_bw", f"{cal.hbm_method}, {reps}")
+    measured("gpu.gemm_efficiency", f"torch.mm {dtype} FLOP/s over square sizes "
+                                    f"{curve[0][0]:.0e}..{curve[-1][0]:.0e} FLOP/op, {reps}, "
+                                    f"as a fraction of the measured peak")
+    measured("gpu.launch_overhead", f"median time of a synchronised 8x8 torch.mm on {cal.device}")
+    if cpu_only:
+        gpu["reserved"] = {"cuda_context": 0.0}
+        sources["gpu.reserved.cuda_context"] = f"assumed: {stamp}: no CUDA context on a CPU-only machine"
+    else:
+        reserved = _get(base, "gpu.reserved")
+        if isinstance(reserved, Mapping) and reserved:
+            gpu["reserved"] = {k: kept(f"gpu.reserved.{k}", v, "") for k, v in reserved.items()}
+        else:
+            gpu["reserved"] = {"cuda_context": 0.5 * _GIB, "framework_workspace": 1.0 * _GIB}
+            sources["gpu.reserved.cuda_context"] = f"assumed: {stamp}: ~0.5 GiB CUDA context (typical)"
+            sources["gpu.reserved.framework_workspace"] = f"assumed: {stamp}: ~1 GiB cuBLAS workspace (typical)"
+    gpu["fragmentation"] = kept("gpu.fragmentation", 0.05, "5% of the device memory lost to fragmentation")
+    gpu["optimizer_bytes_per_param"] = cal.hbm_bw / cal.gpu_optimizer_params_per_s
+    sources["gpu.optimizer_bytes_per_param"] = (
+        f"derived: measured gpu.hbm_bw / measured torch.optim.Adam rate on {cal.device} "
+        f"({cal.gpu_optimizer_params_per_s:.3g} params/s), so a simulated device optimizer step takes the "
+        f"measured time ({stamp})")
+
+    # ---------------------------------------------------------------- host
+    dram = float(cal.dram)
+    host: dict[str, Any] = {
+        "cpu_model": cal.cpu_model,
+        "sockets": 1,
+        "cores": int(cal.cores),
+        "dram": dram,
+        "dram_bw": float(cal.dram_bw),
+        "optimizer_params_per_s": float(cal.optimizer_params_per_s),
+        "reserved": {"os": min(16 * _GIB, 0.1 * dram), "framework": min(4 * _GIB, 0.05 * dram)},
+    }
+    measured("host.cpu_model", "/proc/cpuinfo model name")
+    sources["host.sockets"] = f"assumed: {stamp}: counted as one socket (all cores in one pool)"
+    measured("host.cores", "os.cpu_count(), logical cores")
+    measured("host.dram", "os.sysconf(SC_PAGE_SIZE x SC_PHYS_PAGES) or /proc/meminfo MemTotal")
+    measured("host.dram_bw", "host memcpy (tensor copy_), read + write bytes counted (2 x bytes copied / s), "
+                             + reps)
+    measured("host.optimizer_params_per_s", f"torch.optim.Adam ({cal.optimizer_variant}) step over fp32 params "
+                                            f"on the CPU, {reps}")
+    sources["host.reserved.os"] = f"assumed: {stamp}: 10% of DRAM (at most 16 GiB) for the OS and page cache"
+    sources["host.reserved.framework"] = f"assumed: {stamp}: 5% of DRAM (at most 4 GiB) for Python and torch"
+
+    # ---------------------------------------------------------------- pcie
+    rate = (cal.h2d_bw + cal.d2h_bw) / 2
+    gen, lanes, eff, capped = pcie_fields(rate)
+    theo = PCIE_X16_PER_DIRECTION[gen]
+    how = (f"{cal.copy_method}; H2D {cal.h2d_bw / 1e9:.3g} GB/s, D2H {cal.d2h_bw / 1e9:.3g} GB/s, mean "
+           f"{rate / 1e9:.3g} GB/s one way, {reps}")
+    expressed = (f"expressed as gen {gen} x{lanes} ({theo / 1e9:g} GB/s theoretical) x efficiency {eff:.4f} "
+                 + ("= the measured rate" if not capped else "(capped: the measured rate exceeds Gen6 x16)"))
+    duplex = max(0.5, min(1.0, cal.duplex_bw / (2 * rate)))
+    pcie: dict[str, Any] = {
+        "gen": gen,
+        "lanes": lanes,
+        "efficiency": eff,
+        "duplex_fraction": duplex,
+        "gpus_per_switch": kept("pcie.gpus_per_switch", 1, "each GPU on its own root port"),
+        "latency": float(cal.copy_latency_s),
+        "p2p": kept("pcie.p2p", True, "irrelevant with one GPU"),
+    }
+    measured("pcie.gen", f"{how}; {expressed}")
+    measured("pcie.lanes", f"{how}; {expressed}")
+    measured("pcie.efficiency", f"{how}; {expressed}")
+    measured("pcie.duplex_fraction", f"both directions at once: {cal.duplex_bw / 1e9:.3g} GB/s total / (2 x "
+                                     f"{rate / 1e9:.3g} GB/s), clamped to [0.5, 1]")
+    measured("pcie.latency", "median time of a synchronised 64-byte copy between the pools")
+
+    # ---------------------------------------------------------------- nvme
+    d = cal.disk
+    disk_how = (f"sequential {d.file_bytes / 2**20:.0f} MiB file in {d.directory} ({d.fs_type}), "
+                + ("O_DIRECT with 4 KiB-aligned mmap buffers" if d.method == "O_DIRECT"
+                   else "write + fsync, then read after posix_fadvise(POSIX_FADV_DONTNEED) (no O_DIRECT there)"))
+    nvme: dict[str, Any] = {
+        "count": 1,
+        "capacity_each": float(d.capacity_free),
+        "read_bw_each": float(d.read_bw),
+        "write_bw_each": float(d.write_bw),
+        "raid_read_efficiency": kept("nvme.raid_read_efficiency", 0.9, "unused with one drive"),
+        "raid_write_efficiency": kept("nvme.raid_write_efficiency", 0.75, "unused with one drive"),
+        "pcie_gen": kept("nvme.pcie_gen", 4, "not measured (the disk may not be an NVMe drive)"),
+        "latency": kept("nvme.latency", 100e-6, "~100 us per request, not measured"),
+    }
+    sources["nvme.count"] = f"measured: {stamp} (one directory measured, counted as one drive)"
+    measured("nvme.capacity_each", f"free space of the filesystem of {d.directory} (shutil.disk_usage)")
+    measured("nvme.read_bw_each", disk_how)
+    measured("nvme.write_bw_each", disk_how + "; write time includes the final fsync")
+
+    out: dict[str, Any] = {
+        "name": "calibrated-" + (re.sub(r"[^A-Za-z0-9_.-]+", "-", cal.host).strip("-") or "host"),
+        "description": (f"measured by tiersim calibrate on {cal.host} at {cal.date}: {cal.gpu_model}, "
+                        f"{cal.cores} cores, {dram / 2**30:.1f} GiB DRAM; disk {d.directory} ({d.method})"
+                        + ("; CPU-only: the gpu0 pool is a budget of host memory" if cpu_only else "")),
+        "unified_memory": False,
+        "gpu": gpu,
+        "host": host,
+        "pcie": pcie,
+        "nvme": nvme,
+    }
+    nvlink = _get(base, "nvlink")
+    if isinstance(nvlink, Mapping) and cal.gpu_count > 1:
+        out["nvlink"] = dict(nvlink)
+        for key in nvlink:
+            kept(f"nvlink.{key}", nvlink[key], "")
+    out["sources"] = sources
+    return out

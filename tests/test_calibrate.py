@@ -1,0 +1,151 @@
+"""``tiersim calibrate``: measures this machine (tiny sizes here) and writes a spec the simulator loads."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import replay.calibrate as rc  # noqa: E402
+from hardware_models import PCIE_X16_PER_DIRECTION, load_hardware, spec_from_dict  # noqa: E402
+from replay.calibrate_spec import pcie_fields, spec_dict  # noqa: E402
+from tiersim.cli import main, simulate_main  # noqa: E402
+
+
+def _run(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        mp.setattr(rc, "CalibrationSizes", rc.CalibrationSizes.tiny)  # calibrate()'s default sizes -> tiny
+        rc_ = main(argv)
+    return rc_, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("calibrate")
+    disk = tmp / "disk"
+    disk.mkdir()
+    out = tmp / "local.yaml"
+    code, stdout, stderr = _run(["calibrate", "-o", str(out), "--dir", str(disk), "--json"])
+    return {"code": code, "path": out, "json": json.loads(stdout) if code == 0 else None, "stderr": stderr,
+            "disk": disk}
+
+
+def test_writes_a_spec_that_loads(calibrated: dict[str, Any]) -> None:
+    assert calibrated["code"] == 0, calibrated["stderr"]
+    spec = load_hardware(calibrated["path"])
+    assert spec.gpu.count == 1 and spec.nvme is not None and spec.nvme.count == 1
+    assert spec.missing_sources() == ()
+    for path, citation in spec.sources.items():
+        assert citation.startswith(("measured: tiersim calibrate on ", "derived: ", "assumed: tiersim calibrate")), path
+    assert list(calibrated["disk"].iterdir()) == []  # the disk test file is removed
+
+
+def test_progress_on_stderr_and_json_on_stdout(calibrated: dict[str, Any]) -> None:
+    lines = calibrated["stderr"].strip().splitlines()
+    assert len(lines) >= 5 and all(line.startswith("calibrate: ") for line in lines)
+    assert set(calibrated["json"]) == {"output", "measurements", "spec"}
+    assert calibrated["json"]["spec"] == load_hardware(calibrated["path"]).to_dict()
+
+
+def test_simulate_runs_on_the_written_spec(calibrated: dict[str, Any]) -> None:
+    path = str(calibrated["path"])
+    with contextlib.redirect_stdout(io.StringIO()):
+        code = simulate_main(["--hw", path, "--model", "gpt2", "--seq-len", "128", "--global-batch", "1",
+                              "--policy", "zero-offload"])
+    assert code == 0
+
+
+def test_measured_figures_are_positive(calibrated: dict[str, Any]) -> None:
+    spec = load_hardware(calibrated["path"])
+    m = calibrated["json"]["measurements"]
+    assert spec.gpu.peak_flops["fp32"] > 0 and "bf16" in spec.gpu.peak_flops  # simulate's default dtype
+    assert all(0 < eff <= 1 for _, eff in spec.gpu.gemm_efficiency.points)
+    assert max(eff for _, eff in spec.gpu.gemm_efficiency.points) == 1.0  # the peak is the best measured
+    for value in (spec.gpu.hbm_bw, spec.host.dram_bw, spec.host.optimizer_params_per_s, spec.gpu.memory_bytes,
+                  spec.nvme.read_bw_each, spec.nvme.write_bw_each, spec.nvme.capacity_bytes_each,  # type: ignore[union-attr]
+                  spec.pcie.per_direction_bw, spec.host.dram_bytes):
+        assert value > 0
+    assert spec.host.cores >= 1
+    assert spec.gpu.memory_bytes == pytest.approx(spec.host.dram_bytes / 4, rel=1e-5)  # CPU-only budget
+    # the pcie fields reproduce the measured gpu0 <-> cpu copy rate
+    assert spec.pcie.per_direction_bw == pytest.approx((m["h2d_bw"] + m["d2h_bw"]) / 2, rel=1e-4)
+    assert 0.5 <= spec.pcie.duplex_fraction <= 1
+
+
+def test_disk_method_is_reported(calibrated: dict[str, Any]) -> None:
+    m = calibrated["json"]["measurements"]
+    assert m["disk"]["method"] in ("O_DIRECT", "fsync+fadvise")
+    spec = load_hardware(calibrated["path"])
+    method_words = "O_DIRECT" if m["disk"]["method"] == "O_DIRECT" else "posix_fadvise"
+    assert method_words in spec.sources["nvme.read_bw_each"]
+    assert m["disk"]["method"] in spec.description
+
+
+def test_disk_fallback_without_o_direct(tmp_path: Path) -> None:
+    d = rc.measure_disk(tmp_path, nbytes=2**20, chunk=2**18, direct=False)
+    assert d.method == "fsync+fadvise" and d.read_bw > 0 and d.write_bw > 0 and d.file_bytes == 2**20
+    assert d.fs_type == rc.filesystem_type(tmp_path) and d.fs_type
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_missing_dir_is_bad_input(tmp_path: Path) -> None:
+    out = tmp_path / "x.yaml"
+    code, stdout, stderr = _run(["calibrate", "-o", str(out), "--dir", str(tmp_path / "nope")])
+    assert code == 2 and stdout == ""
+    assert len(stderr.strip().splitlines()) == 1 and "--dir" in stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("argv", [["-o", "{tmp}/no/such/dir/x.yaml"], ["-o", "{tmp}"],
+                                  ["-o", "{tmp}/x.yaml", "--base", "no-such-preset"]])
+def test_bad_output_or_base_is_bad_input(tmp_path: Path, argv: list[str]) -> None:
+    code, stdout, stderr = _run(["calibrate", *(a.format(tmp=tmp_path) for a in argv)])
+    assert code == 2 and stdout == "" and len(stderr.strip().splitlines()) == 1
+
+
+def test_pcie_fields_express_the_rate() -> None:
+    gen, lanes, eff, capped = pcie_fields(12e9)
+    assert (gen, lanes, capped) == (3, 16, False)
+    assert PCIE_X16_PER_DIRECTION[gen] * eff == pytest.approx(12e9)
+    assert pcie_fields(40e9)[0] == 5
+    assert pcie_fields(500e9) == (6, 16, 1.0, True)
+
+
+def _fake(device: str = "cpu", **kw: Any) -> rc.Calibration:
+    disk = rc.DiskResult(read_bw=3e9, write_bw=2e9, method="O_DIRECT", capacity_free=10**12, directory="/d",
+                         file_bytes=2**28)
+    cal = rc.Calibration(
+        host="box", date="2026-01-01T00:00:00Z", device=device, gpu_model="X", gpu_count=1, gpu_memory=80e9,
+        gpu_memory_method="props", cpu_model="cpu", cores=8, dram=64e9, gemm_dtype="bf16",
+        gemm_curve=[(1e6, 1e12), (1e9, 1e14), (1e12, 3e14)], peak_flops={"bf16": 3e14, "fp32": 5e13},
+        peak_at={"bf16": 1e12, "fp32": 1e12}, h2d_bw=25e9, d2h_bw=26e9, duplex_bw=36e9, copy_method="pinned",
+        copy_latency_s=1e-5, hbm_bw=3e12, hbm_method="d2d", dram_bw=100e9, launch_overhead_s=5e-6,
+        optimizer_params_per_s=1e9, optimizer_variant="fused", gpu_optimizer_params_per_s=1e11, disk=disk)
+    return replace(cal, **kw)
+
+
+def test_cuda_shaped_calibration_makes_a_valid_spec() -> None:
+    """The CUDA branch of the spec builder (the measuring code itself needs a GPU and is untested here)."""
+    spec = spec_from_dict(spec_dict(_fake("cuda")))
+    assert spec.pcie.gen == 4 and spec.pcie.per_direction_bw == pytest.approx(25.5e9)
+    assert spec.pcie.duplex_fraction == pytest.approx(36 / 51)
+    assert spec.gpu.gemm_efficiency(1e12) == 1.0 and spec.gpu.gemm_efficiency(1e6) == pytest.approx(1 / 300, rel=1e-3)
+    assert spec.gpu.reserved["cuda_context"] > 0 and spec.gpu.optimizer_bytes_per_param == pytest.approx(30)
+    assert spec.missing_sources() == ()
+
+
+def test_base_preset_fields_are_kept_with_their_source() -> None:
+    base = load_hardware("a100x8")
+    spec = spec_from_dict(spec_dict(_fake("cuda", gpu_count=8), base.to_dict(), "a100x8"))
+    assert spec.pcie.gpus_per_switch == base.pcie.gpus_per_switch
+    assert spec.nvlink == base.nvlink
+    assert spec.sources["pcie.gpus_per_switch"].startswith("from --base a100x8: ")
+    assert spec.sources["gpu.hbm_bw"].startswith("measured: tiersim calibrate on box")

@@ -1,0 +1,123 @@
+"""``tiersim calibrate -o local.yaml [--dir D] [--base PRESET] [--json]``: measure this machine (torch) and
+write a hardware description the simulator loads (``simulate --hw local.yaml ...``).
+
+Measured: GEMM FLOP/s over op sizes (-> gpu.peak_flops, gpu.gemm_efficiency), copy bandwidth between the
+runner's pools gpu0 <-> cpu (-> pcie), a large copy on the device (-> gpu.hbm_bw) and in host memory
+(-> host.dram_bw), sequential disk read/write of `--dir` with the page cache avoided (-> nvme), the
+torch.optim.Adam rate (-> host.optimizer_params_per_s), DRAM size and cores. Progress goes to stderr;
+stdout gets a summary, or with ``--json`` one JSON object ``{"output", "measurements", "spec"}``.
+Every figure's citation is in the file's ``sources``. Exit codes: 0 written, 2 bad input (one line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from hardware_models import HardwareSpec, fmt_bandwidth, fmt_bytes, fmt_flops, load_hardware, spec_from_dict
+from tiersim.cli import UsageError
+
+__all__ = ["check_calibrate_args", "run_calibrate", "write_spec"]
+
+
+def _progress(line: str) -> None:
+    print(f"calibrate: {line}", file=sys.stderr, flush=True)
+
+
+def check_calibrate_args(args: argparse.Namespace) -> HardwareSpec | None:
+    """Fail before measuring: output path writable, --dir an existing writable directory, --base known."""
+    out = str(args.output or "")
+    if not out.strip():
+        raise UsageError("calibrate: -o/--output: empty path; give a file name, e.g. -o local.yaml")
+    p = Path(out)
+    if p.is_dir():
+        raise UsageError(f"calibrate: -o {out}: is a directory; give a file name, e.g. {p / 'local.yaml'}")
+    parent = p.parent
+    if not parent.is_dir():
+        raise UsageError(f"calibrate: -o {out}: directory '{parent}' does not exist; create it first")
+    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise UsageError(f"calibrate: -o {out}: not writable; pick another path")
+    if args.dir is not None:
+        if not Path(args.dir).is_dir():
+            raise UsageError(f"calibrate: --dir {args.dir}: not a directory; create it first")
+        if not os.access(args.dir, os.W_OK):
+            raise UsageError(f"calibrate: --dir {args.dir}: not writable; pick a directory you can write")
+    return load_hardware(args.base) if args.base else None
+
+
+def write_spec(path: str | os.PathLike[str], data: dict[str, Any]) -> HardwareSpec:
+    """Validate `data` (the preset structure) and write it as YAML; returns the spec as loaded back."""
+    import yaml
+
+    data = _rounded(data)
+    spec = spec_from_dict(data, file=str(path))
+    header = ("# Written by `tiersim calibrate`: measured figures of this machine (see sources:).\n"
+              "# Units: bytes, seconds, FLOP/s, bytes/s (raw numbers).\n")
+    class _Dumper(yaml.SafeDumper):
+        pass
+
+    def _list(dumper: yaml.SafeDumper, value: list[Any]) -> yaml.Node:
+        flow = all(isinstance(v, int | float) for v in value)  # curve points [flops, fraction] on one line
+        return dumper.represent_sequence("tag:yaml.org,2002:seq", value, flow_style=flow)
+
+    _Dumper.add_representer(list, _list)
+    body = yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=1000,
+                     allow_unicode=True)
+    Path(path).write_text(header + body, encoding="utf-8")
+    return spec
+
+
+def _rounded(value: Any, key: str = "") -> Any:
+    """Floats to 6 significant digits (measurement noise is far larger), sources untouched."""
+    if isinstance(value, dict):
+        return {k: (v if k == "sources" else _rounded(v, k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rounded(v, key) for v in value]
+    if isinstance(value, float):
+        return float(f"{value:.6g}")
+    return value
+
+
+def run_calibrate(args: argparse.Namespace, sizes: Any = None) -> int:
+    """The command; `sizes` (a replay.calibrate.CalibrationSizes) lets tests measure tiny sizes."""
+    base = check_calibrate_args(args)
+    if importlib.util.find_spec("torch") is None:
+        raise UsageError("calibrate needs torch: pip install 'tiersim[replay]' (torch==2.13.0)")
+    from replay.calibrate import calibrate
+    from replay.calibrate_spec import spec_dict
+
+    _progress("measuring this machine (progress on stderr)")
+    cal = calibrate(args.dir, sizes, progress=_progress)
+    data = spec_dict(cal, base.to_dict() if base is not None else None, args.base)
+    spec = write_spec(args.output, data)
+    _progress(f"done in {cal.wall_s:.1f} s; wrote {args.output}")
+    if args.json:
+        print(json.dumps({"output": str(args.output), "measurements": cal.to_dict(), "spec": spec.to_dict()},
+                         indent=1))
+        return 0
+    g, h, pc, nv = spec.gpu, spec.host, spec.pcie, spec.nvme
+    peaks = ", ".join(f"{k} {fmt_flops(v)}" for k, v in g.peak_flops.items())
+    lines = [
+        f"wrote {args.output} ({spec.name}); use: simulate --hw {args.output} --model gpt2",
+        f"  gpu: {g.model} x{g.count}, memory {fmt_bytes(g.memory_bytes)}"
+        + (" (budget: a quarter of DRAM)" if cal.device == "cpu" else ""),
+        f"  peak: {peaks}; gemm efficiency {g.gemm_efficiency.points[0][1]:.2f} at "
+        f"{g.gemm_efficiency.points[0][0]:.0e} FLOP .. {g.gemm_efficiency.points[-1][1]:.2f} at "
+        f"{g.gemm_efficiency.points[-1][0]:.0e}",
+        f"  hbm_bw {fmt_bandwidth(g.hbm_bw)}; launch overhead {cal.launch_overhead_s * 1e6:.1f} us",
+        f"  host: {h.cores} cores, {fmt_bytes(h.dram_bytes)} DRAM, dram_bw {fmt_bandwidth(h.dram_bw)}, "
+        f"Adam {h.optimizer_params_per_s / 1e6:.1f} M params/s ({cal.optimizer_variant})",
+        f"  pcie (gpu0<->cpu): {fmt_bandwidth(pc.per_direction_bw)} one way (gen {pc.gen} x{pc.lanes} "
+        f"eff {pc.efficiency:.3f}), duplex {pc.duplex_fraction:.2f}",
+    ]
+    if nv is not None:
+        lines.append(f"  disk ({cal.disk.method}) {cal.disk.directory}: read {fmt_bandwidth(nv.read_bw)}, "
+                     f"write {fmt_bandwidth(nv.write_bw)}, free {fmt_bytes(nv.capacity_bytes)}")
+    lines.extend(f"  note: {n}" for n in cal.notes)
+    print("\n".join(lines))
+    return 0
