@@ -55,6 +55,7 @@ class FlowNetwork:
         self._flows: dict[int, Flow] = {}
         self._on: dict[str, set[int]] = {r: set() for r in self.capacity}
         self._next_id = 0
+        self._prepared: dict[tuple, tuple[tuple[str, ...], tuple[float, ...], dict[str, float]]] = {}
         self.stats: dict[str, ResourceStats] = {r: ResourceStats() for r in self.capacity}
 
     def start(self, amount: float, resources: Sequence[str], weights: Sequence[float] | None = None) -> simpy.Event:
@@ -68,21 +69,15 @@ class FlowNetwork:
         if amount <= 0 or not resources:
             ev.succeed()
             return ev
-        for r in resources:
-            if r not in self.capacity:
-                raise KeyError(f"unknown resource {r!r}")
+        key = (tuple(resources), None if weights is None else tuple(weights))
+        prepared = self._prepared.get(key)
+        if prepared is None:  # a route is prepared once and reused by every flow over it
+            prepared = self._prepared[key] = self._prepare(resources, weights)
+        res, w, wmap = prepared
         fid = self._next_id
         self._next_id += 1
         now = self.env.now
-        if weights is None:
-            res = tuple(dict.fromkeys(resources))
-            w = tuple(1.0 for _ in res)
-        else:
-            acc: dict[str, float] = {}
-            for r, x in zip(resources, weights, strict=True):
-                acc[r] = acc.get(r, 0.0) + float(x)
-            res, w = tuple(acc), tuple(acc.values())
-        f = Flow(fid, float(amount), res, ev, w, updated=now, wmap=dict(zip(res, w, strict=True)))
+        f = Flow(fid, float(amount), res, ev, w, updated=now, wmap=wmap)
         self._flows[fid] = f
         alone = True
         for r in f.resources:
@@ -101,6 +96,16 @@ class FlowNetwork:
         else:
             self._rebalance(f.resources)
         return ev
+
+    def _prepare(self, resources: Sequence[str], weights: Sequence[float] | None
+                 ) -> tuple[tuple[str, ...], tuple[float, ...], dict[str, float]]:
+        for r in resources:
+            if r not in self.capacity:
+                raise KeyError(f"unknown resource {r!r}")
+        acc: dict[str, float] = {}
+        for r, x in zip(resources, weights if weights is not None else [1.0] * len(resources), strict=True):
+            acc[r] = acc.get(r, 0.0) + float(x) if weights is not None else 1.0
+        return tuple(acc), tuple(acc.values()), acc
 
     def active(self) -> int:
         return len(self._flows)
@@ -134,10 +139,13 @@ class FlowNetwork:
             f.rate = min(self.capacity[r] / x for r, x in zip(f.resources, f.weights, strict=True))
         else:
             self._fill(flows, resources)
-        for r in resources:
-            flows_on = self._flows
-            total = sum(flows_on[fid].rate * flows_on[fid].wmap[r] for fid in self._on[r])
-            log = self.stats[r].rate_log
+        totals = dict.fromkeys(resources, 0.0)  # the component holds every flow on these resources
+        for f in flows:
+            for r, x in zip(f.resources, f.weights, strict=True):
+                totals[r] += f.rate * x
+        stats = self.stats
+        for r, total in totals.items():
+            log = stats[r].rate_log
             if not log or abs(log[-1][1] - total) > _EPS * max(1.0, total):
                 log.append((now, total))
         for f in flows:
