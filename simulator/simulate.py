@@ -90,9 +90,8 @@ def _simulate(plan: Plan, hw: HardwareSpec, *, extrapolate: bool = True,
               topology: Topology | None = None) -> Result:
     warm = WARMUP_REPEAT if extrapolate and plan.steps > 1 else None
     runner = _Runner(plan, hw, topology, warm)
-    warm_note = ("warm-up steps without their repeated segments" if WARMUP_REPEAT == 0 else
-                 f"warm-up steps with {WARMUP_REPEAT} iteration per repeated segment")
-    warm_note = warm_note if warm is not None and any(s.repeat > 1 for s in plan.segments) else ""
+    warm_note = (f"warm-up steps with {WARMUP_REPEAT} iteration per repeated segment"
+                 if warm is not None and any(s.repeat > 1 for s in plan.segments) else "")
     repeated = [s.name for s in plan.segments if s.repeat > 1]
     long_segs = [s for s in plan.segments if s.repeat > EXPLICIT_MAX] if extrapolate else []
     first = runner.run({s.name: min(s.repeat, 2) for s in long_segs})
