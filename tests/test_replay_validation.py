@@ -1,0 +1,62 @@
+"""The replay validation suite's quick mode: two tiny cases run end to end and give a complete table.
+
+No accuracy assertion here (timings on a shared CI machine are not a unit test); the full suite is
+``python -m replay.validation`` (see README).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from replay import validation  # noqa: E402
+
+
+def test_quick_mode_prints_a_complete_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "table.md"
+    js = tmp_path / "rows.json"
+    assert validation.main(["--quick", "--out", str(out), "--json", str(js),
+                            "--cache-dir", str(tmp_path / "cache")]) == 0
+    text = capsys.readouterr().out
+    assert out.read_text().strip() == text.strip()
+    header = next(line for line in text.splitlines() if line.startswith("| case"))
+    cols = [c.strip() for c in header.strip("|").split("|")]
+    assert cols == validation.HEADER
+    for want in ("sim step ms", "meas step ms", "step err", "gpu0 sim MB", "gpu0 meas MB", "gpu0 err",
+                 "cpu err", "nvme err"):
+        assert want in cols
+    rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| case")]
+    assert [r.split("|")[1].strip() for r in rows] == [c.name for c in validation.QUICK_CASES]
+    assert "median |step error|" in text and "max |step error|" in text and "max |peak error|" in text
+
+
+def test_quick_rows_have_finite_errors(tmp_path: Path) -> None:
+    rows, hw, wall = validation.run(validation.QUICK_CASES, quick=True, steps=2, cache_dir=str(tmp_path))
+    assert len(rows) == 2 and wall > 0 and hw.gpu.count == 1
+    for r in rows:
+        assert r.sim_step > 0 and r.meas_step > 0
+        assert math.isfinite(r.step_error)
+        assert r.sim_peak["gpu0"] > 0
+        for p in validation.POOLS:
+            e = r.peak_error(p)
+            assert e is None or math.isfinite(e)
+    offload = rows[1]
+    assert offload.case.policy == "zero-offload" and offload.budget is not None
+    assert offload.sim_peak["cpu"] > 0  # the small budget really made it offload
+    s = validation.summary(rows)
+    assert math.isfinite(s["median_abs_step_error"]) and math.isfinite(s["max_abs_step_error"])
+    assert set(s) >= {"median_ok", "max_ok", "peak_ok"}
+
+
+def test_full_suite_covers_the_issue() -> None:
+    cases = validation.FULL_CASES
+    assert len(cases) >= 8
+    assert {c.policy for c in cases} == {"none", "zero-offload", "zero-infinity", "tinypipe", "lazytrain",
+                                         "synergyscale"}
+    assert len({c.model.name for c in cases}) >= 2
+    assert any("param_device=nvme" in c.knobs and "optimizer_device=nvme" in c.knobs for c in cases)
+    assert all(c.offload for c in cases if c.policy != "none")
