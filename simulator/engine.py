@@ -19,6 +19,7 @@ The engine knows no policy. A fresh ``simpy.Environment`` is built for every run
 
 from __future__ import annotations
 
+import gc
 import time
 from collections import defaultdict
 from collections.abc import Generator, Iterator
@@ -166,12 +167,20 @@ class Engine:
                 self.env.process(self._stream(sid, per_stream[sid], done))
         events = 0
         env = self.env
-        while True:
-            try:
-                env.step()
-            except simpy.core.EmptySchedule:
-                break
-            events += 1
+        # the run allocates ~10 objects per event and frees them itself; the cyclic collector only slows
+        # it down (10-30% measured), so it is paused for the run and restored after
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            while True:
+                try:
+                    env.step()
+                except simpy.core.EmptySchedule:
+                    break
+                events += 1
+        finally:
+            if was_enabled:
+                gc.enable()
         unfinished = [t for t in tasks if t.uid not in self._finished]
         if unfinished:
             t = unfinished[0]
