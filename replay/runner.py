@@ -37,7 +37,7 @@ from replay.errors import ReplayError, ReplayOom
 from replay.model import Dims, build_layers
 from replay.pools import Pools
 from replay.store import Batching, Store
-from simulator.engine import RawRun, TaskRecord
+from simulator.engine import RawRun, TaskRecord, task_gpus
 from simulator.errors import PlanError
 from simulator.flows import FlowNetwork
 from simulator.memory import MemoryTracker
@@ -261,18 +261,9 @@ class Runner:
             with self.mem_lock:
                 self.records.append(TaskRecord(t.uid, t.spec.id, t.spec.op, sid, device, start, end, t.step,
                                                t.segment, t.iteration, nbytes, dict(t.spec.tags),
-                                               self._gpus(t, device), links))
+                                               task_gpus(t, device), links))
                 self.step_end[t.step] = max(self.step_end[t.step], end)
             self.events[t.uid].set()
-
-    @staticmethod
-    def _gpus(t: ConcreteTask, device: str) -> tuple[str, ...]:
-        s = t.spec
-        if s.op == "collective":
-            return tuple(s.ranks)
-        if s.op == "copy":
-            return tuple(x for x in (s.src, s.dst) if x is not None and x.startswith("gpu"))
-        return (device,) if device.startswith("gpu") else ()
 
     # -- memory accounting (the simulator engine's rules) ----------------------------------------------
     def _alloc(self, inst: str, loc: str, uid: str) -> None:

@@ -82,6 +82,16 @@ def link_resources(topo: Topology) -> dict[str, float]:
     return caps
 
 
+def task_gpus(t: ConcreteTask, device: str) -> tuple[str, ...]:
+    """The GPUs a task involves: its device; a copy's GPU ends; a collective's ranks."""
+    s = t.spec
+    if s.op == "collective":
+        return tuple(s.ranks)
+    if s.op == "copy":
+        return tuple(x for x in (s.src, s.dst) if x is not None and x.startswith("gpu"))
+    return (device,) if device.startswith("gpu") else ()
+
+
 def compute_seconds(hw: HardwareSpec, flops: float, hbm_bytes: float, dtype: str) -> float:
     """Roofline time of one kernel on one GPU (without the launch overhead)."""
     t_flops = flops / (hw.peak_flops_for(dtype) * hw.gpu.gemm_efficiency(flops)) if flops > 0 else 0.0
@@ -210,20 +220,11 @@ class Engine:
             end = self.env.now
             self.records.append(TaskRecord(t.uid, t.spec.id, t.spec.op, sid, device, start, end, t.step,
                                            t.segment, t.iteration, moved, t.spec.tags,
-                                           self._gpus(t, device), links))
+                                           task_gpus(t, device), links))
             self.step_end[t.step] = max(self.step_end[t.step], end)
             self._finished.add(t.uid)
             if t.uid in self._awaited:
                 done[t.uid].succeed()
-
-    @staticmethod
-    def _gpus(t: ConcreteTask, device: str) -> tuple[str, ...]:
-        s = t.spec
-        if s.op == "collective":
-            return tuple(s.ranks)
-        if s.op == "copy":
-            return tuple(x for x in (s.src, s.dst) if x is not None and x.startswith("gpu"))
-        return (device,) if device.startswith("gpu") else ()
 
     def _kind(self, inst: str) -> tuple[float, str]:
         spec = self.tensors[inst.split("[", 1)[0]]

@@ -31,15 +31,12 @@ def _progress(line: str) -> None:
 
 def check_calibrate_args(args: argparse.Namespace) -> HardwareSpec | None:
     """Fail before measuring: output path writable, --dir an existing writable directory, --base known."""
+    from tiersim.commands.simulate import check_output_path
+
     out = str(args.output or "")
-    if not out.strip():
-        raise UsageError("calibrate: -o/--output: empty path; give a file name, e.g. -o local.yaml")
+    check_output_path("calibrate -o", out)
     p = Path(out)
-    if p.is_dir():
-        raise UsageError(f"calibrate: -o {out}: is a directory; give a file name, e.g. {p / 'local.yaml'}")
     parent = p.parent
-    if not parent.is_dir():
-        raise UsageError(f"calibrate: -o {out}: directory '{parent}' does not exist; create it first")
     if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
         raise UsageError(f"calibrate: -o {out}: not writable; pick another path")
     if args.dir is not None:
