@@ -146,7 +146,7 @@ class MetaCheck:
 
 def dims_of(model: ModelSpec) -> Dims:
     try:
-        return Dims.from_workload({"model": model.to_dict()})
+        return Dims.from_model(model)
     except ReplayError as e:
         raise ValueError(str(e)) from None
 

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from replay.errors import ReplayError
+from workloads import ModelSpec, WorkloadInputError
 
 INIT_STD = 0.02  # GPT-2's initialiser range
 NORM_EPS = 1e-5
@@ -53,22 +54,25 @@ class Dims:
 
     @classmethod
     def from_workload(cls, workload: Mapping[str, Any]) -> Dims:
+        """The dimensions of the plan's model, read through ``workloads.ModelSpec`` (validated, no
+        silent defaults); the plan's model dict is ``ModelSpec`` fields plus the derived ``params``."""
         m = workload.get("model")
         if not isinstance(m, Mapping):
             raise ReplayError("plan: workload has no 'model' dimensions; re-create the plan with this tiersim")
         try:
-            if int(m.get("n_experts", 1)) > 1:
-                raise ReplayError(f"model {m.get('name')!r}: mixture-of-experts models are not supported by "
-                                  "replay yet")
-            return cls(n_layers=int(m["n_layers"]), hidden=int(m["hidden"]), n_heads=int(m["n_heads"]),
-                       n_kv_heads=int(m.get("n_kv_heads", m["n_heads"])), ffn=int(m["ffn"]),
-                       vocab=int(m["vocab"]), max_pos=int(m.get("max_pos", 2048)),
-                       tied=bool(m.get("tied_embeddings", False)), mlp=str(m.get("mlp", "gelu")),
-                       norm=str(m.get("norm", "layernorm")), bias=bool(m.get("bias", False)),
-                       learned_pos=bool(m.get("learned_pos", False)),
-                       pos_offset=2 if m.get("family") == "opt" else 0)
-        except KeyError as e:
-            raise ReplayError(f"plan: workload.model has no field {e.args[0]!r}") from None
+            spec = ModelSpec.from_dict({k: v for k, v in m.items() if k != "params"})
+        except WorkloadInputError as e:
+            raise ReplayError(f"plan: workload.model: {e}") from None
+        return cls.from_model(spec)
+
+    @classmethod
+    def from_model(cls, spec: ModelSpec) -> Dims:
+        if spec.n_experts > 1:
+            raise ReplayError(f"model {spec.name!r}: mixture-of-experts models are not supported by replay yet")
+        return cls(n_layers=spec.n_layers, hidden=spec.hidden, n_heads=spec.n_heads, n_kv_heads=spec.n_kv_heads,
+                   ffn=spec.ffn, vocab=spec.vocab, max_pos=spec.max_pos, tied=spec.tied_embeddings, mlp=spec.mlp,
+                   norm=spec.norm, bias=spec.bias, learned_pos=spec.learned_pos,
+                   pos_offset=2 if spec.family == "opt" else 0)
 
 
 def _norm(d: Dims) -> nn.Module:
