@@ -140,7 +140,21 @@ def build_parser(prog: str = "tiersim") -> argparse.ArgumentParser:
     wl.add_argument("--micro-batch", type=int, default=1)
     wl.add_argument("--seq-len", type=int, default=None, help="default: the model's context, capped at 4096")
     wl.add_argument("--json", action="store_true")
+    for name, (module, help_text) in MODULE_COMMANDS.items():
+        _command_module(module).add_args(sub.add_parser(name, help=help_text))
     return ap
+
+
+# Commands that live wholly in their own module under tiersim/commands/: name -> (module, help).
+# Each module defines add_args(parser) and run(args) -> exit code.
+MODULE_COMMANDS: dict[str, tuple[str, str]] = {
+}
+
+
+def _command_module(module: str) -> Any:
+    import importlib
+
+    return importlib.import_module(f"tiersim.commands.{module}")
 
 
 def _add_simulate_args(p: argparse.ArgumentParser) -> None:
@@ -238,6 +252,8 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace, cmd: st
     if cmd == "workload":
         from tiersim.commands.workload import run_workload
         return run_workload(args)
+    if cmd in MODULE_COMMANDS:
+        return _command_module(MODULE_COMMANDS[cmd][0]).run(args)
     parser.error(f"unknown command {cmd!r}")
 
 
