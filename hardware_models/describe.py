@@ -33,6 +33,8 @@ def _fields(spec: HardwareSpec) -> list[str]:
         lines.append(f"{section}:")
         for fd in defs:
             path, value = f"{section}.{fd.key}", getattr(obj, fd.attr)
+            if fd.omit_default and value == fd.default:
+                continue  # an optional field the description does not have
             if fd.kind.endswith("_map"):
                 entry_kind = "flops" if fd.kind == "flops_map" else "bytes"
                 for key, item in value.items():

@@ -10,7 +10,8 @@ A file looks like::
     description: "..."
     unified_memory: false
     gpu:    {model, count, memory, peak_flops: {bf16: ...}, hbm_bw, gemm_efficiency: [[flops, eff], ...],
-             launch_overhead, reserved: {name: size}, fragmentation, optimizer_bytes_per_param}
+             launch_overhead, reserved: {name: size}, fragmentation, optimizer_bytes_per_param,
+             op_overhead, elementwise_bw, shares_host (optional: per-operator compute pricing, see GpuSpec)}
     host:   {cpu_model, sockets, cores, dram, dram_bw, optimizer_params_per_s, reserved: {name: size}}
     pcie:   {gen, lanes, efficiency, duplex_fraction, gpus_per_switch, latency, p2p (optional, true)}
     nvlink: {per_direction_bw, latency}                      # optional section
@@ -75,6 +76,7 @@ class FieldDef:
     unit: str = ""
     required: bool = True
     default: object = None
+    omit_default: bool = False  # left out of to_dict / describe while it holds its default
 
 
 SECTIONS: Final[Mapping[str, tuple[FieldDef, ...]]] = FrozenDict(
@@ -90,6 +92,9 @@ SECTIONS: Final[Mapping[str, tuple[FieldDef, ...]]] = FrozenDict(
             FieldDef("reserved", "reserved", "bytes_map"),
             FieldDef("fragmentation", "fragmentation", "fraction"),
             FieldDef("optimizer_bytes_per_param", "optimizer_bytes_per_param", "number", "B/param"),
+            FieldDef("op_overhead", "op_overhead_s", "time", "per operator", required=False, omit_default=True),
+            FieldDef("elementwise_bw", "elementwise_bw", "bandwidth", required=False, omit_default=True),
+            FieldDef("shares_host", "shares_host", "bool", required=False, default=False, omit_default=True),
         ),
         "host": (
             FieldDef("cpu_model", "cpu_model", "str"),

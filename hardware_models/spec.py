@@ -62,6 +62,13 @@ class GpuSpec:
     `peak_flops` for an operation of that size, end to end (it includes non-GEMM work).
     `optimizer_bytes_per_param` is the HBM traffic of a fused Adam step per parameter, so that
     step time = params * optimizer_bytes_per_param / hbm_bw.
+
+    Optional, measured by ``tiersim calibrate`` (absent in the presets, which price a layer task as one
+    kernel): `op_overhead_s` is the fixed cost of one operator (dispatch + launch). When it is set, a
+    layer task is priced operator by operator (`workloads.ops`): each matmul at its own size on the
+    efficiency curve, the element-wise bytes at `elementwise_bw` (default `hbm_bw`), plus `op_overhead_s`
+    per operator. `shares_host`: the "GPU" is the host's own cores (a CPU-only machine), so its kernels,
+    the CPU optimizer and host memory copies share one pool of cores.
     """
 
     model: str
@@ -74,9 +81,18 @@ class GpuSpec:
     reserved: Mapping[str, float]
     fragmentation: float
     optimizer_bytes_per_param: float
+    op_overhead_s: float | None = None
+    elementwise_bw: float | None = None
+    shares_host: bool = False
 
     def __post_init__(self) -> None:
         check_text(self.model, "gpu.model")
+        if self.op_overhead_s is not None:
+            check_non_negative(self.op_overhead_s, "gpu.op_overhead", "a time", fmt_time)
+        if self.elementwise_bw is not None:
+            check_positive(self.elementwise_bw, "gpu.elementwise_bw", "a bandwidth", fmt_bandwidth)
+        if not isinstance(self.shares_host, bool):
+            raise HardwareInputError(f"must be true or false, got {self.shares_host!r}", field="gpu.shares_host")
         check_int(self.count, "gpu.count")
         _size(self.memory_bytes, "gpu.memory")
         peaks = check_mapping(self.peak_flops, "gpu.peak_flops", _flops, keys=DTYPES)
@@ -352,7 +368,7 @@ class HardwareSpec:
             if obj is None:
                 continue
             for fd in defs:
-                if numeric_only and fd.kind not in NUMERIC_KINDS:
+                if numeric_only and fd.kind not in NUMERIC_KINDS or getattr(obj, fd.attr) is None:  # absent
                     continue
                 if fd.kind.endswith("_map"):
                     paths.extend(f"{section}.{fd.key}.{k}" for k in getattr(obj, fd.attr))
@@ -374,7 +390,8 @@ class HardwareSpec:
         for section, defs in SECTIONS.items():
             obj = getattr(self, section)
             if obj is not None:
-                out[section] = {fd.key: _plain(getattr(obj, fd.attr)) for fd in defs}
+                out[section] = {fd.key: _plain(getattr(obj, fd.attr)) for fd in defs
+                                if not (fd.omit_default and getattr(obj, fd.attr) == fd.default)}
         out["sources"] = dict(self.sources)
         return out
 

@@ -38,7 +38,9 @@ __all__ = [
     "measure_copy",
     "measure_disk",
     "measure_duplex",
+    "measure_elementwise",
     "measure_gemm",
+    "measure_op_overhead",
     "measure_small_op",
 ]
 
@@ -63,6 +65,7 @@ class CalibrationSizes:
     disk_chunk: int = 8 * 2**20
     adam_params: int = 8_000_000
     gpu_adam_params: int = 64_000_000  # CUDA: enough that a fused step is bandwidth-bound, not launch-bound
+    elementwise_bytes: tuple[int, ...] = (2**18, 2**20, 2**22)  # operand sizes of the element-wise chain
     repeats: int = 5
 
     @classmethod
@@ -70,7 +73,7 @@ class CalibrationSizes:
         """Sizes for tests: a second or two in all."""
         return cls(gemm_flops=(1e5, 1e6, 1e7), gpu_gemm_flops=(1e6, 1e8), gemm_peak_points=1, gemm_min_time_s=0.005,
                    copy_bytes=2**20, disk_bytes=4 * 2**20, disk_chunk=2**20, adam_params=20_000,
-                   gpu_adam_params=20_000, repeats=3)
+                   gpu_adam_params=20_000, elementwise_bytes=(2**16,), repeats=3)
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,10 @@ class Calibration:
     disk: DiskResult
     wall_s: float = 0.0
     notes: list[str] = field(default_factory=list)
+    op_overhead_s: float | None = None  # fixed cost of one eager operator (the replay block's, see below)
+    op_overhead_method: str = ""
+    elementwise_bw: float | None = None  # bytes read + written per second by element-wise operators
+    elementwise_method: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -186,6 +193,54 @@ def measure_small_op(device: torch.device, repeats: int = 50) -> float:
     a = torch.ones(8, 8, device=device)
     b = torch.ones(8, 8, device=device)
     return _median_time(lambda: torch.mm(a, b), device, repeats)
+
+
+def measure_op_overhead(device: torch.device, repeats: int = 20) -> tuple[float, str]:
+    """Seconds per operator of eager PyTorch as the replay runs a layer: the replay's LLaMA-style block
+    (``replay.model.Block``) at tiny dimensions (its matmuls and element-wise work are a few hundred
+    FLOPs), forward with autograd recording then backward, divided by its operator count
+    (``workloads.ops.layer_ops`` fwd + bwd, the same inventory the simulator prices)."""
+    from replay.model import Block, Dims
+    from workloads import ModelSpec, WorkloadConfig
+    from workloads.ops import layer_ops
+
+    m = ModelSpec(name="tiny", family="llama", n_layers=1, hidden=16, n_heads=2, n_kv_heads=2, ffn=32, vocab=32,
+                  max_pos=64, tied_embeddings=False, mlp="swiglu", norm="rmsnorm", bias=False, learned_pos=False)
+    cfg = WorkloadConfig(micro_batch=1, seq_len=4, precision="fp32")
+    block = Block(Dims.from_model(m)).to(device)
+    x = torch.randn(1, 4, 16, device=device, requires_grad=True)
+    params = list(block.parameters())
+
+    def step() -> None:
+        with torch.enable_grad():
+            y = block(x)
+            torch.autograd.grad(y, [x, *params], torch.ones_like(y))
+
+    n_ops = layer_ops(m, cfg, 1, "fwd").n_ops + layer_ops(m, cfg, 1, "bwd").n_ops
+    dt = _median_time(step, device, max(repeats, 20), 0.05)
+    return dt / n_ops, (f"median time of the replay's decoder block (replay.model.Block, hidden 16, 4 tokens) "
+                        f"forward + backward on {device.type} / its {n_ops} operators (workloads.ops)")
+
+
+def measure_elementwise(device: torch.device, sizes: Sequence[int], repeats: int = 5) -> tuple[float, str]:
+    """Bytes/s (read + written) of a chain of fresh-output element-wise operators (mul, add, silu: what norms,
+    activations and residuals do), median over operand sizes `sizes` (bytes), each a median of repeats."""
+    rates = []
+    for nbytes in sizes:
+        n = max(1, nbytes // 4)
+        a = torch.randn(n, device=device)
+        b = torch.randn(n, device=device)
+        moved = 8.0 * n * 4  # mul 3 + add 3 + silu 2 tensors of n fp32 read or written
+        per = max(1, math.ceil(2**22 / nbytes))  # small operands: several chains per timed call
+
+        def chain(a: torch.Tensor = a, b: torch.Tensor = b, k: int = per) -> None:
+            for _ in range(k):
+                torch.nn.functional.silu(a * b + a)
+
+        rates.append(moved * per / _median_time(chain, device, repeats, 0.02))
+    how = (f"fresh-output fp32 mul, add, silu chain on {device.type}, bytes read + written / s, median over operands "
+           f"of {', '.join(f'{s / 2**20:g}' for s in sizes)} MiB (each a median of repeats)")
+    return statistics.median(rates), how
 
 
 # -------------------------------------------------------------------------------------------- copies
@@ -517,6 +572,10 @@ def calibrate(directory: str | os.PathLike[str] | None = None, sizes: Calibratio
     progress(f"copies: H2D {h2d / 1e9:.2f} GB/s, D2H {d2h / 1e9:.2f} GB/s, both at once {duplex / 1e9:.2f} GB/s")
 
     launch = measure_small_op(dev)
+    progress(f"eager operators on {dev.type}: per-operator overhead, element-wise bandwidth")
+    op_overhead, op_method = measure_op_overhead(dev, sizes.repeats)
+    ew_bw, ew_method = measure_elementwise(dev, sizes.elementwise_bytes, sizes.repeats)
+    progress(f"per operator {op_overhead * 1e6:.1f} us; element-wise {ew_bw / 1e9:.2f} GB/s")
     progress(f"Adam ({sizes.adam_params / 1e6:.2f} M fp32 params) on cpu")
     opt_rate, variant = measure_adam(sizes.adam_params, torch.device("cpu"), sizes.repeats)
     gpu_opt_rate = opt_rate
@@ -551,5 +610,6 @@ def calibrate(directory: str | os.PathLike[str] | None = None, sizes: Calibratio
         h2d_bw=h2d, d2h_bw=d2h, duplex_bw=duplex, copy_method=copy_method, copy_latency_s=latency,
         hbm_bw=hbm_bw, hbm_method=hbm_method, dram_bw=dram_bw, launch_overhead_s=launch,
         optimizer_params_per_s=opt_rate, optimizer_variant=variant, gpu_optimizer_params_per_s=gpu_opt_rate,
-        disk=disk, wall_s=time.perf_counter() - t_start, notes=notes,
+        disk=disk, wall_s=time.perf_counter() - t_start, notes=notes, op_overhead_s=op_overhead,
+        op_overhead_method=op_method, elementwise_bw=ew_bw, elementwise_method=ew_method,
     )

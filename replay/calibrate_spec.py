@@ -103,6 +103,16 @@ def spec_dict(cal: Calibration, base: Mapping[str, Any] | None = None, base_name
                                     f"{curve[0][0]:.0e}..{curve[-1][0]:.0e} FLOP/op, {reps}, "
                                     f"as a fraction of the measured peak")
     measured("gpu.launch_overhead", f"median time of a synchronised 8x8 torch.mm on {cal.device}")
+    if cal.op_overhead_s is not None:
+        gpu["op_overhead"] = float(cal.op_overhead_s)
+        measured("gpu.op_overhead", cal.op_overhead_method)
+    if cal.elementwise_bw is not None:
+        gpu["elementwise_bw"] = float(cal.elementwise_bw)
+        measured("gpu.elementwise_bw", cal.elementwise_method)
+    if cpu_only:
+        gpu["shares_host"] = True
+        sources["gpu.shares_host"] = (f"measured: {stamp}: no CUDA device, the runner's gpu0 computes on the "
+                                      "host's cores, shared with the CPU optimizer and host copies")
     if cpu_only:
         gpu["reserved"] = {"cuda_context": 0.0}
         sources["gpu.reserved.cuda_context"] = f"assumed: {stamp}: no CUDA context on a CPU-only machine"

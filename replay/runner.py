@@ -23,6 +23,7 @@ its own CUDA stream and a task ends when its kernels have finished (a synchronis
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections import defaultdict
@@ -46,6 +47,10 @@ from simulator.result import Result, SimInfo, build_result, step_metrics
 from simulator.unroll import ConcreteTask, Unroller
 
 DEFAULT_SEED = 1234
+# Python hands the GIL to a waiting thread only every sys.getswitchinterval() (5 ms by default): a copy
+# stream that wakes while the compute stream runs Python glue between kernels would wait up to 5 ms for
+# work the simulator prices in microseconds. The replay lowers it for its own run and restores it after.
+SWITCH_INTERVAL_S = 2e-4
 
 
 @dataclass
@@ -201,13 +206,16 @@ class Runner:
         self.abort = threading.Event()
         threads = [threading.Thread(target=self._worker, args=(sid, ts), name=f"replay:{sid}", daemon=True)
                    for sid, ts in per_stream.items()]
+        switch = sys.getswitchinterval()
         try:
+            sys.setswitchinterval(min(switch, SWITCH_INTERVAL_S))
             self.t0 = time.perf_counter()
             for th in threads:
                 th.start()
             for th in threads:
                 th.join()
             wall = time.perf_counter() - self.t0
+            sys.setswitchinterval(switch)
             if self.error is not None:
                 raise self.error
             keep = {t.id for t in self.plan.tensors if t.persistent or t.home is not None}
@@ -217,6 +225,7 @@ class Runner:
                                dict(self.real_bytes), dict(self.step_end), wall, dict(self.store.losses),
                                self.store.final_weights(), self.topo, str(self.device), leaked)
         finally:
+            sys.setswitchinterval(switch)
             self.store.close()
             self.pools.close()
 

@@ -34,7 +34,9 @@ from replay.pools import Held, Pools
 
 LR = 1e-3
 KEEP_VERSIONS = 3  # parameter versions kept per layer besides those in use (a delayed update lags by 2)
-ADAM = {"lr": LR, "betas": (0.9, 0.999), "eps": 1e-8, "foreach": False}  # the reference uses the same
+# fused: one kernel per step over all of a layer's tensors (what DeepSpeed's CPU Adam and `tiersim calibrate`
+# measure); the reference (replay.reference) uses the same, so a replay and its reference compute alike
+ADAM = {"lr": LR, "betas": (0.9, 0.999), "eps": 1e-8, "fused": True}
 
 
 @dataclass

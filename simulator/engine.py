@@ -4,7 +4,8 @@ One SimPy process per stream runs its tasks in order; a task waits for its depen
 on other streams), applies its allocations, runs, then applies its frees. Time is spent in flows on a
 FlowNetwork (see ``flows.py``):
 
-- compute: a roofline, ``max(flops / (peak * eff(flops)), hbm_bytes / hbm_bw) + launch overhead``,
+- compute: a roofline, ``max(flops / (peak * eff(flops)), hbm_bytes / hbm_bw) + launch overhead``, or,
+  where the hardware gives per-operator figures, the layer's operators priced one by one (``opcost.py``),
   pushed as "seconds of work" through the GPU's ``<gpu>.sm`` resource (capacity 1), so concurrent
   kernels of several streams share the GPU (processor sharing);
 - copy: bytes through every hop of the route (each link direction, and the link's duplex budget where
@@ -13,6 +14,11 @@ FlowNetwork (see ``flows.py``):
   every rank's optimizer), or, on a GPU, seconds of HBM-bound work through its ``.sm`` resource;
 - collective: a ring over the ranks, each rank sending ``(n-1)/n`` of the bytes (twice for all-reduce)
   to the next one over its route.
+
+Where the "GPU" is the host's own cores (``gpu.shares_host``: a CPU-only machine), compute, optimizer
+steps and copies all run on the same cores: every such flow is then expressed in seconds of work at its
+solo speed and also crosses one ``host.cores`` resource (capacity 1), so that two of them at once share
+the cores (each at half speed) instead of running side by side for free.
 
 The engine knows no policy. A fresh ``simpy.Environment`` is built for every run.
 """
@@ -32,8 +38,11 @@ from hardware_models import HardwareSpec, Topology, build_topology
 from simulator.errors import PlanError
 from simulator.flows import FlowNetwork
 from simulator.memory import MemoryTracker
+from simulator.opcost import ComputeCost, compute_seconds  # noqa: F401 - re-exported (policies, planner)
 from simulator.plan import Plan, validate_plan
 from simulator.unroll import ConcreteTask, Unroller
+
+HOST_CORES = "host.cores"  # the host's cores, where the "GPU" is the host (gpu.shares_host)
 
 
 class TaskRecord(NamedTuple):
@@ -92,13 +101,6 @@ def task_gpus(t: ConcreteTask, device: str) -> tuple[str, ...]:
     return (device,) if device.startswith("gpu") else ()
 
 
-def compute_seconds(hw: HardwareSpec, flops: float, hbm_bytes: float, dtype: str) -> float:
-    """Roofline time of one kernel on one GPU (without the launch overhead)."""
-    t_flops = flops / (hw.peak_flops_for(dtype) * hw.gpu.gemm_efficiency(flops)) if flops > 0 else 0.0
-    t_mem = hbm_bytes / hw.gpu.hbm_bw if hbm_bytes > 0 else 0.0
-    return max(t_flops, t_mem)
-
-
 class Engine:
     def __init__(self, plan: Plan, hw: HardwareSpec, topology: Topology | None = None,
                  warmup_repeat: int | None = None):
@@ -113,6 +115,9 @@ class Engine:
         for g in self.topo.gpu_locations():
             caps[f"{g}.sm"] = 1.0
         caps["cpu.adam"] = hw.host.optimizer_params_per_s
+        self.shared_host = hw.gpu.shares_host
+        if self.shared_host:
+            caps[HOST_CORES] = 1.0
         self.net = FlowNetwork(self.env, caps)
         # GPUs whose SMs only one stream ever uses: their kernels never share, so they are plain timeouts
         sm_users: dict[str, set[str]] = defaultdict(set)
@@ -122,7 +127,7 @@ class Engine:
                 dev = streams[t.stream].device if t.stream in streams else ""
                 if t.op in ("compute", "optimizer") and dev.startswith("gpu"):
                     sm_users[dev].add(t.stream)
-        self._exclusive_sm = {g for g, users in sm_users.items() if len(users) == 1}
+        self._exclusive_sm = {g for g, users in sm_users.items() if len(users) == 1 and not self.shared_host}
         capacities = {p.name: p.capacity_bytes for p in self.topo.pools.values()}
         self.mem = MemoryTracker(capacities, self.topo.pool_of)
         self.tensors = plan.tensor_map()
@@ -132,7 +137,7 @@ class Engine:
         self.records: list[TaskRecord] = []
         self.step_end: dict[int, float] = defaultdict(float)
         self._routes: dict[tuple[str, str], tuple[tuple[str, ...], float, tuple[str, ...]]] = {}
-        self._work: dict[tuple[float, float], float] = {}  # roofline seconds by (flops, hbm bytes)
+        self.cost = ComputeCost(plan, hw, self.dtype)
 
     # -- routing --------------------------------------------------------------------------------------
     def route(self, src: str, dst: str) -> tuple[tuple[str, ...], float, tuple[str, ...]]:
@@ -260,19 +265,14 @@ class Engine:
         if s.op == "compute":
             if f"{device}.sm" not in self.net.capacity:
                 raise PlanError(f"task {t.uid!r}: compute on {device!r}, which is not a GPU")
-            key = (s.flops, s.hbm_bytes)
-            work = self._work.get(key)
-            if work is None:
-                work = compute_seconds(self.hw, s.flops, s.hbm_bytes, self.dtype) + self.hw.gpu.launch_overhead_s
-                self._work[key] = work
-            yield self._sm(device, work)
+            yield self._sm(device, self.cost.seconds(s))
             return 0.0, ()
         if s.op == "optimizer":
             if f"{device}.sm" in self.net.capacity:
                 work = s.params * self.hw.gpu.optimizer_bytes_per_param / self.hw.gpu.hbm_bw
                 yield self._sm(device, work + self.hw.gpu.launch_overhead_s)
             else:
-                yield self.net.start(s.params, ("cpu.adam",))
+                yield self._host_flow(s.params, ("cpu.adam",))
             return 0.0, ()
         if s.op == "copy":
             nbytes = s.bytes if s.bytes > 0 else self._kind(t.tensor)[0] if t.tensor else 0.0
@@ -280,7 +280,7 @@ class Engine:
             self._count(t.step, links, nbytes)
             if lat > 0:
                 yield env.timeout(lat)
-            yield self.net.start(nbytes, res)
+            yield self._host_flow(nbytes, res)
             return nbytes, links
         if s.op == "collective":
             n = len(s.ranks)
@@ -308,7 +308,15 @@ class Engine:
         """Seconds of work on a GPU's SMs: shared with concurrent kernels of other streams, if any."""
         if device in self._exclusive_sm:
             return self.env.timeout(seconds)
-        return self.net.start(seconds, (f"{device}.sm",))
+        return self._host_flow(seconds, (f"{device}.sm",))
+
+    def _host_flow(self, amount: float, resources: tuple[str, ...]) -> simpy.Event:
+        """A flow of ``amount`` over ``resources``; on a shared host, as seconds of work at its solo rate
+        (the narrowest resource) that also occupy the host's cores."""
+        if not self.shared_host:
+            return self.net.start(amount, resources)
+        solo = min(self.net.capacity[r] for r in resources)
+        return self.net.start(amount / solo, (*resources, HOST_CORES), [solo] * len(resources) + [1.0])
 
     def _count(self, step: int, links: tuple[str, ...], nbytes: float) -> None:
         for ln in links:

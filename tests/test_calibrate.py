@@ -75,6 +75,12 @@ def test_measured_figures_are_positive(calibrated: dict[str, Any]) -> None:
         assert value > 0
     assert spec.host.cores >= 1
     assert spec.gpu.memory_bytes == pytest.approx(spec.host.dram_bytes / 4, rel=1e-5)  # CPU-only budget
+    # per-operator pricing: measured, and the CPU-only "GPU" shares the host's cores
+    assert spec.gpu.op_overhead_s is not None and spec.gpu.op_overhead_s > 0
+    assert spec.gpu.elementwise_bw is not None and spec.gpu.elementwise_bw > 0
+    assert spec.gpu.shares_host is True
+    assert spec.gpu.op_overhead_s == pytest.approx(m["op_overhead_s"], rel=1e-5)
+    assert "workloads.ops" in spec.sources["gpu.op_overhead"]
     # the pcie fields reproduce the measured gpu0 <-> cpu copy rate
     assert spec.pcie.per_direction_bw == pytest.approx((m["h2d_bw"] + m["d2h_bw"]) / 2, rel=1e-4)
     assert 0.5 <= spec.pcie.duplex_fraction <= 1
@@ -135,6 +141,7 @@ def _fake(device: str = "cpu", **kw: Any) -> rc.Calibration:
 def test_cuda_shaped_calibration_makes_a_valid_spec() -> None:
     """The CUDA branch of the spec builder (the measuring code itself needs a GPU and is untested here)."""
     spec = spec_from_dict(spec_dict(_fake("cuda")))
+    assert spec.gpu.shares_host is False and spec.gpu.op_overhead_s is None  # not measured in this fake
     assert spec.pcie.gen == 4 and spec.pcie.per_direction_bw == pytest.approx(25.5e9)
     assert spec.pcie.duplex_fraction == pytest.approx(36 / 51)
     assert spec.gpu.gemm_efficiency(1e12) == 1.0 and spec.gpu.gemm_efficiency(1e6) == pytest.approx(1 / 300, rel=1e-3)

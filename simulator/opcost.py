@@ -1,0 +1,95 @@
+"""Seconds of one compute task: a one-kernel roofline, or operator by operator where the hardware says how.
+
+Default (every preset): ``max(flops / (peak * eff(flops)), hbm_bytes / hbm_bw) + launch overhead`` -- the
+layer task as ONE kernel of its total FLOPs, with the efficiency curve standing for everything else.
+
+Operator level (a spec with ``gpu.op_overhead``, as ``tiersim calibrate`` writes): a task tagged with its
+``layer`` and ``phase`` (fwd | bwd | recompute) of the plan's workload runs the operators that
+:func:`workloads.ops.layer_ops` lists, and costs::
+
+    sum_i f_i / (peak * eff(f_i))  +  elementwise_bytes / elementwise_bw  +  n_ops * op_overhead
+
+where f_i are its matmul kernels (each at its own size on the curve). A task that carries a share of the
+layer (a tensor-parallel rank, a chunk of the tokens) has FLOPs ``k`` times the layer's: every kernel and
+the element-wise bytes are scaled by ``k`` (kernels get smaller, so less efficient), the operator count is
+not. A compute task without a layer tag (or of a plan without a model) keeps the roofline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from hardware_models import HardwareSpec
+from simulator.plan import Plan, TaskSpec
+from workloads import ModelSpec, WorkloadConfig, WorkloadInputError
+from workloads.ops import PHASES, LayerOps, layer_ops
+
+__all__ = ["ComputeCost", "compute_seconds", "ops_seconds"]
+
+
+def compute_seconds(hw: HardwareSpec, flops: float, hbm_bytes: float, dtype: str) -> float:
+    """Roofline time of one kernel on one GPU (without the launch overhead)."""
+    t_flops = flops / (hw.peak_flops_for(dtype) * hw.gpu.gemm_efficiency(flops)) if flops > 0 else 0.0
+    t_mem = hbm_bytes / hw.gpu.hbm_bw if hbm_bytes > 0 else 0.0
+    return max(t_flops, t_mem)
+
+
+def ops_seconds(hw: HardwareSpec, ops: LayerOps, dtype: str) -> float:
+    """Seconds of a list of operators on one GPU of ``hw`` (needs ``gpu.op_overhead``)."""
+    g = hw.gpu
+    peak = hw.peak_flops_for(dtype)
+    t = sum(f / (peak * g.gemm_efficiency(f)) for f in ops.matmul_flops if f > 0)
+    t += ops.elementwise_bytes / (g.elementwise_bw or g.hbm_bw)
+    return t + ops.n_ops * (g.op_overhead_s or 0.0)
+
+
+def _workload(workload: Mapping[str, Any]) -> tuple[ModelSpec, WorkloadConfig] | None:
+    m = workload.get("model")
+    if not isinstance(m, Mapping):
+        return None
+    try:
+        model = ModelSpec.from_dict({k: v for k, v in m.items() if k != "params"})
+        keys = WorkloadConfig.__dataclass_fields__
+        config = WorkloadConfig.from_dict({k: v for k, v in workload.items() if k in keys})
+    except (WorkloadInputError, TypeError):
+        return None
+    return model, config
+
+
+class ComputeCost:
+    """Prices the compute tasks of one plan on one machine (memoised per distinct task shape)."""
+
+    def __init__(self, plan: Plan, hw: HardwareSpec, dtype: str):
+        self.hw = hw
+        self.dtype = dtype
+        self.op_level = hw.gpu.op_overhead_s is not None
+        self.workload = _workload(plan.workload) if self.op_level else None
+        self._memo: dict[tuple[float, float, Any, Any], float] = {}
+
+    def seconds(self, s: TaskSpec) -> float:
+        """Seconds of work of compute task ``s`` (launch or operator overheads included)."""
+        layer, phase = s.tags.get("layer"), s.tags.get("phase")
+        key = (s.flops, s.hbm_bytes, layer, phase)
+        got = self._memo.get(key)
+        if got is None:
+            got = self._memo[key] = self._price(s.flops, s.hbm_bytes, layer, phase)
+        return got
+
+    def layer_ops(self, layer: Any, phase: Any, flops: float) -> LayerOps | None:
+        """The operators of a task of ``flops`` FLOPs of ``layer`` in ``phase``; None where not known."""
+        if self.workload is None or phase not in PHASES or not isinstance(layer, int) or isinstance(layer, bool):
+            return None
+        model, config = self.workload
+        if not 0 <= layer <= model.n_layers + 1:
+            return None
+        ops = layer_ops(model, config, layer, phase)
+        if ops.flops > 0 and flops > 0:
+            ops = ops.scaled(flops / ops.flops)
+        return ops
+
+    def _price(self, flops: float, hbm_bytes: float, layer: Any, phase: Any) -> float:
+        ops = self.layer_ops(layer, phase, flops) if self.op_level else None
+        if ops is None:
+            return compute_seconds(self.hw, flops, hbm_bytes, self.dtype) + self.hw.gpu.launch_overhead_s
+        return ops_seconds(self.hw, ops, self.dtype)

@@ -1,0 +1,109 @@
+"""Compute pricing (simulator.opcost) and the shared-host model (gpu.shares_host) of the engine.
+
+Exact logs where the times can be worked out by hand (the helpers' round bandwidths, launch overhead
+zeroed), and the operator-level price of real layer tasks checked against workloads.ops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from engine_helpers import GB, compute, copy, hw, log, one_link, plan, run
+
+from hardware_models import HardwareInputError, load_hardware
+from planner.job import JobRequest, make_job, make_plan
+from simulator import TaskSpec
+from simulator.engine import compute_seconds
+from simulator.opcost import ops_seconds
+from simulator.simulate import simulate_plan
+from workloads.ops import layer_ops
+
+H2D = ("gpu0.h2d", "gpu0", "h2d")
+COMP = ("gpu0.compute", "gpu0", "compute")
+OPT = ("cpu.optim", "cpu", "optim")
+HALF_S_OF_HBM = 2039 / 2  # GB: 0.5 s of HBM-bound work on an A100 (2039 GB/s)
+
+
+def shared(spec=None):  # type: ignore[no-untyped-def]
+    spec = spec or hw()
+    return replace(spec, gpu=replace(spec.gpu, shares_host=True))
+
+
+def test_compute_and_copy_overlap_for_free_on_a_gpu() -> None:
+    p = plan([compute("c", "gpu0.compute", hbm_gb=HALF_S_OF_HBM), copy("a", "gpu0.h2d", "cpu", "gpu0", 5)],
+             [COMP, H2D])
+    assert log(run(p, one_link(10))) == [("a", 0, 0.5), ("c", 0, 0.5)]
+
+
+def test_on_a_shared_host_compute_and_copy_split_the_cores() -> None:
+    # each alone takes 0.5 s; together each runs at half speed on the host's cores: both end at 1.0
+    p = plan([compute("c", "gpu0.compute", hbm_gb=HALF_S_OF_HBM), copy("a", "gpu0.h2d", "cpu", "gpu0", 5)],
+             [COMP, H2D])
+    res = run(p, one_link(10), spec=shared())
+    assert log(res) == [("a", 0, 1.0), ("c", 0, 1.0)]
+    assert res.link_bytes == {"l": 5 * GB}
+
+
+def test_on_a_shared_host_the_cpu_optimizer_slows_the_compute() -> None:
+    spec = shared(hw(optimizer_params_per_s=1e9))
+    opt = TaskSpec("o", "optimizer", "cpu.optim", params=0.25e9)  # 0.25 s alone
+    p = plan([compute("c", "gpu0.compute", hbm_gb=HALF_S_OF_HBM), opt], [COMP, OPT])
+    # 0..0.5: half speed each, o done at 0.5 (0.25 s of work); c has 0.25 s left alone: ends at 0.75
+    assert log(run(p, one_link(10), spec=spec)) == [("o", 0, 0.5), ("c", 0, 0.75)]
+    assert log(run(p, one_link(10), spec=hw(optimizer_params_per_s=1e9))) == [("o", 0, 0.25), ("c", 0, 0.5)]
+
+
+def _layer_records(overrides: list[str]):  # type: ignore[no-untyped-def]
+    job, _ = make_job("a100", "gpt2", JobRequest(micro_batch=2, seq_len=256, precision="bf16"),
+                      hw_overrides=overrides)
+    p = make_plan(job, "none")
+    res = simulate_plan(p, job.hw)
+    recs = [r for r in res.records if r.op == "compute" and r.step == max(x.step for x in res.records)]
+    return job, recs
+
+
+def test_operator_level_price_of_every_layer_task() -> None:
+    job, recs = _layer_records(["gpu.op_overhead=10us", "gpu.elementwise_bw=500GB/s"])
+    assert job.hw.gpu.op_overhead_s == pytest.approx(10e-6)
+    seen = set()
+    for r in recs:
+        layer, phase = r.tags["layer"], r.tags["phase"]
+        ops = layer_ops(job.model, job.config, layer, phase)
+        assert r.end - r.start == pytest.approx(ops_seconds(job.hw, ops, "bf16"), rel=1e-9), (layer, phase)
+        seen.add((layer == 0, layer == job.model.n_layers + 1, phase))
+    assert {(True, False, "fwd"), (False, False, "fwd"), (False, False, "bwd"), (False, True, "bwd")} <= seen
+
+
+def test_operator_level_costs_more_than_one_big_kernel() -> None:
+    """Smaller kernels are less efficient and element-wise work and per-operator costs add up."""
+    _, plain = _layer_records([])
+    _, ops = _layer_records(["gpu.op_overhead=5us"])
+    assert len(plain) == len(ops)
+    for a, b in zip(plain, ops, strict=True):
+        assert b.end - b.start > a.end - a.start
+
+
+def test_presets_keep_the_one_kernel_roofline() -> None:
+    job, recs = _layer_records([])
+    spec = job.hw
+    blocks = [r for r in recs if r.tags["phase"] == "fwd" and 0 < r.tags["layer"] <= job.model.n_layers]
+    layer = job.trace.layers[1]
+    want = compute_seconds(spec, layer.fwd_flops, layer.fwd_hbm_bytes, "bf16") + spec.gpu.launch_overhead_s
+    assert blocks and all(r.end - r.start == pytest.approx(want, rel=1e-12) for r in blocks)
+
+
+def test_new_gpu_fields_are_optional_validated_and_omitted_when_absent() -> None:
+    spec = load_hardware("a100")
+    assert spec.gpu.op_overhead_s is None and spec.gpu.elementwise_bw is None and spec.gpu.shares_host is False
+    d = spec.to_dict()["gpu"]
+    assert not {"op_overhead", "elementwise_bw", "shares_host"} & set(d)
+    with pytest.raises(HardwareInputError, match="gpu.op_overhead"):
+        load_hardware("a100", ["gpu.op_overhead=-1us"])
+    with pytest.raises(HardwareInputError, match="gpu.elementwise_bw"):
+        load_hardware("a100", ["gpu.elementwise_bw=0GB/s"])
+    with_fields = load_hardware("a100", ["gpu.op_overhead=7us", "gpu.elementwise_bw=1TB/s", "gpu.shares_host=true"])
+    assert (with_fields.gpu.op_overhead_s, with_fields.gpu.elementwise_bw, with_fields.gpu.shares_host) == (
+        pytest.approx(7e-6), pytest.approx(1e12), True)
+    assert with_fields.to_dict()["gpu"]["shares_host"] is True
+    assert "gpu.op_overhead" in with_fields.sources

@@ -1,0 +1,96 @@
+"""workloads.ops (the operator inventory of a layer task) against torch: the replay's modules, counted
+with a TorchDispatchMode (every ATen call that does work; views are free), forward and backward."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+from replay.model import Block, Dims, Embedding, Head  # noqa: E402
+from workloads import ModelSpec, WorkloadConfig  # noqa: E402
+from workloads.ops import layer_ops  # noqa: E402
+
+VIEWS = {"view", "_unsafe_view", "transpose", "t", "expand", "reshape", "slice", "select", "unsqueeze", "squeeze",
+         "permute", "detach", "alias", "as_strided", "split", "unbind", "_reshape_alias", "lift_fresh"}
+MATMULS = {"mm", "addmm", "bmm"}
+ATTENTION = "_scaled_dot_product_flash_attention_for_cpu"
+
+
+class Count(TorchDispatchMode):
+    """Operators, matmul FLOPs by kernel and the bytes (inputs + outputs) of the other operators."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.n = 0
+        self.elementwise = 0
+        self.matmuls: list[float] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        name = func.__name__.split(".")[0]
+        if name in VIEWS:
+            return out
+        self.n += 1
+        if name in MATMULS:
+            a, b = args[-2], args[-1]
+            self.matmuls.append(2.0 * a.shape[0] * a.shape[1] * b.shape[1])
+            return out
+        if name.startswith(ATTENTION):
+            return out
+        outs = list(out) if isinstance(out, tuple | list) else [out]
+        # a gather reads the rows it picks (as many bytes as it writes), not its whole table (argument 0)
+        ins = (*args[1:], *outs) if name == "embedding" else args
+        self.elementwise += sum(x.numel() * x.element_size() for x in (*ins, *outs) if isinstance(x, torch.Tensor))
+        return out
+
+
+def spec(style: str, h: int, heads: int, kv: int, f: int, vocab: int) -> ModelSpec:
+    llama = style == "llama"
+    return ModelSpec(name="t", family="llama" if llama else "gpt2", n_layers=2, hidden=h, n_heads=heads,
+                     n_kv_heads=kv, ffn=f, vocab=vocab, max_pos=512, tied_embeddings=False,
+                     mlp="swiglu" if llama else "gelu", norm="rmsnorm" if llama else "layernorm", bias=not llama,
+                     learned_pos=not llama)
+
+
+CASES = [("llama", 256, 8, 8, 688, 1024, 2, 128), ("llama", 384, 6, 3, 512, 4096, 1, 256),
+         ("gpt2", 256, 8, 8, 1024, 1024, 2, 64), ("gpt2", 128, 4, 4, 512, 2048, 4, 32)]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-h{c[1]}-kv{c[3]}")
+def test_inventory_matches_torch(case: tuple) -> None:
+    style, h, heads, kv, f, vocab, b, s = case
+    m = spec(style, h, heads, kv, f, vocab)
+    cfg = WorkloadConfig(micro_batch=b, seq_len=s, precision="fp32", checkpointing="full")
+    d = Dims.from_model(m)
+    tokens = torch.randint(0, vocab, (b, s))
+    layers = [(0, Embedding(d), (tokens,)), (1, Block(d), (torch.randn(b, s, h, requires_grad=True),)),
+              (3, Head(d), (torch.randn(b, s, h, requires_grad=True), tokens))]
+    for index, module, inputs in layers:
+        with Count() as fwd:
+            out = module(*inputs)
+        grad = torch.ones_like(out)
+        wrt = [x for x in inputs if x.requires_grad] + list(module.parameters())
+        with Count() as bwd:
+            torch.autograd.grad(out, wrt, grad)
+        for phase, got in (("fwd", fwd), ("bwd", bwd)):
+            want = layer_ops(m, cfg, index, phase)
+            where = f"{style} layer {index} {phase}"
+            assert got.n == want.n_ops, where
+            assert want.elementwise_bytes == pytest.approx(got.elementwise, rel=0.12), where
+            # one entry per matmul kernel, each of its own size (a block's last entry is the attention kernel)
+            mats = want.matmul_flops[:-1] if index == 1 else want.matmul_flops
+            assert sorted(mats) == pytest.approx(sorted(got.matmuls)), where
+
+
+def test_recompute_follows_checkpointing() -> None:
+    m = spec("llama", 256, 8, 8, 688, 1024)
+    full = layer_ops(m, WorkloadConfig(micro_batch=1, seq_len=64, checkpointing="full"), 1, "recompute")
+    assert full == layer_ops(m, WorkloadConfig(micro_batch=1, seq_len=64, checkpointing="full"), 1, "fwd")
+    sel = layer_ops(m, WorkloadConfig(micro_batch=1, seq_len=64, checkpointing="selective"), 1, "recompute")
+    assert sel.n_ops == 1 and sel.elementwise_bytes == 0
+    assert layer_ops(m, WorkloadConfig(micro_batch=1, seq_len=64, checkpointing="none"), 1, "recompute").n_ops == 0
+    with pytest.raises(ValueError, match="phase"):
+        layer_ops(m, WorkloadConfig(), 1, "opt")

@@ -1,0 +1,149 @@
+"""The operations one layer task executes: its matmuls, its element-wise bytes and its operator count.
+
+A layer's FLOPs (:mod:`workloads.flops`) say how much arithmetic it does, not how it is executed. A
+LLaMA block's forward is not one matmul of the block's total FLOPs but ~60 operators: 7 matmuls of a
+seventh of the size each (every one at its own efficiency), the attention kernel, and element-wise or
+reduction operators (norms, rotary embedding, SwiGLU, residual adds) whose time is the bytes they read
+and write over the memory bandwidth, each operator with a fixed dispatch cost. :func:`layer_ops` lists
+that inventory for one layer task (``phase`` fwd, bwd or recompute) so that the simulator can price it
+with measured per-operator figures (``gpu.op_overhead``, ``gpu.elementwise_bw``).
+
+Convention: *eager PyTorch*, one operator per ATen call that does work (views, reshapes and transposes
+are free and not counted), as the replay's modules (``replay/model.py``) execute them. The coefficients
+below were counted with a ``TorchDispatchMode`` over those modules (forward, and autograd's backward)
+and are re-counted by ``tests/test_replay_ops.py`` at several sizes; a fused implementation (Megatron,
+FlashAttention-2 with fused norms) runs fewer operators and moves fewer bytes. Units: ``T_h`` is one
+activation of the hidden width, ``b*s*h*e`` bytes (e = bytes of the training dtype), ``T_kv`` of the
+key/value width, ``T_f`` of the FFN width; logits and the loss are fp32 (``T_V = 4*b*s*V``).
+
+Per block, forward (backward), bytes read + written by the non-matmul operators and their count:
+
+    norm x2           rmsnorm 7 T_h, 6 ops (24 T_h, 14 ops)   layernorm 2 T_h, 1 op (3 T_h, 1 op)
+    residual adds     6 T_h, 2 ops                           (branch-gradient adds: 12 T_h, 4 ops)
+    rotary (q and k)  13 T_h + 4 T_kv, 36 ops                (20 T_h + 9.5 T_kv, 15 ops)
+    GQA k/v repeat    2 T_h + 2 T_kv, 2 ops                  (4 T_h, 4 ops)
+    MLP activation    swiglu 5 T_f, 2 ops (9 T_f, 3 ops)     gelu 2 T_f, 1 op (3 T_f, 1 op)
+    bias gradients    -                                      (one reduction per linear, its output bytes)
+
+Matmuls: Q, K, V, O and the MLP's matrices (MoE: every expert's, at its share of the tokens, and the
+router), each its own kernel; the attention core (Q.K^T and P.V) is one kernel (fused SDPA); backward
+runs two matmuls of the same FLOPs per forward matmul and one attention-backward kernel of twice the
+core. Head: final norm + LM-head matmul + cross-entropy (forward 3 T_V, 2 ops; backward 5 T_V, 2 ops).
+Embedding: a gather (2 T_h, 1 op; learned positions +3 T_h, +4 ops); its backward zeroes the table's
+gradient and scatter-adds into it (table bytes + T_h, 1 op; learned positions + their table + T_h, +2 ops).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from workloads import flops as wflops
+from workloads.config import WorkloadConfig
+from workloads.model import ModelSpec
+
+__all__ = ["PHASES", "LayerOps", "layer_ops"]
+
+PHASES = ("fwd", "bwd", "recompute")
+LOGIT_BYTES = 4  # fp32 logits and loss
+
+# (forward T_h, forward ops, backward T_h, backward ops) per norm
+_NORM = {"rmsnorm": (7.0, 6, 24.0, 14), "layernorm": (2.0, 1, 3.0, 1)}
+# (forward T_f, forward ops, backward T_f, backward ops) of the MLP's activation
+_ACT = {"swiglu": (5.0, 2, 9.0, 3), "gelu": (2.0, 1, 3.0, 1)}
+
+
+@dataclass(frozen=True)
+class LayerOps:
+    """What one layer task executes: one entry per matmul kernel (its FLOPs), the bytes read + written by
+    the other operators, and how many operators run in all (matmuls included)."""
+
+    matmul_flops: tuple[float, ...]
+    elementwise_bytes: float
+    n_ops: int
+
+    @property
+    def flops(self) -> float:
+        return float(sum(self.matmul_flops))
+
+    def scaled(self, k: float) -> LayerOps:
+        """The same operators on ``k`` times the data (a tensor-parallel shard, a chunk of the tokens)."""
+        return LayerOps(tuple(f * k for f in self.matmul_flops), self.elementwise_bytes * k, self.n_ops)
+
+
+EMPTY = LayerOps((), 0.0, 0)
+
+
+def _block_matmuls(m: ModelSpec, tokens: int, bf: wflops.BlockFlops) -> list[float]:
+    h, q_width = m.hidden, m.n_heads * m.head_dim
+    mats = [2.0 * tokens * h * q_width, 2.0 * tokens * h * m.kv_dim, 2.0 * tokens * h * m.kv_dim,
+            2.0 * tokens * q_width * h]
+    per_expert_tokens = tokens * m.experts_per_token / m.n_experts
+    mats += [2.0 * per_expert_tokens * h * m.ffn] * (m.mlp_matrices * m.n_experts)
+    if bf.router:
+        mats.append(float(bf.router))
+    return mats
+
+
+def _block(m: ModelSpec, c: WorkloadConfig, phase: str) -> LayerOps:
+    b, s, e = c.micro_batch, c.seq_len, c.dtype_bytes
+    tokens = b * s
+    t_h, t_kv, t_f = tokens * m.hidden * e, tokens * m.kv_dim * e, tokens * m.ffn * e
+    bf = wflops.block_forward_flops(m, b, s, c.causal_attention_factor)
+    mats = _block_matmuls(m, tokens, bf)
+    nf, no, nb, nob = _NORM[m.norm]
+    af, ao, ab, aob = _ACT[m.mlp]
+    rotary = not m.learned_pos
+    gqa = m.n_kv_heads != m.n_heads
+    if phase == "bwd":
+        linears = len(mats)
+        bias = (3 * t_h + 2 * t_kv + (m.mlp_matrices - 1) * t_f) if m.bias else 0.0  # dbias: a sum of each output
+        ew = (2 * nb * t_h + 12 * t_h + ab * t_f + bias + (20 * t_h + 9.5 * t_kv if rotary else 0.0)
+              + (4 * t_h if gqa else 0.0))
+        n = (2 * linears + 1 + 2 * nob + 4 + aob + (linears if m.bias else 0) + (15 if rotary else 0)
+             + (4 if gqa else 0))
+        return LayerOps((*[f for f in mats for _ in (0, 1)], 2.0 * bf.attention_core), ew, n)
+    if phase == "recompute" and c.checkpointing == "selective":
+        return LayerOps((float(bf.attention_core),), 0.0, 1)
+    if phase == "recompute" and c.checkpointing == "none":
+        return EMPTY
+    ew = (2 * nf * t_h + 6 * t_h + af * t_f + (13 * t_h + 4 * t_kv if rotary else 0.0)
+          + (2 * t_h + 2 * t_kv if gqa else 0.0))
+    n = len(mats) + 1 + 2 * no + 2 + ao + (36 if rotary else 0) + (2 if gqa else 0)
+    return LayerOps((*mats, float(bf.attention_core)), ew, n)
+
+
+def _head(m: ModelSpec, c: WorkloadConfig, phase: str) -> LayerOps:
+    tokens = c.micro_batch * c.seq_len
+    t_h, t_v = tokens * m.hidden * c.dtype_bytes, tokens * m.vocab * LOGIT_BYTES
+    gemm = float(wflops.head_forward_flops(m, c.micro_batch, c.seq_len))
+    nf, no, nb, nob = _NORM[m.norm]
+    if phase == "bwd":
+        return LayerOps((gemm, gemm), nb * t_h + 5 * t_v, nob + 2 + 2)
+    if phase == "recompute":
+        return EMPTY  # the head is never recomputed (its recompute FLOPs are 0)
+    return LayerOps((gemm,), nf * t_h + 3 * t_v, no + 1 + 2)
+
+
+def _embedding(m: ModelSpec, c: WorkloadConfig, phase: str) -> LayerOps:
+    e = c.dtype_bytes
+    t_h = c.micro_batch * c.seq_len * m.hidden * e
+    pos = m.learned_pos
+    if phase == "bwd":
+        table = m.vocab * m.hidden * e + (m.max_pos * m.hidden * e if pos else 0)
+        return LayerOps((), table + t_h + (t_h if pos else 0), 1 + (2 if pos else 0))
+    if phase == "recompute":
+        return EMPTY
+    return LayerOps((), 2 * t_h + (3 * t_h if pos else 0), 1 + (4 if pos else 0))
+
+
+def layer_ops(model: ModelSpec, config: WorkloadConfig, layer: int, phase: str) -> LayerOps:
+    """The operators of trace layer ``layer`` (0 embedding, 1..L blocks, L+1 head) in ``phase``."""
+    if phase not in PHASES:
+        raise ValueError(f"phase {phase!r} is not one of {', '.join(PHASES)}")
+    if not 0 <= layer <= model.n_layers + 1:
+        raise ValueError(f"layer {layer} is not a layer of {model.name!r} (0..{model.n_layers + 1})")
+    if layer == 0:
+        return _embedding(model, config, phase)
+    if layer == model.n_layers + 1:
+        return _head(model, config, phase)
+    return _block(model, config, phase)
