@@ -39,6 +39,7 @@ __all__ = [
     "measure_disk",
     "measure_duplex",
     "measure_elementwise",
+    "measure_layer_elementwise",
     "measure_gemm",
     "measure_op_overhead",
     "measure_small_op",
@@ -224,7 +225,9 @@ def measure_op_overhead(device: torch.device, repeats: int = 20) -> tuple[float,
 
 def measure_elementwise(device: torch.device, sizes: Sequence[int], repeats: int = 5) -> tuple[float, str]:
     """Bytes/s (read + written) of a chain of fresh-output element-wise operators (mul, add, silu: what norms,
-    activations and residuals do), median over operand sizes `sizes` (bytes), each a median of repeats."""
+    activations and residuals do), median over operand sizes `sizes` (bytes), each a median of repeats.
+    Hot caches and contiguous operands: an upper bound for operators inside a layer (see
+    :func:`measure_layer_elementwise`)."""
     rates = []
     for nbytes in sizes:
         n = max(1, nbytes // 4)
@@ -241,6 +244,55 @@ def measure_elementwise(device: torch.device, sizes: Sequence[int], repeats: int
     how = (f"fresh-output fp32 mul, add, silu chain on {device.type}, bytes read + written / s, median over operands "
            f"of {', '.join(f'{s / 2**20:g}' for s in sizes)} MiB (each a median of repeats)")
     return statistics.median(rates), how
+
+
+# The layer measure_layer_elementwise runs: LLaMA-style, sized unlike any validation case (replay.validation)
+PROBE_LAYER = {"hidden": 384, "n_heads": 6, "ffn": 1024, "seq_len": 192}
+
+
+def measure_layer_elementwise(device: torch.device, dtype: str, gemm_curve: Sequence[tuple[float, float]],
+                              peak: float, op_overhead_s: float, repeats: int = 5) -> tuple[float | None, str]:
+    """Bytes/s of the element-wise operators *inside* a layer, derived from one real layer: the replay's
+    decoder block (``replay.model.Block``, :data:`PROBE_LAYER`) forward + backward is timed, and what the
+    matmuls (each at its size on the measured GEMM curve) and the operators' fixed cost (`op_overhead_s` x
+    their count) do not explain is charged to its element-wise bytes (``workloads.ops``). Inside a layer
+    those operators broadcast over transposed activations, reduce rows, run on cold caches and wake the
+    thread pool after every matmul, which the hot chain of :func:`measure_elementwise` does not see.
+    Returns (None, why) when the layer is no slower than its matmuls and overheads (nothing to charge)."""
+    from hardware_models import Curve
+    from replay.model import Block, Dims
+    from workloads import ModelSpec, WorkloadConfig
+    from workloads.ops import layer_ops
+
+    h, heads, f, s = (PROBE_LAYER[k] for k in ("hidden", "n_heads", "ffn", "seq_len"))
+    m = ModelSpec(name="probe", family="llama", n_layers=1, hidden=h, n_heads=heads, n_kv_heads=heads, ffn=f,
+                  vocab=256, max_pos=4 * s, tied_embeddings=False, mlp="swiglu", norm="rmsnorm", bias=False,
+                  learned_pos=False)
+    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    cfg = WorkloadConfig(micro_batch=1, seq_len=s, precision=dtype if dtype in ("fp32", "bf16", "fp16") else "fp32")
+    block = Block(Dims.from_model(m)).to(device=device, dtype=torch_dtype)
+    x = torch.randn(1, s, h, device=device, dtype=torch_dtype, requires_grad=True)
+    params = list(block.parameters())
+
+    def step() -> None:
+        with torch.enable_grad():
+            y = block(x)
+            torch.autograd.grad(y, [x, *params], torch.ones_like(y))
+
+    t = _median_time(step, device, max(repeats, 10), 0.2)
+    eff = Curve(tuple((fl, min(1.0, rate / peak)) for fl, rate in sorted(gemm_curve)))
+    ops = [layer_ops(m, cfg, 1, phase) for phase in ("fwd", "bwd")]
+    t_mm = sum(fl / (peak * eff(fl)) for o in ops for fl in o.matmul_flops if fl > 0)
+    t_fixed = sum(o.n_ops for o in ops) * op_overhead_s
+    moved = sum(o.elementwise_bytes for o in ops)
+    how = (f"derived: the replay's decoder block (hidden {h}, {heads} heads, ffn {f}, {s} tokens, {dtype}) forward + "
+           f"backward on {device.type}, {t * 1e3:.2f} ms (median), minus its matmuls on the measured GEMM curve "
+           f"({t_mm * 1e3:.2f} ms) and its operators' fixed cost ({t_fixed * 1e3:.2f} ms); the rest carries its "
+           f"{moved / 1e6:.1f} MB of element-wise bytes (workloads.ops)")
+    rest = t - t_mm - t_fixed
+    if rest <= 0.05 * t:
+        return None, how + ": nothing left to charge"
+    return moved / rest, how
 
 
 # -------------------------------------------------------------------------------------------- copies
@@ -574,8 +626,17 @@ def calibrate(directory: str | os.PathLike[str] | None = None, sizes: Calibratio
     launch = measure_small_op(dev)
     progress(f"eager operators on {dev.type}: per-operator overhead, element-wise bandwidth")
     op_overhead, op_method = measure_op_overhead(dev, sizes.repeats)
-    ew_bw, ew_method = measure_elementwise(dev, sizes.elementwise_bytes, sizes.repeats)
-    progress(f"per operator {op_overhead * 1e6:.1f} us; element-wise {ew_bw / 1e9:.2f} GB/s")
+    gemm_dtype = "bf16" if cuda else "fp32"
+    layer_bw, ew_method = None, f"no {gemm_dtype} GEMM curve to derive it from"
+    if curve and gemm_dtype in peaks:
+        layer_bw, ew_method = measure_layer_elementwise(dev, gemm_dtype, curve, peaks[gemm_dtype], op_overhead,
+                                                        sizes.repeats)
+    if layer_bw is None:  # the layer is all matmuls and overheads: use the hot chain's rate
+        ew_bw, chain_how = measure_elementwise(dev, sizes.elementwise_bytes, sizes.repeats)
+        ew_method = f"{chain_how} ({ew_method})"
+    else:
+        ew_bw = layer_bw
+    progress(f"per operator {op_overhead * 1e6:.1f} us; element-wise in a layer {ew_bw / 1e9:.2f} GB/s")
     progress(f"Adam ({sizes.adam_params / 1e6:.2f} M fp32 params) on cpu")
     opt_rate, variant = measure_adam(sizes.adam_params, torch.device("cpu"), sizes.repeats)
     gpu_opt_rate = opt_rate

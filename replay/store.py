@@ -221,10 +221,16 @@ class Store:
                                       f"are not on {loc!r} where this optimizer step runs")
                 g = self.pools.get(held, loc)
                 self.pools.drop(held)
-                total = g if total is None else {n: total[n] + g[n] for n in total}
+                if total is None:
+                    total = dict(g)  # popped above: this step's gradients belong to this optimizer task
+                else:  # what .grad accumulation does, in place
+                    for n in total:
+                        total[n].add_(g[n])
             opt = self.optim[i]
             if opt is None:
                 continue
+            if loc == self.compute_loc:
+                self._release_alias(i)
             for n, p in self.master[i].items():
                 p.grad = total[n] if total is not None else torch.zeros_like(p)
             opt.step()
@@ -234,10 +240,29 @@ class Store:
                 self.master_version[i] += 1
                 v = self.master_version[i]
                 made[i] = v
-                if loc == self.compute_loc:
-                    self._store_version(i, v, {n: p.detach().clone() for n, p in self.master[i].items()})
+                if loc == self.compute_loc:  # the new version IS the master (no copy) until the next step
+                    self._store_version(i, v, {n: p.detach() for n, p in self.master[i].items()})
         with self.lock:
             self.produced[uid] = made
+
+    def _release_alias(self, i: int) -> None:
+        """Before layer i's master is updated in place on the compute device: its current version (which
+        aliases the master) keeps its values -- the master moves to a copy if saved activations still use
+        that version (their graphs hold its storage), else the version is dropped (nothing uses it)."""
+        with self.lock:
+            cur = self.master_version[i]
+            held = self.versions[i].get(cur)
+            first = next(iter(self.master[i].values()), None)
+            if held is None or first is None or next(iter(held.values())).data_ptr() != first.data_ptr():
+                return  # that version is a copy (an upload, or made before the run): nothing aliases the master
+            used = {sv.version for (_, _, j), sv in self.saved.items() if j == i}
+            if i == 0:
+                used |= {sv.wte_version for sv in self.saved.values() if sv.wte_version is not None}
+            if cur in used:
+                for p in self.master[i].values():
+                    p.data = p.data.clone()
+            else:
+                del self.versions[i][cur]
 
     def _store_version(self, i: int, v: int, params: dict[str, Tensor]) -> None:
         """Under the lock: keep version v of layer i, dropping versions no saved activation uses any more."""

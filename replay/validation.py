@@ -190,29 +190,36 @@ def calibrated_spec(quick: bool = False, recalibrate: bool = False, cache_dir: s
     """This machine's spec, measured once and cached (JSON of ``HardwareSpec.to_dict()``) in a temp dir."""
     folder = Path(cache_dir or Path(tempfile.gettempdir()) / "tiersim-validation")
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / ("calibrated-quick-v3.json" if quick else "calibrated-v3.json")
+    path = folder / ("calibrated-quick-v4.json" if quick else "calibrated-v4.json")
     if path.is_file() and not recalibrate:
         try:
             return spec_from_dict(json.loads(path.read_text()), file=str(path))
         except (ValueError, OSError):
             pass  # a stale or broken cache: measure again
-    from replay.calibrate import CalibrationSizes, calibrate
+    import torch
+
+    from replay.calibrate import CalibrationSizes, calibrate, measure_layer_elementwise
     from replay.calibrate_spec import spec_dict
 
     _log("calibrating this machine" + (" (tiny sizes)" if quick else ""))
     sizes = CalibrationSizes.tiny() if quick else CalibrationSizes()
     cal = calibrate(None, sizes, progress=_log)
-    # The runner's Adam is replay.store.ADAM (single-tensor, foreach=False, so that it matches its fp32
-    # reference), but calibrate() measures the fastest variant (fused), ~3x faster on this host; measure the
-    # one that the replay runs (what the simulator should predict for it).
+    # calibrate() measures the fastest Adam variant it finds over 8 large tensors; measure the runner's own
+    # configuration (replay.store.ADAM) too, and use that: what the simulator should predict for the replay.
     if not quick:  # one pass of GEMM timings on a shared 2-vCPU VM can be off by 5x at some sizes
         cal.gemm_curve, cal.peak_flops[cal.gemm_dtype] = robust_gemm_curve(cal.gemm_curve, sizes)
         cal.peak_at[cal.gemm_dtype] = max(cal.gemm_curve, key=lambda p: p[1])[0]
+        # the element-wise rate inside a layer is derived with the GEMM curve: derive it again with this one
+        bw, how = measure_layer_elementwise(torch.device("cpu"), cal.gemm_dtype, cal.gemm_curve,
+                                            cal.peak_flops[cal.gemm_dtype], cal.op_overhead_s or 0.0, sizes.repeats)
+        if bw is not None:
+            cal.elementwise_bw, cal.elementwise_method = bw, how + " (with the median-of-3 GEMM curve)"
+        _log(f"element-wise in a layer: {cal.elementwise_bw / 1e9 if cal.elementwise_bw else 0:.2f} GB/s")
     rate = replay_adam_rate(sizes.adam_params, sizes.repeats)
-    _log(f"Adam as the runner runs it (foreach=False): {rate / 1e6:.1f} M params/s "
+    _log(f"Adam as the runner runs it ({ADAM_VARIANT}): {rate / 1e6:.1f} M params/s "
          f"(calibrate measured {cal.optimizer_params_per_s / 1e6:.1f} M params/s {cal.optimizer_variant})")
     cal.optimizer_params_per_s = cal.gpu_optimizer_params_per_s = rate
-    cal.optimizer_variant = "single-tensor (replay.store.ADAM)"
+    cal.optimizer_variant = f"{ADAM_VARIANT} (replay.store.ADAM)"
     spec = spec_from_dict(spec_dict(cal), file="calibration")
     path.write_text(json.dumps(spec.to_dict()))
     return spec
@@ -232,6 +239,9 @@ def robust_gemm_curve(first: list[tuple[float, float]], sizes: Any,
     _log("GEMM curve, median of 3 passes (GFLOP/s): "
          + ", ".join(f"{f:.0e}: {[round(r.get(f, 0) / 1e9) for r in runs]} -> {v / 1e9:.0f}" for f, v in curve))
     return curve, max(v for _, v in curve)
+
+
+ADAM_VARIANT = "fused"  # replay.store.ADAM
 
 
 def replay_adam_rate(n_params: int, repeats: int = 5, tensors: int = 8) -> float:
