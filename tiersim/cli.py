@@ -148,6 +148,7 @@ def build_parser(prog: str = "tiersim") -> argparse.ArgumentParser:
 # Commands that live wholly in their own module under tiersim/commands/: name -> (module, help).
 # Each module defines add_args(parser) and run(args) -> exit code.
 MODULE_COMMANDS: dict[str, tuple[str, str]] = {
+    "plan": ("plan", "search every policy, its knobs, micro-batch and checkpointing for the best plan"),
 }
 
 

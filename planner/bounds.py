@@ -1,0 +1,180 @@
+"""Analytic lower bounds on a plan's peak memory and step time, computed from the plan without simulating.
+
+Both are lower bounds by construction, so a search may reject a candidate on them without ever rejecting
+one that a simulation would have found better (tests/test_planner_bounds.py checks bound <= simulated on
+a sweep of policies, models and knobs):
+
+- memory: a pool's peak is at least its usage at any instant. At time 0 every tensor with a ``home`` is
+  resident (the engine places them). At the start of any task C, these are resident together: the
+  homed tensors that no task ever frees or moves away, plus every tensor instance that a task A on C's
+  stream allocated (A = C or A before C in the stream's order, in the same segment iteration) and that
+  a task B on the same stream frees at its end (B = C or B after C): a stream runs its tasks in order,
+  so A has started and B has not ended. Only tensors that B alone frees count (one moved away by
+  another stream in between, or freed elsewhere too, may be gone earlier).
+  This counts, e.g., the activations a compute stream keeps from its forward to its backward.
+- time: the measured step repeats with its period in the steady state, so every resource must do one
+  step's work within one period; no resource works faster than its capacity. Work per step, priced with
+  the simulator's own cost functions (``simulator.engine``):
+  * each GPU's SMs (capacity 1 s/s, shared by all its compute streams): its compute tasks' roofline
+    seconds plus launch overhead, and GPU optimizer steps (HBM-bound);
+  * each link direction (and the duplex budget where the hardware has one): the bytes routed over it
+    by copies and ring collectives, divided by its bandwidth;
+  * the host's CPU-Adam resource: parameters updated on the CPU divided by its params/s rate.
+  The step's tasks are every segment's tasks times its repeat count (one measured step).
+  The time bound is lowered by a relative BOUND_SLACK so that floating-point summation order (the bound
+  adds the same terms the simulator does, in another order) cannot lift a tight bound above the figure.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from hardware_models import HardwareSpec, Topology, build_topology
+from simulator import Plan
+from simulator.engine import compute_seconds, link_resources
+
+BOUND_SLACK = 1e-9
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """Lower bounds of one plan: bytes per pool, the step time, and which resource gives it."""
+
+    memory_bytes: dict[str, float]
+    time_s: float
+    time_resource: str
+
+    def to_dict(self) -> dict[str, object]:
+        return {"memory_bytes": dict(self.memory_bytes), "time_s": self.time_s, "time_resource": self.time_resource}
+
+
+def memory_lower_bound(plan: Plan, topo: Topology) -> dict[str, float]:
+    """Bytes per pool that are resident together at some instant (see the module docstring)."""
+    pools = sorted(topo.pools)
+    at_start = {p: 0.0 for p in pools}
+    tensors = plan.tensor_map()
+    for t in plan.tensors:
+        if t.home is not None:
+            at_start[topo.pool_of[t.home]] += t.bytes
+    releasers: dict[tuple[str, str], set[str]] = defaultdict(set)  # (tensor id, location) -> tasks freeing it
+    for seg in plan.segments:
+        for t in seg.tasks:
+            for p in t.frees:
+                releasers[(p.tensor.id, p.loc)].add(t.id)
+            if t.op == "copy" and t.free_src and t.tensor is not None and t.src is not None:
+                releasers[(t.tensor.id, t.src)].add(t.id)
+    released = set(releasers)
+    always = {p: 0.0 for p in pools}
+    for t in plan.tensors:
+        if t.home is not None and (t.id, t.home) not in released:
+            always[topo.pool_of[t.home]] += t.bytes
+    best = dict(at_start)
+    for seg in plan.segments:
+        by_stream: dict[str, list] = defaultdict(list)
+        for t in seg.tasks:
+            by_stream[t.stream].append(t)
+        for tasks in by_stream.values():
+            _stacked(tasks, tensors, topo, always, best, releasers)
+    return best
+
+
+def _plain(ref: object) -> bool:
+    return getattr(ref, "iters_back", 1) == 0 and getattr(ref, "steps_back", 1) == 0
+
+
+def _stacked(tasks: list, tensors: dict, topo: Topology, always: dict[str, float], best: dict[str, float],
+             releasers: dict[tuple[str, str], set[str]]) -> None:
+    """Walk one stream's tasks of one segment iteration; update ``best`` with what is resident at each start.
+
+    Only tensors whose one and only releasing task in the whole plan is that later task of the stream
+    count (a tensor moved away by another stream in between and brought back is not resident throughout).
+    """
+    alloc_at: dict[tuple[str, str], int] = {}
+    free_at: dict[tuple[str, str], int] = {}
+    for i, t in enumerate(tasks):
+        made = [(p.tensor, p.loc) for p in t.allocs]
+        if t.op == "copy" and t.alloc_dst and t.tensor is not None and t.dst is not None:
+            made.append((t.tensor, t.dst))
+        for ref, loc in made:
+            if _plain(ref):
+                alloc_at.setdefault((ref.id, loc), i)
+        gone = [(p.tensor, p.loc) for p in t.frees]
+        if t.op == "copy" and t.free_src and t.tensor is not None and t.src is not None:
+            gone.append((t.tensor, t.src))
+        for ref, loc in gone:
+            if _plain(ref) and (ref.id, loc) in alloc_at and releasers[(ref.id, loc)] == {t.id}:
+                free_at.setdefault((ref.id, loc), i)
+    if not free_at:
+        return
+    delta: dict[str, list[float]] = defaultdict(lambda: [0.0] * (len(tasks) + 1))
+    for key, j in free_at.items():
+        i = alloc_at[key]
+        pool = topo.pool_of[key[1]]
+        nbytes = tensors[key[0]].bytes
+        d = delta[pool]
+        d[i] += nbytes       # resident at the starts of tasks i..j
+        d[j + 1] -= nbytes
+    for pool, d in delta.items():
+        run = 0.0
+        peak = 0.0
+        for x in d[:-1]:
+            run += x
+            peak = max(peak, run)
+        best[pool] = max(best[pool], always[pool] + peak)
+
+
+def resource_work(plan: Plan, hw: HardwareSpec, topo: Topology) -> dict[str, float]:
+    """Seconds of work per resource in one measured step (each resource's minimum busy time)."""
+    streams = plan.stream_map()
+    dtype = str(plan.workload.get("precision", "bf16"))
+    caps = link_resources(topo)
+    route_res: dict[tuple[str, str], tuple[str, ...]] = {}
+
+    def route(src: str, dst: str) -> tuple[str, ...]:
+        key = (src, dst)
+        if key not in route_res:
+            res: list[str] = []
+            for h in topo.route(src, dst):
+                res.append(f"{h.link}:{'fwd' if h.forward else 'rev'}")
+                if topo.links[h.link].duplex_bw is not None:
+                    res.append(f"{h.link}:duplex")
+            route_res[key] = tuple(res)
+        return route_res[key]
+
+    work: dict[str, float] = defaultdict(float)
+    nbytes: dict[str, float] = defaultdict(float)
+    tensors = plan.tensor_map()
+    for seg in plan.segments:
+        n = seg.repeat
+        for t in seg.tasks:
+            device = streams[t.stream].device
+            if t.op == "compute" and device.startswith("gpu"):
+                sec = compute_seconds(hw, t.flops, t.hbm_bytes, dtype) + hw.gpu.launch_overhead_s
+                work[f"{device}.sm"] += n * sec
+            elif t.op == "optimizer":
+                if device.startswith("gpu"):
+                    sec = t.params * hw.gpu.optimizer_bytes_per_param / hw.gpu.hbm_bw + hw.gpu.launch_overhead_s
+                    work[f"{device}.sm"] += n * sec
+                else:
+                    work["cpu.adam"] += n * t.params / hw.host.optimizer_params_per_s
+            elif t.op == "copy" and t.src != t.dst and t.src is not None and t.dst is not None:
+                b = t.bytes if t.bytes > 0 else (tensors[t.tensor.id].bytes if t.tensor is not None else 0.0)
+                for r in route(t.src, t.dst):
+                    nbytes[r] += n * b
+            elif t.op == "collective" and len(t.ranks) > 1:
+                k = len(t.ranks)
+                per_rank = t.bytes * (k - 1) / k * (2.0 if t.coll == "all_reduce" else 1.0)
+                for i, rank in enumerate(t.ranks):
+                    for r in route(rank, t.ranks[(i + 1) % k]):
+                        nbytes[r] += n * per_rank
+    for r, b in nbytes.items():
+        work[r] += b / caps[r]
+    return dict(work)
+
+
+def plan_bounds(plan: Plan, hw: HardwareSpec, topo: Topology | None = None) -> Bounds:
+    topo = topo if topo is not None else build_topology(hw)
+    work = resource_work(plan, hw, topo)
+    resource, time_s = max(sorted(work.items()), key=lambda kv: kv[1], default=("none", 0.0))
+    return Bounds(memory_lower_bound(plan, topo), time_s * (1 - BOUND_SLACK), resource)

@@ -1,0 +1,108 @@
+"""The candidate space of a plan search: policy x knobs x micro-batch x checkpointing, in a fixed order.
+
+Knob grids: each policy's knobs that change how it runs (not the byte details that model a DeepSpeed
+version, which stay at their defaults). A knob with an ``auto`` value (0 or "auto") that the policy
+resolves itself is searched as auto *and* as a grid of explicit values. Policies without a grid here are
+searched with their default knobs. Every grid knob must be one of the policy's declared knobs
+(``check_grids``; tested).
+
+Micro-batch: powers of two dividing the global batch per GPU (the largest data-parallel degree),
+at most MAX_MICRO_BATCH; a micro-batch that does not divide a policy's own per-rank batch is rejected
+when its plan is built. Checkpointing: none, selective, full. The user fixes either with a flag.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from itertools import product
+from typing import Any
+
+from policies import POLICIES, get_policy
+
+CHECKPOINTING = ("none", "selective", "full")
+MAX_MICRO_BATCH = 16
+# policies whose plans do not depend on the workload's checkpointing setting (their own docstrings say
+# so: lazytrain's MILP decides recomputation per layer), so one value of it is searched
+IGNORES_CHECKPOINTING = {"lazytrain": "full"}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One point of the search space; ``index`` is its place in the deterministic enumeration."""
+
+    index: int
+    policy: str
+    knobs: tuple[tuple[str, Any], ...]
+    micro_batch: int
+    checkpointing: str
+
+    @property
+    def knob_dict(self) -> dict[str, Any]:
+        return dict(self.knobs)
+
+    def label(self) -> str:
+        k = ",".join(f"{n}={v}" for n, v in self.knobs)
+        return f"{self.policy}[{k}] mb={self.micro_batch} ckpt={self.checkpointing}"
+
+
+def _divisors_pow2(n: int, cap: int | None = None) -> tuple[int, ...]:
+    out, d = [], 1
+    while d <= n and (cap is None or d <= cap):
+        if n % d == 0:
+            out.append(d)
+        d *= 2
+    return tuple(out)
+
+
+def knob_grid(policy: str, n_gpus: int) -> dict[str, tuple[Any, ...]]:
+    """Values searched per knob of ``policy`` on ``n_gpus`` GPUs (knobs not named keep their defaults)."""
+    degrees = _divisors_pow2(n_gpus)
+    grids: dict[str, dict[str, tuple[Any, ...]]] = {
+        "none": {"stage": (0, 1, 2, 3), "tp": degrees},
+        "zero-offload": {"tp": (0, *degrees), "delayed_update": (False, True)},
+        "zero-infinity": {"param_device": ("cpu", "nvme"), "optimizer_device": ("cpu", "nvme"),
+                          "offload_checkpoints": (False, True)},
+        "tinypipe": {"stages": (0, *degrees), "prefetch_packs": (1, 2)},
+        "lazytrain": {"strategy": ("milp",)},
+        "synergyscale": {"auto": (True,), "offload_activations": (False, True)},
+    }
+    return grids.get(policy, {})
+
+
+def check_grids(n_gpus: int = 8) -> list[str]:
+    """Grid knobs a policy does not declare (empty when every grid is valid)."""
+    bad = []
+    for name, info in POLICIES.items():
+        declared = {f.name for f in dataclasses.fields(info.knobs_type)}
+        bad += [f"{name}.{k}" for k in knob_grid(name, n_gpus) if k not in declared]
+    return bad
+
+
+def micro_batches(global_batch: int, n_gpus: int) -> tuple[int, ...]:
+    per_gpu = global_batch // n_gpus if global_batch % n_gpus == 0 else global_batch
+    return _divisors_pow2(max(per_gpu, 1), MAX_MICRO_BATCH)
+
+
+def enumerate_candidates(policies: Sequence[str], n_gpus: int, global_batch: int, *,
+                         micro_batch: int | None = None, checkpointing: str | None = None) -> Iterator[Candidate]:
+    """Every candidate, policies in the given order, then knobs, micro-batch, checkpointing."""
+    mbs = (micro_batch,) if micro_batch is not None else micro_batches(global_batch, n_gpus)
+    i = 0
+    for policy in policies:
+        get_policy(policy)  # KnobError for an unknown name
+        grid = knob_grid(policy, n_gpus)
+        names = list(grid)
+        if checkpointing is not None:
+            ckpts: tuple[str, ...] = (checkpointing,)
+        elif policy in IGNORES_CHECKPOINTING:
+            ckpts = (IGNORES_CHECKPOINTING[policy],)
+        else:
+            ckpts = CHECKPOINTING
+        for values in product(*(grid[n] for n in names)):
+            knobs = tuple(zip(names, values, strict=True))
+            for mb in mbs:
+                for ck in ckpts:
+                    yield Candidate(i, policy, knobs, mb, ck)
+                    i += 1
