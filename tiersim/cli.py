@@ -149,6 +149,7 @@ def build_parser(prog: str = "tiersim") -> argparse.ArgumentParser:
 # Each module defines add_args(parser) and run(args) -> exit code.
 MODULE_COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("plan", "search every policy, its knobs, micro-batch and checkpointing for the best plan"),
+    "report": ("report", "write a comparison report (HTML, Markdown, PNG/SVG figures, CSV) from result files"),
 }
 
 
@@ -167,6 +168,7 @@ def _add_simulate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plan-out", help="write the plan (JSON) here")
     p.add_argument("--trace", help="write a Chrome/Perfetto trace of the simulated step here")
+    p.add_argument("--report", metavar="DIR", help="also write a report (HTML, Markdown, figures, CSV) into DIR")
     p.add_argument("--check", action="store_true", help="also check the simulator's invariants")
     p.add_argument("--no-extrapolate", dest="extrapolate", action="store_false",
                    help="simulate every micro-step even in a steady state")

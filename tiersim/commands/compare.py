@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -10,14 +11,15 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any
 
 from policies import POLICIES, Job, PlanInfeasible, parse_knobs
-from simulator import simulate_plan
+from simulator import Result, simulate_plan
 from tiersim.cli import UsageError
 
 EXIT_OK, EXIT_INFEASIBLE = 0, 3
 
 
-def _one(name: str, job: Job, extrapolate: bool) -> dict[str, Any]:
-    """Plan and simulate one policy with its default knobs; the JSON-shaped result (picklable, small)."""
+def _one(name: str, job: Job, extrapolate: bool, keep: bool = False) -> tuple[dict[str, Any], Result | None]:
+    """Plan and simulate one policy with its default knobs: the JSON-shaped result (picklable, small) and,
+    when ``keep`` (for a report), the Result itself without its plan (the figures need its time series)."""
     from tiersim.commands.simulate import plan_infeasible_dict, result_dict
 
     info = POLICIES[name]
@@ -28,8 +30,9 @@ def _one(name: str, job: Job, extrapolate: bool) -> dict[str, Any]:
     except PlanInfeasible as e:
         d = plan_infeasible_dict(e, job, knobs)
         d["sim"]["wall_s"] = time.perf_counter() - t0
-        return d
-    return result_dict(simulate_plan(plan, job.hw, extrapolate=extrapolate))
+        return d, None
+    result = simulate_plan(plan, job.hw, extrapolate=extrapolate)
+    return result_dict(result), dataclasses.replace(result, simulated_plan=None) if keep else None
 
 
 def run_all(args: argparse.Namespace, job: Job) -> int:
@@ -42,10 +45,11 @@ def run_all(args: argparse.Namespace, job: Job) -> int:
     if args.plan_out or args.trace:
         raise UsageError("--plan-out/--trace need one policy; run that policy alone")
     names = list(POLICIES)
+    keep = args.report is not None
     workers = min(len(names), os.cpu_count() or 1)
     show = sys.stderr.isatty()  # progress for a person watching; pipes and scripts get only the result
     t0 = time.perf_counter()
-    done: dict[str, dict[str, Any]] = {}
+    done: dict[str, tuple[dict[str, Any], Result | None]] = {}
 
     def progress(name: str) -> None:
         if show:
@@ -53,15 +57,15 @@ def run_all(args: argparse.Namespace, job: Job) -> int:
 
     if workers > 1:  # the policies are independent: plan and simulate them in parallel processes
         with ProcessPoolExecutor(max_workers=workers) as pool:
-            futures = {pool.submit(_one, name, job, args.extrapolate): name for name in names}
+            futures = {pool.submit(_one, name, job, args.extrapolate, keep): name for name in names}
             for fut in as_completed(futures):
                 done[futures[fut]] = fut.result()
                 progress(futures[fut])
     else:
         for name in names:
-            done[name] = _one(name, job, args.extrapolate)
+            done[name] = _one(name, job, args.extrapolate, keep)
             progress(name)
-    rows = [done[name] for name in names]
+    rows = [done[name][0] for name in names]
     if args.json:
         print(_dumps({"job": {"hardware": job.hw.name, "model": job.model.name,
                               "workload": job.config.to_dict(), "assumed": list(job.assumed)},
@@ -76,4 +80,11 @@ def run_all(args: argparse.Namespace, job: Job) -> int:
         for a in job.assumed:
             print(f"  default picked: {a}")
         print("GPU/CPU/NVMe GB: peak of the busiest pool of that kind; exposed s: transfer time not hidden by compute")
+    if keep:
+        from tiersim.commands.simulate import write_report_for
+
+        c = job.config
+        title = (f"Every policy: {job.model.name} ({job.model.params() / 1e9:.2f}B) on {job.hw.name}, global batch "
+                 f"{c.global_batch}, micro-batch {c.micro_batch}, seq {c.seq_len}, {c.precision}")
+        write_report_for(args, [done[n][1] if done[n][1] is not None else done[n][0] for n in names], title)
     return EXIT_OK if any(r["feasible"] for r in rows) else EXIT_INFEASIBLE

@@ -145,6 +145,10 @@ def run_simulate(args: argparse.Namespace) -> int:
     _check_not_empty(args)
     check_output_path("--plan-out", args.plan_out)
     check_output_path("--trace", args.trace)
+    if args.report is not None:
+        from tiersim.commands.report import check_report_dir
+
+        check_report_dir("--report", args.report)
     extra_assumed: list[str] = []
     hw: HardwareSpec
     if args.plan_in is not None:
@@ -187,6 +191,7 @@ def run_simulate(args: argparse.Namespace) -> int:
                 skipped = [f for f, v in (("--plan-out", args.plan_out), ("--trace", args.trace)) if v]
                 if skipped:
                     print(f"(no plan, so {' and '.join(skipped)} not written)")
+            write_report_for(args, [d])
             return EXIT_INFEASIBLE
     if args.plan_out:
         _write("--plan-out", args.plan_out, plan.save)
@@ -211,6 +216,31 @@ def run_simulate(args: argparse.Namespace) -> int:
             print("invariants: " + ("all hold" if not violations else f"{len(violations)} VIOLATED"))
             for v in violations:
                 print(f"  {v}")
+    write_report_for(args, [result])
     if violations:
         return EXIT_INVARIANT
     return EXIT_OK if result.feasible else EXIT_INFEASIBLE
+
+
+def write_report_for(args: argparse.Namespace, items: list[Any], title: str | None = None) -> None:
+    """``--report DIR``: the report of these results (Results simulated here, or result dicts)."""
+    if args.report is None:
+        return
+    import sys
+
+    from reports.build import ReportInputs
+    from tiersim.commands.report import write
+
+    inputs = ReportInputs(items=list(items))
+    if title:
+        inputs.title = title
+    else:
+        from reports.inputs import default_title
+
+        inputs.title = default_title(inputs)
+    paths = write(Path(args.report), inputs, sys.stderr.isatty())
+    line = f"report: {Path(args.report) / 'report.html'} ({sum(1 for p in paths if p.suffix == '.png')} figures)"
+    if not args.json:
+        print(line)
+    elif sys.stderr.isatty():
+        print(line, file=sys.stderr)
