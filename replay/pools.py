@@ -1,5 +1,12 @@
 """Where real tensors live: ``gpu*`` on the compute device, ``cpu`` in (pinned) host memory, ``nvme`` in
-files of a directory, written and read for real."""
+files of a directory, written and read for real.
+
+Buffers are recycled, as a caching allocator does: a tensor handed back with :meth:`Pools.recycle` (its
+owner guarantees nothing else uses it) is reused by the next :meth:`Pools.put` of the same device, dtype and
+shape, so a copy writes into memory that is already mapped (and pinned) instead of a fresh allocation, whose
+page faults (and pinning) cost more than the copy itself for the few-MB tensors of a layer. The plan's
+memory accounting is the runner's (``MemoryTracker``), not this cache's.
+"""
 
 from __future__ import annotations
 
@@ -24,6 +31,7 @@ class Pools:
         self._tmp: Path | None = None
         self._ids = itertools.count()
         self._lock = threading.Lock()
+        self._free: dict[tuple[str, torch.dtype, tuple[int, ...]], list[Tensor]] = {}
 
     def torch_device(self, loc: str) -> torch.device:
         if loc.startswith("gpu"):
@@ -45,13 +53,29 @@ class Pools:
             torch.save({k: v.detach().cpu() for k, v in tensors.items()}, path)
             return path
         dev = self.torch_device(loc)
+        pin = self.pin and loc == "cpu"
         out = {}
         for k, v in tensors.items():
-            t = v.detach().to(dev, copy=True)
-            if self.pin and loc == "cpu":
-                t = t.pin_memory()
-            out[k] = t
+            key = (str(dev) + (":pinned" if pin else ""), v.dtype, tuple(v.shape))
+            with self._lock:
+                spare = self._free.get(key)
+                t = spare.pop() if spare else None
+            if t is None:
+                t = torch.empty(v.shape, dtype=v.dtype, device=dev, pin_memory=pin)
+            out[k] = t.copy_(v.detach(), non_blocking=pin)
         return out
+
+    def recycle(self, held: Held | None) -> None:
+        """Hands back the buffers of ``held`` (which nothing else uses any more) for reuse by :meth:`put`;
+        a file on nvme is removed."""
+        if held is None or isinstance(held, Path):
+            self.drop(held)
+            return
+        with self._lock:
+            for t in held.values():
+                pinned = t.device.type == "cpu" and self.pin and t.is_pinned()
+                self._free.setdefault((str(t.device) + (":pinned" if pinned else ""), t.dtype, tuple(t.shape)),
+                                      []).append(t)
 
     def get(self, held: Held, loc: str) -> dict[str, Tensor]:
         """The tensors of ``held`` on ``loc``'s device (read from the file for nvme)."""
@@ -71,6 +95,8 @@ class Pools:
         return sum(t.numel() * t.element_size() for t in tensors.values())
 
     def close(self) -> None:
+        with self._lock:
+            self._free.clear()
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None

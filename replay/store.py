@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
@@ -226,6 +227,7 @@ class Store:
                 else:  # what .grad accumulation does, in place
                     for n in total:
                         total[n].add_(g[n])
+                    self.pools.recycle(g)
             opt = self.optim[i]
             if opt is None:
                 continue
@@ -236,6 +238,7 @@ class Store:
             opt.step()
             for p in self.master[i].values():
                 p.grad = None
+            self.pools.recycle(total)
             with self.lock:
                 self.master_version[i] += 1
                 v = self.master_version[i]
@@ -298,9 +301,11 @@ class Store:
         if held is None:
             raise ReplayError(f"task {uid!r}: copies the gradients of layer {layer} (step {step}, micro-step "
                               f"{micro}) from {src!r}, but they are not there")
-        tensors = self.pools.get(held, src)
+        tensors = self.pools.get(held, src)  # in memory: the held tensors themselves
         moved = self.pools.put(dst, tensors, f"grad{layer}.s{step}.m{micro}")
-        self.pools.drop(held)
+        self.pools.recycle(held)
+        if isinstance(held, Path):
+            self.pools.recycle(tensors)  # read from the file for this copy only
         with self.lock:
             self.grads[(dst, layer, step, micro)] = moved
         return Pools.nbytes(tensors)
@@ -314,22 +319,24 @@ class Store:
             held = self.pools.put(src, {"b": torch.zeros(nbytes, dtype=torch.uint8)}, key)
             with self.lock:
                 self.buffers[(key, src)] = held
-        data = self.pools.get(held, dst)
+        data = self.pools.get(held, src)  # in memory: the held tensors themselves
         moved = self.pools.put(dst, data, key)
+        if isinstance(held, Path):
+            self.pools.recycle(data)  # read from the file for this copy only
         with self.lock:
             if inst is not None:
                 old = self.buffers.get((key, dst))
                 self.buffers[(key, dst)] = moved
-                self.pools.drop(old)
+                self.pools.recycle(old)
                 if free_src:
-                    self.pools.drop(self.buffers.pop((key, src), None))
+                    self.pools.recycle(self.buffers.pop((key, src), None))
             else:
-                self.pools.drop(moved)
+                self.pools.recycle(moved)
         return nbytes
 
     def drop_buffer(self, inst: str, loc: str) -> None:
         with self.lock:
-            self.pools.drop(self.buffers.pop((inst, loc), None))
+            self.pools.recycle(self.buffers.pop((inst, loc), None))
 
     # -- results ---------------------------------------------------------------------------------------
     def final_weights(self) -> list[dict[str, Tensor]]:

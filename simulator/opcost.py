@@ -7,12 +7,14 @@ Operator level (a spec with ``gpu.op_overhead``, as ``tiersim calibrate`` writes
 ``layer`` and ``phase`` (fwd | bwd | recompute) of the plan's workload runs the operators that
 :func:`workloads.ops.layer_ops` lists, and costs::
 
-    sum_i f_i / (peak * eff(f_i))  +  elementwise_bytes / elementwise_bw  +  n_ops * op_overhead
+    max( sum_i f_i / (peak * eff(f_i))  +  elementwise_bytes / elementwise_bw  +  n_ops * op_overhead,
+         hbm_bytes / hbm_bw )
 
-where f_i are its matmul kernels (each at its own size on the curve). A task that carries a share of the
-layer (a tensor-parallel rank, a chunk of the tokens) has FLOPs ``k`` times the layer's: every kernel and
-the element-wise bytes are scaled by ``k`` (kernels get smaller, so less efficient), the operator count is
-not. A compute task without a layer tag (or of a plan without a model) keeps the roofline.
+(the task's own HBM traffic stays a floor, as in the roofline) where f_i are its matmul kernels (each at
+its own size on the curve). A task that carries a share of the layer (a tensor-parallel rank, a chunk of
+the tokens) has FLOPs ``k`` times the layer's: every kernel and the element-wise bytes are scaled by ``k``
+(kernels get smaller, so less efficient), the operator count is not. A compute task without a layer tag
+(or of a plan without a model) keeps the roofline.
 """
 
 from __future__ import annotations
@@ -92,4 +94,4 @@ class ComputeCost:
         ops = self.layer_ops(layer, phase, flops) if self.op_level else None
         if ops is None:
             return compute_seconds(self.hw, flops, hbm_bytes, self.dtype) + self.hw.gpu.launch_overhead_s
-        return ops_seconds(self.hw, ops, self.dtype)
+        return max(ops_seconds(self.hw, ops, self.dtype), hbm_bytes / self.hw.gpu.hbm_bw)

@@ -70,9 +70,18 @@ def test_operator_level_price_of_every_layer_task() -> None:
     for r in recs:
         layer, phase = r.tags["layer"], r.tags["phase"]
         ops = layer_ops(job.model, job.config, layer, phase)
+        trace = job.trace.layers[layer]
+        floor = (trace.bwd_hbm_bytes if phase == "bwd" else trace.fwd_hbm_bytes) / job.hw.gpu.hbm_bw
+        assert ops_seconds(job.hw, ops, "bf16") > floor  # here the operators, not the HBM floor, set the time
         assert r.end - r.start == pytest.approx(ops_seconds(job.hw, ops, "bf16"), rel=1e-9), (layer, phase)
         seen.add((layer == 0, layer == job.model.n_layers + 1, phase))
     assert {(True, False, "fwd"), (False, False, "fwd"), (False, False, "bwd"), (False, True, "bwd")} <= seen
+
+
+def test_the_task_hbm_traffic_stays_a_floor() -> None:
+    job, recs = _layer_records(["gpu.op_overhead=0us", "gpu.elementwise_bw=1e15", "gpu.hbm_bw=1GB/s"])
+    block = next(r for r in recs if r.tags["phase"] == "fwd" and r.tags["layer"] == 1)
+    assert block.end - block.start == pytest.approx(job.trace.layers[1].fwd_hbm_bytes / 1e9, rel=1e-9)
 
 
 def test_operator_level_costs_more_than_one_big_kernel() -> None:

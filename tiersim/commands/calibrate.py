@@ -4,7 +4,9 @@ write a hardware description the simulator loads (``simulate --hw local.yaml ...
 Measured: GEMM FLOP/s over op sizes (-> gpu.peak_flops, gpu.gemm_efficiency), copy bandwidth between the
 runner's pools gpu0 <-> cpu (-> pcie), a large copy on the device (-> gpu.hbm_bw) and in host memory
 (-> host.dram_bw), sequential disk read/write of `--dir` with the page cache avoided (-> nvme), the
-torch.optim.Adam rate (-> host.optimizer_params_per_s), DRAM size and cores. Progress goes to stderr;
+torch.optim.Adam rate (-> host.optimizer_params_per_s), DRAM size and cores, and the per-operator figures
+that price a layer operator by operator (-> gpu.op_overhead from the replay's decoder block at tiny size,
+gpu.elementwise_bw derived from one probe block; CPU-only: gpu.shares_host). Progress goes to stderr;
 stdout gets a summary, or with ``--json`` one JSON object ``{"output", "measurements", "spec"}``.
 Every figure's citation is in the file's ``sources``. Exit codes: 0 written, 2 bad input (one line).
 """
@@ -107,6 +109,10 @@ def run_calibrate(args: argparse.Namespace, sizes: Any = None) -> int:
         f"{g.gemm_efficiency.points[0][0]:.0e} FLOP .. {g.gemm_efficiency.points[-1][1]:.2f} at "
         f"{g.gemm_efficiency.points[-1][0]:.0e}",
         f"  hbm_bw {fmt_bandwidth(g.hbm_bw)}; launch overhead {cal.launch_overhead_s * 1e6:.1f} us",
+        f"  per operator {g.op_overhead_s * 1e6:.1f} us; element-wise in a layer "
+        f"{fmt_bandwidth(g.elementwise_bw or g.hbm_bw)}" + ("; compute shares the host's cores" if g.shares_host
+                                                             else "")
+        if g.op_overhead_s is not None else "  per-operator figures: not measured",
         f"  host: {h.cores} cores, {fmt_bytes(h.dram_bytes)} DRAM, dram_bw {fmt_bandwidth(h.dram_bw)}, "
         f"Adam {h.optimizer_params_per_s / 1e6:.1f} M params/s ({cal.optimizer_variant})",
         f"  pcie (gpu0<->cpu): {fmt_bandwidth(pc.per_direction_bw)} one way (gen {pc.gen} x{pc.lanes} "
