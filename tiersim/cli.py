@@ -149,6 +149,9 @@ def build_parser(prog: str = "tiersim") -> argparse.ArgumentParser:
 # Each module defines add_args(parser) and run(args) -> exit code.
 MODULE_COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("plan", "search every policy, its knobs, micro-batch and checkpointing for the best plan"),
+    "whatif": ("whatif", "plan a job on a grid of hardware changes; rank each single change"),
+    "max-model": ("max_model", "the largest model each policy can train (bisection over layers or width)"),
+    "coverage": ("coverage", "policy x model matrix: feasible with throughput, or the binding pool"),
     "report": ("report", "write a comparison report (HTML, Markdown, PNG/SVG figures, CSV) from result files"),
 }
 

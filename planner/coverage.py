@@ -1,0 +1,85 @@
+"""Training coverage: which policy can train which model on a machine, and how fast (Tiny-Pipe's matrix).
+
+Each cell (policy, model) is ``planner.search.search`` restricted to that policy: its best plan's
+throughput, or infeasible with the reason that rejected the most candidates (the binding pool). Cells
+are bounded by ``cell_budget_s`` each, or by ``total_budget_s`` shared out over the cells still to do
+(each gets an equal share of what is left), and by ``max_candidates``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hardware_models import HardwareSpec
+from planner.job import JobRequest, resolve_hardware
+from planner.search import search
+from planner.whatif import Best, Progress
+from policies import POLICIES
+from workloads import ModelSpec, load_model
+
+
+@dataclass(frozen=True)
+class Cell:
+    policy: str
+    model: ModelSpec
+    best: Best
+    wall_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        b = self.best
+        return {"policy": self.policy, "model": self.model.name, "params": self.model.params(),
+                "feasible": b.feasible, "tokens_per_s": b.tokens_per_s, "tflops_per_gpu": b.tflops_per_gpu,
+                "step_time_s": b.step_time_s, "binding": b.binding, "knobs": b.knobs}
+
+
+@dataclass
+class CoverageOutcome:
+    hardware: str
+    policies: list[str]
+    models: list[ModelSpec]
+    cells: list[Cell] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    def cell(self, policy: str, model: str) -> Cell:
+        for c in self.cells:
+            if c.policy == policy and c.model.name == model:
+                return c
+        raise KeyError((policy, model))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "tiersim.coverage", "hardware": self.hardware, "policies": list(self.policies),
+                "models": [m.name for m in self.models], "rows": [c.to_dict() for c in self.cells]}
+
+
+def coverage(hw: str | HardwareSpec, models: Sequence[str | ModelSpec], *, policies: Sequence[str] | None = None,
+             request: JobRequest | None = None, hw_overrides: Sequence[str] = (), objective: str = "tokens_per_s",
+             cell_budget_s: float | None = None, total_budget_s: float | None = None,
+             max_candidates: int | None = None, progress: Progress | None = None,
+             cache: Any = None, workers: int = 1) -> CoverageOutcome:
+    """The policy x model matrix; cells in policy order, then model order (as given)."""
+    t0 = time.perf_counter()
+    spec = resolve_hardware(hw, hw_overrides)
+    specs = [m if isinstance(m, ModelSpec) else load_model(m) for m in models]
+    names = list(policies) if policies else list(POLICIES)
+    out = CoverageOutcome(hardware=spec.name, policies=names, models=specs)
+    total = len(names) * len(specs)
+    for policy in names:
+        for model in specs:
+            budget = cell_budget_s
+            if total_budget_s is not None:
+                share = max(total_budget_s - (time.perf_counter() - t0), 0.0) / (total - len(out.cells))
+                budget = share if budget is None else min(budget, share)
+            c0 = time.perf_counter()
+            outcome = search(spec, model, request=request, objective=objective, policies=[policy], budget_s=budget,
+                             max_candidates=max_candidates, cache=cache, workers=workers)
+            cell = Cell(policy, model, Best.of(outcome), time.perf_counter() - c0)
+            out.cells.append(cell)
+            if progress:
+                b = cell.best
+                what = f"{b.tokens_per_s:,.0f} tokens/s" if b.feasible else f"infeasible ({b.binding})"
+                progress(f"[{len(out.cells)}/{total}] {policy} x {model.name}: {what} ({cell.wall_s:.1f} s)")
+    out.wall_s = time.perf_counter() - t0
+    return out

@@ -1,0 +1,262 @@
+"""What-if grids: plan a job on every combination of hardware changes and rank the single changes.
+
+``--vary host.dram=512GB,1TB,2TB --vary pcie.gen=4,5`` is a list of :class:`Axis`; the grid is their
+cartesian product (first axis varies slowest). Every scenario is the user's hardware (with its ``--set``
+overrides) plus that scenario's changes, planned by ``planner.search.search`` exactly as ``tiersim plan
+--set ...`` would plan it, so a what-if with no change is the plan. Scenarios that describe the same
+machine (a value equal to the base's) are planned once.
+
+The sensitivity table takes each single change from the base (every value of every axis that differs
+from the base's) and reports the throughput it buys and whether it makes an infeasible job feasible.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hardware_models import HardwareInputError, HardwareSpec
+from planner.job import JobRequest, resolve_hardware
+from planner.search import SearchOutcome, search
+from workloads import ModelSpec, load_model
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One ``--vary PATH=V1,V2,...``: a hardware field path and the values it takes."""
+
+    path: str
+    values: tuple[str, ...]
+
+    def label(self, value: str) -> str:
+        return f"{self.path}={value}"
+
+
+def parse_vary(text: str) -> Axis:
+    """``"host.dram=512GB,1TB"`` -> Axis; malformed text is one HardwareInputError naming the flag."""
+    where = f"--vary {text!r}"
+    if "=" not in text:
+        raise HardwareInputError("expected PATH=V1,V2,..., e.g. --vary host.dram=512GB,1TB", file=where)
+    path, _, rest = text.partition("=")
+    path = path.strip()
+    if not path:
+        raise HardwareInputError("missing the field path before '=', e.g. host.dram=512GB,1TB", file=where)
+    values = tuple(v.strip() for v in rest.split(","))
+    if not rest.strip() or any(not v for v in values):
+        raise HardwareInputError("give one or more comma-separated values, none empty, e.g. pcie.gen=4,5",
+                                 field=path, file=where)
+    dupes = sorted({v for v in values if values.count(v) > 1})
+    if dupes:
+        raise HardwareInputError(f"value {dupes[0]!r} is given twice; list each value once", field=path,
+                                 file=where)
+    return Axis(path, values)
+
+
+def check_axes(axes: Sequence[Axis]) -> None:
+    """Each path at most once (a scenario sets a field to one value)."""
+    seen: set[str] = set()
+    for axis in axes:
+        if axis.path in seen:
+            raise HardwareInputError("is varied twice; give all its values in one --vary PATH=V1,V2,...",
+                                     field=axis.path, file="--vary")
+        seen.add(axis.path)
+
+
+def machine_key(spec: HardwareSpec) -> str:
+    """The machine a spec describes, ignoring where its figures came from (``sources``)."""
+    d = {k: v for k, v in spec.to_dict().items() if k != "sources"}
+    return json.dumps(d, sort_keys=True, default=str)
+
+
+def field_value(spec: HardwareSpec, path: str) -> Any:
+    """The value at a dotted YAML path of ``spec.to_dict()`` (None where the section is absent)."""
+    node: Any = spec.to_dict()
+    for part in path.split("."):
+        if not isinstance(node, Mapping):
+            return None
+        node = node.get(part)
+    return node
+
+
+def scenario_grid(axes: Sequence[Axis]) -> list[dict[str, str]]:
+    """The cartesian product of the axes' values, as {path: value} dicts (one empty dict for no axes)."""
+    return [dict(zip([a.path for a in axes], combo, strict=True))
+            for combo in itertools.product(*(a.values for a in axes))]
+
+
+def overrides_for(changes: Mapping[str, str]) -> list[str]:
+    return [f"{path}={value}" for path, value in changes.items()]
+
+
+@dataclass(frozen=True)
+class Best:
+    """What a search found: its best plan, or why nothing fits (``binding``: the pool that overflows,
+    or "budget" when the search was cut short before it found a feasible plan or proof of none)."""
+
+    feasible: bool
+    policy: str | None
+    knobs: dict[str, Any]
+    micro_batch: int | None
+    checkpointing: str | None
+    tokens_per_s: float | None
+    tflops_per_gpu: float | None
+    step_time_s: float | None
+    binding: str | None
+    n_candidates: int
+    n_simulated: int
+    cut_short: str | None = None
+
+    @classmethod
+    def of(cls, outcome: SearchOutcome) -> Best:
+        b = outcome.best
+        if b is None:
+            return cls(False, None, {}, None, None, None, None, None, outcome_binding(outcome),
+                       outcome.n_candidates, outcome.n_simulated, outcome.cut_short)
+        return cls(True, b.policy, dict(b.knobs), b.micro_batch, b.checkpointing, b.tokens_per_s, b.tflops_per_gpu,
+                   b.step_time_s, None, outcome.n_candidates, outcome.n_simulated, outcome.cut_short)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"best_policy": self.policy, "feasible": self.feasible, "tokens_per_s": self.tokens_per_s,
+                "tflops_per_gpu": self.tflops_per_gpu, "step_time_s": self.step_time_s, "knobs": self.knobs,
+                "micro_batch": self.micro_batch, "checkpointing": self.checkpointing, "binding": self.binding,
+                "cut_short": self.cut_short}
+
+
+def outcome_binding(outcome: SearchOutcome) -> str | None:
+    """Why no candidate fits: the pool that overflows in the most rejected candidates (a policy's verdict,
+    a memory bound or a simulated OOM; ties: by name); "budget" when the search was cut short before
+    it found a feasible plan (nothing is proven); else the most frequent rejection reason (e.g. "knobs:
+    invalid"); None when there were no candidates."""
+    if outcome.cut_short:
+        return "budget"
+    pools: dict[str, int] = {}
+    for e in outcome.evaluated:
+        if not e.feasible and e.binding and e.reason and not e.reason.startswith(("skipped", "knobs", "workload")):
+            pools[e.binding] = pools.get(e.binding, 0) + 1
+    if pools:
+        return min(pools.items(), key=lambda kv: (-kv[1], kv[0]))[0]
+    if not outcome.rejected:
+        return None
+    return min(outcome.rejected.items(), key=lambda kv: (-kv[1], kv[0]))[0]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    changes: dict[str, str]
+    best: Best
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"changes": dict(self.changes), **self.best.to_dict()}
+
+
+@dataclass(frozen=True)
+class Sensitivity:
+    """One single change from the base and what it does to the best throughput."""
+
+    change: str
+    base: Best
+    best: Best
+
+    @property
+    def gain(self) -> float | None:
+        """Relative throughput change (0.25 = 25% more tokens/s); None unless both sides are feasible."""
+        if self.base.tokens_per_s and self.best.tokens_per_s is not None:
+            return self.best.tokens_per_s / self.base.tokens_per_s - 1.0
+        return None
+
+    @property
+    def makes_feasible(self) -> bool:
+        return self.best.feasible and not self.base.feasible
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"change": self.change, "base_tokens_per_s": self.base.tokens_per_s,
+                "tokens_per_s": self.best.tokens_per_s, "gain": self.gain, "makes_feasible": self.makes_feasible,
+                "feasible": self.best.feasible, "best_policy": self.best.policy}
+
+
+@dataclass
+class WhatIfOutcome:
+    hardware: str
+    model: str
+    axes: list[Axis]
+    base: Best
+    scenarios: list[Scenario]
+    sensitivity: list[Sensitivity]
+    n_searches: int
+    wall_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "tiersim.whatif", "hardware": self.hardware, "model": self.model,
+                "vary": {a.path: list(a.values) for a in self.axes},
+                "base": self.base.to_dict(),
+                "scenarios": [s.to_dict() for s in self.scenarios],
+                "sensitivity": [s.to_dict() for s in self.sensitivity],
+                "n_searches": self.n_searches, "notes": list(self.notes)}
+
+
+def _sensitivity_order(s: Sensitivity) -> tuple[Any, ...]:
+    """Changes that make the job feasible first, then by gain (largest first), then by name."""
+    gain = s.gain
+    return (not s.makes_feasible, gain is None, -(gain or 0.0), s.change)
+
+
+def whatif(hw: str | HardwareSpec, model: str | ModelSpec, axes: Sequence[Axis], *,
+           request: JobRequest | None = None, hw_overrides: Sequence[str] = (),
+           objective: str = "tokens_per_s", policies: Sequence[str] | None = None, budget_s: float | None = None,
+           max_candidates: int | None = None, progress: Progress | None = None, cache: Any = None,
+           workers: int = 1) -> WhatIfOutcome:
+    """Plan the base and every scenario of the grid; the sensitivity of each single change.
+
+    ``budget_s`` and ``max_candidates`` bound each scenario's search (as ``plan --budget``); ``cache`` and
+    ``workers`` are passed to each search.
+    """
+    import time
+
+    t0 = time.perf_counter()
+    check_axes(axes)
+    spec_model = model if isinstance(model, ModelSpec) else load_model(model)
+    base_spec = resolve_hardware(hw, hw_overrides)
+    base_key = machine_key(base_spec)
+    # validate every value once, up front: a bad one is one line naming its path before any search
+    specs: dict[tuple[str, str], HardwareSpec] = {}
+    for axis in axes:
+        for value in axis.values:
+            specs[(axis.path, value)] = resolve_hardware(hw, [*hw_overrides, axis.label(value)])
+    grid = scenario_grid(axes)
+    singles = [(axis, v) for axis in axes for v in axis.values if machine_key(specs[(axis.path, v)]) != base_key]
+
+    done: dict[str, Best] = {}
+    todo = 1 + len(grid) + len(singles)  # an upper bound: identical machines are planned once
+
+    def plan(changes: Mapping[str, str]) -> Best:
+        overrides = [*hw_overrides, *overrides_for(changes)]
+        key = base_key if not changes else machine_key(resolve_hardware(hw, overrides))
+        if key not in done:
+            label = ", ".join(overrides_for(changes)) or "base (no change)"
+            if progress:
+                progress(f"[{len(done) + 1}/<={todo}] planning {label} ...")
+            outcome = search(hw, spec_model, request=request, hw_overrides=overrides, objective=objective,
+                             policies=policies, budget_s=budget_s, max_candidates=max_candidates, cache=cache,
+                             workers=workers)
+            done[key] = Best.of(outcome)
+            if progress:
+                b = done[key]
+                what = f"{b.policy} {b.tokens_per_s:,.0f} tokens/s" if b.feasible else f"infeasible ({b.binding})"
+                progress(f"[{len(done)}/<={todo}] {label}: {what} ({time.perf_counter() - t0:.1f} s)")
+        return done[key]
+
+    base = plan({})
+    scenarios = [Scenario(changes, plan(changes)) for changes in grid]
+    sens = [Sensitivity(axis.label(v), base, plan({axis.path: v})) for axis, v in singles]
+    sens.sort(key=_sensitivity_order)
+    notes = [f"{axis.label(v)} is the base's value (no change)" for axis in axes for v in axis.values
+             if machine_key(specs[(axis.path, v)]) == base_key]
+    return WhatIfOutcome(hardware=base_spec.name, model=spec_model.name,
+                         axes=list(axes), base=base, scenarios=scenarios, sensitivity=sens, n_searches=len(done),
+                         wall_s=time.perf_counter() - t0, notes=notes)

@@ -1,0 +1,74 @@
+"""``tiersim coverage``: the policy x model matrix of feasible (with throughput) or infeasible (and why).
+
+    tiersim coverage --hw a100x8 --models 7b,13b,70b,175b,405b
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from policies import POLICIES
+from tiersim.cli import UsageError
+from tiersim.commands.whatif import (
+    EXIT_INFEASIBLE,
+    EXIT_OK,
+    add_hardware_args,
+    add_request_args,
+    add_search_args,
+    dumps,
+    fmt_rate,
+    parse_budget,
+    progress_printer,
+    request_from_args,
+    search_options,
+    split_names,
+)
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.description = ("Training coverage: for each policy and model, the best plan the search finds (tokens/s) "
+                     "or infeasible with the pool that binds (the comparison of the Tiny-Pipe paper).")
+    p.epilog = "exit codes: 0 some cell is feasible, 2 bad input, 3 no cell is feasible"
+    add_hardware_args(p)
+    p.add_argument("--models", required=True, metavar="M1,M2,...",
+                   help="comma-separated model presets, shorthands or files, e.g. 7b,13b,70b,175b,405b")
+    p.add_argument("--policies", default=None, metavar="P1,P2,...",
+                   help="comma-separated policies (default: every policy)")
+    p.add_argument("--total-budget", default=None, metavar="TIME",
+                   help="bound the whole matrix: each cell gets an equal share of the time left (e.g. 10m)")
+    add_request_args(p)
+    add_search_args(p, "bound each cell's search by wall time, e.g. 30s")
+
+
+def run(args: argparse.Namespace) -> int:
+    from planner.coverage import coverage
+    from reports.units import table
+
+    models = split_names(args.models, "--models", "7b,13b")
+    policies = split_names(args.policies, "--policies", "none,tinypipe") if args.policies else list(POLICIES)
+    for p in policies:
+        if p not in POLICIES:
+            raise UsageError(f"--policies: unknown policy {p!r}; choose from {', '.join(POLICIES)}")
+    opts = search_options(args)
+    out = coverage(args.hw, models, policies=policies, request=request_from_args(args), hw_overrides=args.sets,
+                   objective=args.objective, cell_budget_s=opts.pop("budget_s"),
+                   total_budget_s=parse_budget(args.total_budget, "--total-budget"), progress=progress_printer(args),
+                   **opts)
+    rc = EXIT_OK if any(c.best.feasible for c in out.cells) else EXIT_INFEASIBLE
+    if args.json:
+        print(dumps(out.to_dict()))
+        return rc
+    print(f"tiersim coverage: {len(out.policies)} policies x {len(out.models)} models on {out.hardware}"
+          f"{' with ' + ', '.join(args.sets) if args.sets else ''}; cell: best tokens/s, or the binding reason")
+    header = ["policy", *(f"{m.name} ({m.params() / 1e9:.1f}B)" for m in out.models)]
+    rows = []
+    for policy in out.policies:
+        row = [policy]
+        for m in out.models:
+            b = out.cell(policy, m.name).best
+            row.append(fmt_rate(b.tokens_per_s) if b.feasible else f"no: {b.binding or 'infeasible'}")
+        rows.append(row)
+    print(table(rows, header))
+    n_ok = sum(c.best.feasible for c in out.cells)
+    print(f"{n_ok} of {len(out.cells)} cells feasible; wall {out.wall_s:.1f} s")
+    return rc

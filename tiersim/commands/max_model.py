@@ -1,0 +1,134 @@
+"""``tiersim max-model``: the largest model each policy can train on a machine.
+
+    tiersim max-model --hw a100 --policy synergyscale --shape gpt --hidden 8192          # bisect layers
+    tiersim max-model --hw a100x8 --policy all --family llama3-8b --scale width          # a preset, wider
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from hardware_models.units import parse_time
+from policies import POLICIES
+from tiersim.cli import UsageError
+from tiersim.commands.whatif import (
+    EXIT_INFEASIBLE,
+    EXIT_OK,
+    add_hardware_args,
+    add_request_args,
+    add_search_args,
+    dumps,
+    fmt_rate,
+    progress_printer,
+    request_from_args,
+    search_options,
+)
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Find the largest model a policy trains on this hardware: a model family grows along one dimension "
+        "(layers at a fixed width, or width at a fixed depth) and is bisected until n fits and n+1 does not. "
+        "Give either --shape with --hidden (a GPT-3-like or LLaMA-like block, layers bisected) or --family "
+        "(a model preset, shorthand or family prefix such as llama3, scaled by --scale).")
+    p.epilog = ("exit codes: 0 some policy trains at least the smallest model, 2 bad input, "
+                "3 no policy trains even the smallest model")
+    add_hardware_args(p)
+    p.add_argument("--policy", default="all",
+                   help="a policy (tiersim policies list) or 'all' for each one (default: all)")
+    fam = p.add_mutually_exclusive_group(required=True)
+    fam.add_argument("--shape", choices=["gpt", "llama"],
+                     help="gpt: GELU, LayerNorm, biases, learned positions, tied embeddings, vocab 50257; "
+                          "llama: SwiGLU (LLaMA FFN rule), RMSNorm, rotary, untied, vocab 32000")
+    fam.add_argument("--family", metavar="PRESET",
+                     help="a model preset or shorthand (llama3-8b, 70b) or family prefix (llama3: its first "
+                          "preset) whose blocks are kept")
+    p.add_argument("--hidden", type=int, help="with --shape: the model width (a multiple of 128 unless --heads)")
+    p.add_argument("--heads", type=int, help="with --shape: attention heads (default: hidden/128)")
+    p.add_argument("--kv-heads", type=int, help="with --shape: key/value heads (default: = heads)")
+    p.add_argument("--vocab", type=int, help="with --shape: vocabulary size")
+    p.add_argument("--scale", choices=["layers", "width"], default=None,
+                   help="with --family: grow the layer count (default) or the width (heads of the preset's "
+                        "size in steps of one KV-head group, FFN in proportion)")
+    p.add_argument("--limit", type=int, default=None, metavar="N",
+                   help="the largest step count tried: layers (default 4096), or KV-head groups with --scale "
+                        "width (default: up to hidden 131072); reaching it is reported as 'cap reached'")
+    p.add_argument("--max-step-time", metavar="TIME",
+                   help="also require a step time at most this long (e.g. 30s); 'time' is then a binding "
+                        "constraint (and each check is a full search, slower)")
+    add_request_args(p)
+    add_search_args(p, "bound each feasibility check's search by wall time, e.g. 20s (a check cut short "
+                       "counts as not feasible, binding 'budget')", objective=False)
+
+
+def _scaler(args: argparse.Namespace):  # -> planner.maxmodel.Scaler
+    from planner.maxmodel import preset_scaler, shape_scaler
+
+    if args.shape:
+        if args.hidden is None:
+            raise UsageError("--shape needs --hidden N (the model width), e.g. --shape gpt --hidden 8192")
+        if args.scale is not None:
+            raise UsageError("--scale goes with --family; --shape always bisects layers at the given --hidden")
+        for flag, v in (("--hidden", args.hidden), ("--heads", args.heads), ("--kv-heads", args.kv_heads),
+                        ("--vocab", args.vocab)):
+            if v is not None and v < 1:
+                raise UsageError(f"{flag} {v}: must be a positive whole number")
+        return shape_scaler(args.shape, args.hidden, hi_cap=args.limit, heads=args.heads, kv_heads=args.kv_heads,
+                            vocab=args.vocab)
+    for flag, v in (("--hidden", args.hidden), ("--heads", args.heads), ("--kv-heads", args.kv_heads),
+                    ("--vocab", args.vocab)):
+        if v is not None:
+            raise UsageError(f"{flag} goes with --shape; --family keeps the preset's dimensions")
+    return preset_scaler(args.family, args.scale or "layers", hi_cap=args.limit)
+
+
+def run(args: argparse.Namespace) -> int:
+    from planner.maxmodel import max_model
+    from reports.units import table
+
+    if args.policy != "all" and args.policy not in POLICIES:
+        raise UsageError(f"--policy {args.policy!r}: unknown; choose one of {', '.join(POLICIES)} or all")
+    policies = list(POLICIES) if args.policy == "all" else [args.policy]
+    if args.limit is not None and args.limit < 1:
+        raise UsageError(f"--limit {args.limit}: must be a positive whole number")
+    scaler = _scaler(args)
+    limit = None
+    if args.max_step_time is not None:
+        limit = parse_time(args.max_step_time, "--max-step-time")
+        if limit <= 0:
+            raise UsageError(f"--max-step-time {args.max_step_time}: give a positive time like 30s")
+    opts = search_options(args)
+    request = request_from_args(args)
+    progress = progress_printer(args)
+    outs = [max_model(args.hw, scaler, policy, request=request, hw_overrides=args.sets, max_step_time_s=limit,
+                      progress=progress, **opts) for policy in policies]
+    rc = EXIT_OK if any(o.largest for o in outs) else EXIT_INFEASIBLE
+    if args.json:
+        print(dumps({"kind": "tiersim.max_model", "hardware": args.hw, "overrides": list(args.sets),
+                     "family": scaler.family, "dimension": scaler.dimension, "max_step_time_s": limit,
+                     "results": [o.to_dict() for o in outs]}))
+        return rc
+    print(f"tiersim max-model: {scaler.family} on {args.hw}{' with ' + ', '.join(args.sets) if args.sets else ''}; "
+          f"{scaler.dimension} bisected (n fits, n+1 does not)")
+    rows = []
+    for o in outs:
+        big, nxt = o.largest, o.first_infeasible
+        if big is None:
+            rows.append([o.policy, "none fits", "-", "-", "-", "-",
+                         f"{o.binding} (already at {nxt.model.n_layers} layers x {nxt.model.hidden})" if nxt else "",
+                         f"{len(o.checks)}", f"{o.wall_s:.1f}"])
+            continue
+        m = big.model
+        above = (f"{o.binding}: {scaler.describe(nxt.n)} ({nxt.model.params() / 1e9:.2f}B)" if nxt
+                 else "cap reached (the largest size tried fits)")
+        step = "-" if big.best.step_time_s is None else f"{big.best.step_time_s:.2f}"
+        rows.append([o.policy, f"{m.params() / 1e9:.2f}B", str(m.n_layers), str(m.hidden),
+                     fmt_rate(big.best.tokens_per_s), step, above, str(len(o.checks)), f"{o.wall_s:.1f}"])
+    print(table(rows, ["policy", "largest", "layers", "hidden", "tokens/s", "step s", "binding one step larger",
+                       "checks", "wall s"], "lrrrrrlrr"))
+    if limit is None:
+        print("tokens/s, step s: the first plan found that fits (memory-frugal order), not the fastest; "
+              "`tiersim plan` finds the fastest")
+    else:
+        print(f"tokens/s, step s: the fastest plan found (each check is a full search for step time <= {limit:g} s)")
+    return rc
