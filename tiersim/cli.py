@@ -152,6 +152,8 @@ MODULE_COMMANDS: dict[str, tuple[str, str]] = {
     "whatif": ("whatif", "plan a job on a grid of hardware changes; rank each single change"),
     "max-model": ("max_model", "the largest model each policy can train (bisection over layers or width)"),
     "coverage": ("coverage", "policy x model matrix: feasible with throughput, or the binding pool"),
+    "sweep": ("sweep", "simulate a grid (YAML) on a process pool or Dask into a resumable SQLite store"),
+    "results": ("results", "list, filter or export the runs of a sweep store (table, --csv, --json)"),
     "report": ("report", "write a comparison report (HTML, Markdown, PNG/SVG figures, CSV) from result files"),
 }
 

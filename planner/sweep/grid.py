@@ -1,0 +1,237 @@
+"""A sweep file (YAML) → the list of points to simulate, each keyed by a hash of its canonical inputs.
+
+The file names a grid; every list is one axis and the points are the product of all axes::
+
+    hardware:                      # preset names / YAML files, or a preset with --set variations
+      - a100
+      - preset: a100
+        set: {pcie.gen: [3, 5]}    # a list is an axis: two variants here
+    models: [gpt2, opt-1.3b]       # presets, config.json or model YAML files
+    policies:                      # a list of names (default knobs), "all", or name -> knobs
+      none: {stage: [0, 2]}
+      zero-offload: {}
+    workload:                      # each field a value or a list of values; absent = simulate's default
+      global_batch: 16
+      micro_batch: [1, 2]
+      seq_len: 512
+      precision: bf16              # bf16 | fp16 | fp32
+      checkpointing: [none, full]  # none | selective | full
+      flash_attention: true
+
+Files named in the sweep file are relative to it. Everything is checked before any simulation: a bad
+field is one :class:`SweepFileError` line naming the file, the field and the fix. The key of a point
+hashes what the simulation depends on — the resolved hardware figures (overrides applied, sources left
+out), the model's dimensions, the policy with all its knobs (defaults filled in) and the workload request —
+so the same run written two ways (``stage: 0`` or no knob at all) is one run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hardware_models import HardwareInputError, HardwareSpec, load_hardware
+from policies import POLICIES, KnobError, get_policy, parse_knobs
+from workloads import ModelSpec, WorkloadInputError, load_model
+
+KEY_VERSION = 1  # bump when the meaning of a point's inputs changes, so old rows are not reused
+SECTIONS = ("hardware", "models", "policies", "workload")
+WORKLOAD_FIELDS: dict[str, tuple[type, tuple[Any, ...] | None]] = {
+    "global_batch": (int, None), "micro_batch": (int, None), "seq_len": (int, None),
+    "precision": (str, ("bf16", "fp16", "fp32")), "checkpointing": (str, ("none", "selective", "full")),
+    "flash_attention": (bool, None),
+}
+
+
+class SweepFileError(ValueError):
+    """A sweep file that cannot be expanded: one line naming the file, the field and the fix."""
+
+
+@dataclass(frozen=True)
+class Point:
+    """One simulation of the sweep. ``inputs`` is what the worker needs (and what is stored as ``point``)."""
+
+    key: str
+    inputs: Mapping[str, Any]
+
+
+def load_grid(path: str | Path) -> list[Point]:
+    """Read and expand a sweep file (see the module docstring); raises :class:`SweepFileError`."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise SweepFileError(f"{path}: cannot read ({e.strerror or e}); give an existing sweep YAML file") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise SweepFileError(f"{path}: not valid YAML{where}; fix the syntax") from None
+    return expand_grid(data, label=str(path), base=p.parent)
+
+
+def expand_grid(data: object, *, label: str = "sweep", base: Path | None = None) -> list[Point]:
+    """Expand a parsed sweep mapping into points (in file order, the product of every axis, no duplicates)."""
+    base = base or Path.cwd()
+    if not isinstance(data, Mapping):
+        raise SweepFileError(f"{label}: expected a mapping with {', '.join(SECTIONS)}; see examples/sweep.yaml")
+    unknown = [k for k in data if k not in SECTIONS]
+    if unknown:
+        raise SweepFileError(f"{label}: unknown section {unknown[0]!r}; sections are {', '.join(SECTIONS)}")
+    for required in ("hardware", "models", "policies"):
+        if not data.get(required):
+            raise SweepFileError(f"{label}: {required}: missing or empty; list at least one")
+    hardware = _hardware_axis(data["hardware"], label, base)
+    models = _models_axis(data["models"], label, base)
+    policies = _policies_axis(data["policies"], label)
+    workloads = _workload_axis(data.get("workload") or {}, label)
+    points: dict[str, Point] = {}
+    for (hw_name, sets, spec), (model_name, model), workload, (policy, knobs, full_knobs) in itertools.product(
+            hardware, models, workloads, policies):
+        canonical = {"v": KEY_VERSION, "hardware": _hardware_figures(spec), "model": dataclasses.asdict(model),
+                     "policy": policy, "knobs": full_knobs, "workload": workload}
+        key = hashlib.sha256(_canonical_json(canonical).encode()).hexdigest()[:32]
+        inputs = {"hardware": hw_name, "set": list(sets), "model": model_name, "policy": policy,
+                  "knobs": dict(knobs), "workload": dict(workload)}
+        points.setdefault(key, Point(key, inputs))
+    return list(points.values())
+
+
+def _hardware_figures(spec: HardwareSpec) -> dict[str, Any]:
+    """The spec's figures without their provenance (an override to a preset's own value changes nothing)."""
+    d = spec.to_dict()
+    d.pop("sources", None)
+    return d
+
+
+def _canonical_json(x: object) -> str:
+    return json.dumps(x, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def _as_list(value: object) -> list[Any]:
+    return list(value) if isinstance(value, list | tuple) else [value]
+
+
+def _file_or_name(name: str, base: Path) -> str:
+    """A name that is a file relative to the sweep file becomes an absolute path (workers run elsewhere)."""
+    candidate = (base / name).expanduser()
+    looks_like_file = name.endswith((".yaml", ".yml", ".json")) or "/" in name
+    return str(candidate.resolve()) if looks_like_file and candidate.exists() else name
+
+
+def _hardware_axis(section: object, label: str, base: Path) -> list[tuple[str, tuple[str, ...], HardwareSpec]]:
+    out = []
+    for i, entry in enumerate(_as_list(section)):
+        where = f"{label}: hardware[{i}]"
+        if isinstance(entry, str):
+            name, sets_map = entry, {}
+        elif isinstance(entry, Mapping):
+            bad = [k for k in entry if k not in ("preset", "set")]
+            if bad or "preset" not in entry or not isinstance(entry["preset"], str):
+                raise SweepFileError(f"{where}: expected a preset name or {{preset: NAME, set: {{PATH: VALUE(S)}}}}")
+            name, sets_map = entry["preset"], entry.get("set") or {}
+            if not isinstance(sets_map, Mapping):
+                raise SweepFileError(f"{where}.set: expected a mapping PATH: VALUE or PATH: [VALUES], "
+                                     "e.g. {pcie.gen: [4, 5]}")
+        else:
+            raise SweepFileError(f"{where}: expected a preset name or {{preset: NAME, set: {{...}}}}")
+        name = _file_or_name(name, base)
+        axes = [[f"{path}={_yaml_scalar(v, f'{where}.set.{path}')}" for v in _as_list(values)]
+                for path, values in sets_map.items()]
+        for sets in itertools.product(*axes):
+            try:
+                spec = load_hardware(name, list(sets))
+            except HardwareInputError as e:
+                raise SweepFileError(f"{where}: {_one_line(e)}") from None
+            out.append((name, tuple(sets), spec))
+    return out
+
+
+def _yaml_scalar(v: object, where: str) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, Mapping | list):
+        raise SweepFileError(f"{where}: {v!r} is not a value; give a number or a string such as 1TB or 25GB/s")
+    return str(v)
+
+
+def _models_axis(section: object, label: str, base: Path) -> list[tuple[str, ModelSpec]]:
+    out = []
+    for i, entry in enumerate(_as_list(section)):
+        if not isinstance(entry, str) or not entry.strip():
+            raise SweepFileError(f"{label}: models[{i}]: expected a model preset (tiersim models list) or a file")
+        name = _file_or_name(entry, base)
+        try:
+            out.append((name, load_model(name)))
+        except WorkloadInputError as e:
+            raise SweepFileError(f"{label}: models[{i}]: {_one_line(e)}") from None
+    return out
+
+
+def _policies_axis(section: object, label: str) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """(policy, knobs as written, every knob with defaults filled in) for each policy × knob combination."""
+    if section == "all":
+        section = list(POLICIES)
+    if isinstance(section, list):
+        if not all(isinstance(n, str) for n in section):
+            raise SweepFileError(f"{label}: policies: expected policy names or a mapping name -> knobs")
+        section = dict.fromkeys(section)
+    if not isinstance(section, Mapping):
+        raise SweepFileError(f"{label}: policies: expected a list of names, 'all', or a mapping name -> {{knob: "
+                             "value(s)}}")
+    out = []
+    for name, knob_axes in section.items():
+        where = f"{label}: policies.{name}"
+        try:
+            info = get_policy(str(name))
+        except KnobError as e:
+            raise SweepFileError(f"{where}: {_one_line(e)}") from None
+        knob_axes = knob_axes or {}
+        if not isinstance(knob_axes, Mapping):
+            raise SweepFileError(f"{where}: expected a mapping knob -> value or [values] "
+                                 f"(tiersim policies show {name})")
+        names = list(knob_axes)
+        for values in itertools.product(*(_as_list(knob_axes[k]) for k in names)):
+            knobs = dict(zip(names, values, strict=True))
+            try:
+                full = dataclasses.asdict(parse_knobs(info, knobs))
+            except (KnobError, TypeError, ValueError) as e:
+                raise SweepFileError(f"{where}: {_one_line(e)} (tiersim policies show {name})") from None
+            out.append((info.name, knobs, full))
+    return out
+
+
+def _workload_axis(section: object, label: str) -> list[dict[str, Any]]:
+    if not isinstance(section, Mapping):
+        raise SweepFileError(f"{label}: workload: expected a mapping field -> value(s), fields: "
+                             f"{', '.join(WORKLOAD_FIELDS)}")
+    names = list(section)
+    for name in names:
+        if name not in WORKLOAD_FIELDS:
+            raise SweepFileError(f"{label}: workload.{name}: unknown field; fields: {', '.join(WORKLOAD_FIELDS)}")
+        kind, choices = WORKLOAD_FIELDS[name]
+        for v in _as_list(section[name]):
+            ok = isinstance(v, kind) and (kind is bool or not isinstance(v, bool))
+            if ok and kind is int:
+                ok = v > 0
+            if ok and choices is not None:
+                ok = v in choices
+            if not ok:
+                want = f"one of {', '.join(map(str, choices))}" if choices else (
+                    "true or false" if kind is bool else "a positive integer")
+                raise SweepFileError(f"{label}: workload.{name}: {v!r} is not valid; give {want} or a list of them")
+    return [dict(zip(names, values, strict=True)) for values in itertools.product(*(_as_list(section[n])
+                                                                                    for n in names))]
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())

@@ -1,0 +1,97 @@
+"""The ``simulate --json`` object of one run, built below the CLI package.
+
+``tiersim.commands.simulate`` builds this object for the command line with the report's wording of the
+verdict (``reports.text``); the planner may import neither ``tiersim`` nor ``reports`` (design.md), so the
+same keys and verdict lines are built here. ``tests/test_sweep_store.py`` pins the two to be equal for a
+feasible run, a simulated out-of-memory and a policy's up-front verdict, so they cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from hardware_models import build_topology
+from policies import Job, PlanInfeasible
+from simulator import Result
+
+# figures that only a simulation yields: null when the policy rejected the job up front
+SIMULATED_FIELDS = ("step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "peak_bytes", "peak_by_kind",
+                    "link_bytes", "link_busy_s", "stream_busy_s", "compute_busy_s", "exposed_transfer_s")
+
+
+def simulated_json(result: Result) -> dict[str, Any]:
+    """``Result.to_dict()`` with ``verdict`` after ``feasible`` and ``stage``/``what``/``message`` on every oom."""
+    d = result.to_dict()
+    for o in [d["oom"], *d["ooms"]]:
+        if o is not None:
+            o.setdefault("stage", "simulation")
+            o.setdefault("what", None)
+            o.setdefault("message", oom_verdict(o))
+    verdict = "FEASIBLE" if result.feasible else oom_verdict(d["oom"])
+    return finite({"feasible": d.pop("feasible"), "verdict": verdict, **d})
+
+
+def infeasible_json(e: PlanInfeasible, job: Job, knobs: Any) -> dict[str, Any]:
+    """The same keys for a job its policy rejected before simulating (simulated figures null)."""
+    oom = {"stage": "plan", "pool": e.pool, "requested_bytes": e.need_bytes, "capacity_bytes": e.capacity_bytes,
+           "over_by_bytes": e.need_bytes - e.capacity_bytes, "total_demand_bytes": e.need_bytes,
+           "free_bytes": None, "time_s": None, "task": None, "tensor": None, "what": e.what, "message": str(e)}
+    pools = build_topology(job.hw).pools
+    model = dataclasses.asdict(job.model)
+    model["params"] = job.model.params()
+    return finite({
+        "feasible": False,
+        "verdict": oom_verdict(oom),
+        "policy": e.policy,
+        "knobs": dataclasses.asdict(knobs),
+        "hardware": job.hw.name,
+        "model": model,
+        "workload": {**job.config.to_dict(), "provenance": job.trace.provenance, "assumed": list(job.assumed)},
+        "n_gpus": job.n_gpus,
+        **dict.fromkeys(SIMULATED_FIELDS),
+        "capacity_bytes": {p.name: p.capacity_bytes for p in pools.values()},
+        "reserved_bytes": {p.name: dict(p.reserved) for p in pools.values()},
+        "oom": oom,
+        "ooms": [oom],
+        "sim": {"events": 0, "wall_s": 0.0, "method": "not simulated (the policy found the job infeasible)",
+                "simulated_tasks": 0},
+        "notes": [],
+        "info": {},
+    })
+
+
+def oom_verdict(oom: Mapping[str, Any]) -> str:
+    """The INFEASIBLE line of an ``oom`` object (the wording of ``reports.text.oom_verdict``)."""
+    over = f"over by {_gb(oom['over_by_bytes'])}"
+    if oom.get("stage") == "plan":
+        return (f"INFEASIBLE: {oom['pool']} needs {_gb(oom['requested_bytes'])} for {oom.get('what') or 'the job'} "
+                f"but holds {_gb(oom['capacity_bytes'])}: {over} (the policy's own estimate; nothing simulated)")
+    return (f"INFEASIBLE: {oom['pool']} runs out of memory at t={_secs(oom['time_s'])} ({oom['task']} asks "
+            f"{_gb(oom['requested_bytes'])} with {_gb(oom['free_bytes'])} free); total demand "
+            f"{_gb(oom['total_demand_bytes'])} vs capacity {_gb(oom['capacity_bytes'])}: {over}")
+
+
+def finite(x: Any) -> Any:
+    """JSON has no NaN or Infinity: null instead (as ``simulate --json`` writes)."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: finite(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [finite(v) for v in x]
+    return x
+
+
+def _gb(x: float) -> str:
+    return f"{x / 1e9:,.1f} GB"
+
+
+def _secs(x: float) -> str:
+    if x >= 1:
+        return f"{x:,.3f} s"
+    if x >= 1e-3:
+        return f"{x * 1e3:,.2f} ms"
+    return f"{x * 1e6:,.1f} us"
