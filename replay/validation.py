@@ -43,16 +43,20 @@ Findings (2-core CPU-only VM shared with other jobs, see ``CAUSES`` below; print
   has ``gpu.shares_host``: those flows also cross one ``host.cores`` resource, so two at once run at half
   speed each. What is left: work in the runner's worker threads (copies, CPU Adam) runs slower than the
   same work alone in the main thread (Adam ~2x, a 3.2 MB copy 15 -> 4 GB/s) and slows the compute more
-  than a fair share, so offloading cases stay under-predicted by ~15-100% while ``none`` is within
-  ~-7..+21%. The suite measures Adam as the runner runs it (fused, in a worker thread).
+  than a fair share, so offloading cases stay under-predicted (+16..+111% over four full runs at load
+  averages 5-9) while ``none`` came out at -7..+23% (small) and +19..+50% (medium). Median |step error|
+  over the 12 plans: 45-68% in those runs (301% before). The suite measures Adam as the runner runs it
+  (fused, in a worker thread).
 - Noise: the other helpers' jobs load the 2 cores (load average 3-5 during these runs); a replay's steps
   vary 10-40% within one run and the same case 1.5x between runs; calibration under that load gives
   GEMM curves off by 5x at some sizes (the suite takes the per-size median of 3 passes) and per-operator
   overheads from 13 to 300 us. The suite reports the median of the steps after the first.
 - Peak bytes: exact (0.0%) in most cases; synergyscale gpu0 (+1.6%, +5.1%), zero-offload gpu0 (+0.2-1.0%)
-  and zero-infinity gpu0 (0-4%, varies by run) differ because the replay interleaves copies and compute
-  differently from the simulation (both obey the plan's deps): e.g. a layer's gradient offload is still
-  resident when the next micro-step's forward allocates. Timing, not accounting.
+  and zero-infinity gpu0 (0 to +14.6%, varies from run to run) differ because the replay interleaves
+  copies and compute differently from the simulation (both obey the plan's deps): copies are slower in
+  the replay than simulated, so e.g. zinf-nvme-small's gradient offload of layer 3 (gd3) is still
+  resident when bwd2 allocates its gradients (two layers' gradients at once: 22.8 vs 19.9 MB; the same
+  replay measured 19.9, 19.9 and 20.5 MB in three runs). Timing, not accounting.
 - Runner limitations met (not fixed): tinypipe at budgets <= 50% of the no-offload peak makes plans the
   runner rejects ('gradients of layer 0 are not on cpu where this optimizer step runs'), so a larger budget
   is used; synergyscale with chunks/streams > 1 ('input of layer 1 is not there') or a layer's optimizer
