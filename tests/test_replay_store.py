@@ -1,0 +1,73 @@
+"""replay.store's buffer handling: an on-device parameter version aliases the master until the next update
+(copied only while saved activations still use it), and copies reuse recycled buffers (replay.pools)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from replay.model import Dims, build_layers  # noqa: E402
+from replay.pools import Pools  # noqa: E402
+from replay.store import Batching, Store  # noqa: E402
+from workloads import ModelSpec  # noqa: E402
+
+TINY = ModelSpec(name="t", family="custom", n_layers=1, hidden=32, n_heads=4, n_kv_heads=4, ffn=64, vocab=64,
+                 max_pos=64, tied_embeddings=False, mlp="swiglu", norm="rmsnorm", bias=False, learned_pos=False)
+
+
+def _store() -> Store:
+    dims = Dims.from_model(TINY)
+    n = dims.n_layers + 2
+    return Store(dims, build_layers(dims, 7), "gpu0", ["gpu0"] * n, Pools(torch.device("cpu")),
+                 Batching(7, 1, 8))
+
+
+def _micro_step(store: Store, step: int, versions: list[int]) -> None:
+    n = len(store.layers)
+    for i in range(n):
+        store.forward(f"f{i}", (step, 0, i), versions[i], keep_graph=True)
+    for i in reversed(range(n)):
+        store.backward(f"b{i}", (step, 0, i), 1, "gpu0")
+
+
+def test_new_version_aliases_the_master_and_is_copied_only_while_in_use() -> None:
+    store = _store()
+    n = len(store.layers)
+    _micro_step(store, 0, [0] * n)
+    store.optimizer("opt0", "gpu0", list(range(n)), 0, 1)
+    v1 = store.versions[1][1]
+    master = store.master[1]
+    assert all(v1[k].data_ptr() == master[k].data_ptr() for k in master)  # no copy made
+    _micro_step(store, 1, [1] * n)
+    # the next step's forward of layer 1 already ran (its graph holds version 1) when step 1's update comes
+    store.forward("f1.next", (2, 0, 0), 1, keep_graph=True)
+    store.forward("f1.next", (2, 0, 1), 1, keep_graph=True)
+    before = {k: t.clone() for k, t in v1.items()}
+    store.optimizer("opt1", "gpu0", list(range(n)), 1, 1)
+    held = store.versions[1][1]
+    assert all(torch.equal(held[k], before[k]) for k in before)  # version 1 kept its values
+    assert any(not torch.equal(master[k], before[k]) for k in before)  # the master moved on
+    assert all(held[k].data_ptr() != master[k].data_ptr() for k in master)
+    graph = store.saved[(2, 0, 1)].graph
+    assert graph is not None
+    torch.autograd.grad(graph.out.sum(), list(graph.params.values()))  # its graph is intact (no in-place error)
+    # the head's version 1 was used by nothing any more: dropped before the in-place update, and version 2
+    # is the master itself
+    head = store.versions[2]
+    assert 1 not in head and all(head[2][k].data_ptr() == p.data_ptr() for k, p in store.master[2].items())
+
+
+def test_pools_reuse_recycled_buffers_of_the_same_shape() -> None:
+    pools = Pools(torch.device("cpu"))
+    src = {"a": torch.randn(4, 4), "b": torch.randn(3)}
+    first = pools.put("cpu", src, "x")
+    assert isinstance(first, dict)
+    ptrs = {k: t.data_ptr() for k, t in first.items()}
+    pools.recycle(first)
+    again = pools.put("cpu", {"a": src["a"] * 2, "b": src["b"] * 2}, "y")
+    assert isinstance(again, dict)
+    assert {k: t.data_ptr() for k, t in again.items()} == ptrs
+    assert torch.equal(again["a"], src["a"] * 2) and torch.equal(again["b"], src["b"] * 2)
+    other = pools.put("cpu", {"a": torch.randn(5, 4)}, "z")  # another shape: a fresh buffer
+    assert isinstance(other, dict) and other["a"].data_ptr() not in ptrs.values()
