@@ -6,6 +6,9 @@ resolves itself is searched as auto *and* as a grid of explicit values. Policies
 searched with their default knobs. Every grid knob must be one of the policy's declared knobs
 (``check_grids``; tested).
 
+Tinypipe's own search (layer packing) makes its plans the dearest to build (seconds for 70b), so only
+its stage count is searched; its prefetch depth stays at the default.
+
 Micro-batch: powers of two dividing the global batch per GPU (the largest data-parallel degree),
 at most MAX_MICRO_BATCH; a micro-batch that does not divide a policy's own per-rank batch is rejected
 when its plan is built. Checkpointing: none, selective, full. The user fixes either with a flag.
@@ -64,7 +67,7 @@ def knob_grid(policy: str, n_gpus: int) -> dict[str, tuple[Any, ...]]:
         "zero-offload": {"tp": (0, *degrees), "delayed_update": (False, True)},
         "zero-infinity": {"param_device": ("cpu", "nvme"), "optimizer_device": ("cpu", "nvme"),
                           "offload_checkpoints": (False, True)},
-        "tinypipe": {"stages": (0, *degrees), "prefetch_packs": (1, 2)},
+        "tinypipe": {"stages": (0, *degrees)},
         "lazytrain": {"strategy": ("milp",)},
         "synergyscale": {"auto": (True,), "offload_activations": (False, True)},
     }

@@ -55,6 +55,7 @@ OBJECTIVES = ("tokens_per_s", "tflops", "gpu_memory", "cpu_memory")
 GPU_KINDS = ("hbm", "unified")
 CPU_KINDS = ("dram", "unified")
 _CKPT_FRUGAL = {"full": 0, "selective": 1, "none": 2}
+KEEP_PLANS = 16  # built plans kept in memory for their simulation; others are built again when simulated
 
 
 def pool_label(topo: Topology, pool: str) -> str:
@@ -192,8 +193,43 @@ def sim_summary(result: Result) -> dict[str, Any]:
                         f"{result.oom.capacity_bytes / 1e9:.1f} GB") if result.oom else None}
 
 
-def _plan_task(job: Job, cand: Candidate) -> tuple[dict[str, Any], Plan | None]:
-    return plan_summary(job, cand, build_topology(job.hw))
+def _plan_task(job: Job, cand: Candidate) -> dict[str, Any]:
+    """Plan and bound in a worker process; the plan itself stays there (shipping it costs more)."""
+    return plan_summary(job, cand, build_topology(job.hw))[0]
+
+
+def _plan_parallel(s: _Search, todo: list[Candidate], summaries: dict[int, dict[str, Any]], keys: dict[int, str],
+                   workers: int, over_budget: Callable[[], bool], skipped: dict[int, str], cut: list[str],
+                   budget_s: float | None) -> None:
+    """Phase 1 in worker processes; each summary lands under its candidate's index (order-independent)."""
+    pool = ProcessPoolExecutor(max_workers=workers)
+    try:
+        futs = {pool.submit(_plan_task, s.job(c), c): c for c in todo}
+        pending = set(futs)
+        n = 0
+        while pending:
+            done, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
+            for fut in sorted(done, key=lambda f: futs[f].index):
+                c = futs[fut]
+                summaries[c.index] = summ = fut.result()
+                if s.cache is not None:
+                    s.cache.put(keys[c.index], summ)
+                n += 1
+                s.say(f"[plan {n}/{len(todo)}] {c.label()}: "
+                      + (summ.get("reason") or f"bound {summ['bound_time_s']:.3g} s"))
+            if pending and over_budget():
+                for f in pending:
+                    f.cancel()
+                for proc in list((getattr(pool, "_processes", None) or {}).values()):
+                    proc.terminate()  # a cut search does not wait for plans in progress
+                left = [futs[f] for f in pending]
+                for c in left:
+                    skipped[c.index] = "skipped: budget"
+                cut.append(f"wall-time budget of {budget_s:g} s reached while building plans; "
+                           f"{len(left)} candidates not evaluated")
+                break
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _sim_task(job: Job, cand: Candidate) -> dict[str, Any]:
@@ -215,8 +251,18 @@ class _Search:
         self.code = code_fingerprint() if cache is not None else ""
         self.hw_dict = hw.to_dict()
         self.model_dict = model.to_dict()
-        self.plans: dict[int, Plan] = {}
+        self.plans: dict[int, Plan] = {}  # built, not yet simulated (the KEEP_PLANS lowest bounds)
+        self.plan_bound: dict[int, float] = {}
+        self.sim_plans: dict[int, Plan] = {}
         self.results: dict[int, Result] = {}
+
+    def keep_plan(self, index: int, plan: Plan, bound: float) -> None:
+        """Keep a built plan for its simulation, but only the KEEP_PLANS with the lowest bounds (memory)."""
+        self.plans[index] = plan
+        self.plan_bound[index] = bound
+        if len(self.plans) > KEEP_PLANS:
+            worst = max(self.plans, key=lambda i: (self.plan_bound[i], i))
+            del self.plans[worst]
 
     def job(self, cand: Candidate) -> Job | Exception:
         key = (cand.micro_batch, cand.checkpointing)
@@ -315,7 +361,7 @@ def search(hw: str | HardwareSpec, model: str | ModelSpec, *, request: JobReques
         plan = s.plans.pop(c.index, None) or make_plan(job, c.policy, c.knob_dict)
         r = simulate_plan(plan, job.hw)
         s.results[c.index] = r
-        s.plans[c.index] = plan
+        s.sim_plans[c.index] = plan
         _store_sim(c, sim_summary(r))
 
     def _store_sim(c: Candidate, sim: dict[str, Any]) -> None:
@@ -325,15 +371,9 @@ def search(hw: str | HardwareSpec, model: str | ModelSpec, *, request: JobReques
 
     # phase 1: plans and bounds (cheap), in round-robin order so that a budget cut leaves no policy out
     order = _planning_order(cands, first_feasible)
-    found_feasible = False
     n_sims = 0
-    for i, c in enumerate(order):
-        if over_budget():
-            for rest in order[i:]:
-                skipped[rest.index] = "skipped: budget"
-            cut.append(f"wall-time budget of {budget_s:g} s reached while building plans; "
-                       f"{len(order) - i} candidates not evaluated")
-            break
+    todo: list[Candidate] = []
+    for c in order:
         job = s.job(c)
         if isinstance(job, Exception):
             summaries[c.index] = {"verdict": "rejected", "reason": "workload: invalid", "binding": None,
@@ -344,15 +384,31 @@ def search(hw: str | HardwareSpec, model: str | ModelSpec, *, request: JobReques
         if got is not None:
             summaries[c.index] = got
         else:
-            summ, plan = plan_summary(job, c, s.topo)
-            summaries[c.index] = summ
-            if plan is not None and summ["verdict"] == "bounded":
-                s.plans[c.index] = plan
-            if cache is not None:
-                cache.put(k, summ)
-        summ = summaries[c.index]
-        s.say(f"[plan {i + 1}/{len(order)}] {c.label()}: "
-              + (summ.get("reason") or f"bound {summ['bound_time_s']:.3g} s"))
+            todo.append(c)
+    if workers > 1 and not first_feasible and len(todo) > 1:
+        _plan_parallel(s, todo, summaries, keys, workers, over_budget, skipped, cut, budget_s)
+    for i, c in enumerate(order):
+        if first_feasible or c.index not in summaries:
+            if c.index in skipped:
+                continue
+            if c.index not in summaries:
+                if over_budget():
+                    rest = [x for x in order[i:] if x.index not in summaries]
+                    for x in rest:
+                        skipped[x.index] = "skipped: budget"
+                    cut.append(f"wall-time budget of {budget_s:g} s reached while building plans; "
+                               f"{len(rest)} candidates not evaluated")
+                    break
+                job = s.job(c)
+                assert not isinstance(job, Exception)
+                summ, plan = plan_summary(job, c, s.topo)
+                summaries[c.index] = summ
+                if plan is not None and summ["verdict"] == "bounded":
+                    s.keep_plan(c.index, plan, _objective_bound(objective, summ, kinds))
+                if cache is not None:
+                    cache.put(keys[c.index], summ)
+                s.say(f"[plan {i + 1}/{len(order)}] {c.label()}: "
+                      + (summ.get("reason") or f"bound {summ['bound_time_s']:.3g} s"))
         if first_feasible and summaries[c.index]["verdict"] == "bounded":
             if "sim" not in summaries[c.index]:
                 if max_candidates is not None and n_sims >= max_candidates:
@@ -361,7 +417,6 @@ def search(hw: str | HardwareSpec, model: str | ModelSpec, *, request: JobReques
                 sim_one(c)
                 n_sims += 1
             if summaries[c.index]["sim"]["feasible"]:
-                found_feasible = True
                 for rest in order[i + 1:]:
                     skipped[rest.index] = "skipped: first feasible found"
                 break
@@ -374,7 +429,6 @@ def search(hw: str | HardwareSpec, model: str | ModelSpec, *, request: JobReques
     if not first_feasible and survivors:
         n_sims = _best_first(s, survivors, lb, summaries, kinds, workers, max_candidates, over_budget,
                              sim_one, _store_sim, skipped, cut)
-    del found_feasible
     return _outcome(s, cands, summaries, lb, skipped, cut, kinds, assumed, c0.to_dict(), t0, first_feasible,
                     keep_best_plan, n_sims)
 
@@ -512,7 +566,7 @@ def _outcome(s: _Search, cands: list[Candidate], summaries: dict[int, dict[str, 
                 sim["tflops_per_gpu"]
             e.peak_bytes, e.capacity_bytes = dict(sim["peak_bytes"]), dict(sim["capacity_bytes"])
             e.result = s.results.get(c.index)
-            e.plan = s.plans.get(c.index) if e.result is not None else None
+            e.plan = s.sim_plans.get(c.index) if e.result is not None else None
         elif summ is not None and summ["verdict"] == "bounded":
             e.reason = pruned_reason
         evaluated.append(e)
