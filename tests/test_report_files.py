@@ -110,7 +110,7 @@ def test_markdown_links_every_png_and_csv(written: tuple[Path, list[Path]], inpu
 
 
 def test_the_same_inputs_write_the_same_files(tmp_path: Path) -> None:
-    one = ReportInputs(coverage=[COVERAGE], whatif=[WHATIF], replay=[(None, REPLAY)], title="t")
+    one = ReportInputs(coverage=[COVERAGE], whatif=[WHATIF], title="t")
     write_report(tmp_path / "a", one, workers=1)
     write_report(tmp_path / "b", one, workers=2)  # rendered in worker processes: the same bytes
     for f in sorted((tmp_path / "a").iterdir()):

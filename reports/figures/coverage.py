@@ -9,7 +9,7 @@ import pandas as pd
 from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from reports.figures.style import new_figure, style
 
@@ -74,8 +74,9 @@ def draw(df: pd.DataFrame, title: str) -> Figure:
         if norm is not None:
             cb = fig.colorbar(im, ax=ax, shrink=0.9)
             cb.set_label("tokens/s (log scale)")
+            cb.ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
             cb.ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: _fmt(v)))
-            cb.ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: _fmt(v)))
+            cb.ax.yaxis.set_minor_formatter(NullFormatter())
         fig.legend(handles=[Patch(facecolor=INFEASIBLE, hatch="xx", edgecolor="#888888",
                                   label="does not fit (the pool that binds)")],
                    loc="outside lower center", frameon=False)

@@ -7,7 +7,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from reports.figures.style import CAPACITY, colour, hatch, new_figure, style
+from reports.figures.style import CAPACITY, colour, fixed_margins, hatch, new_figure, style
 from reports.frames import KIND_LABELS, KIND_ORDER
 
 INK = "#333333"  # hatch colour
@@ -25,7 +25,7 @@ def draw(df: pd.DataFrame, title: str, notes: str = "") -> Figure:
     span = float(df["time_s"].max()) if len(df) else 0.0
     scale, unit = time_unit(span)
     with style():
-        fig = new_figure(10.0, 1.2 + 2.3 * max(len(pools), 1))
+        fig = new_figure(10.0, 1.6 + 2.3 * max(len(pools), 1), constrained=False)
         axes = fig.subplots(max(len(pools), 1), 1, sharex=True, squeeze=False)[:, 0]
         for ax, pool in zip(axes, pools, strict=False):
             part = df[df["pool"] == pool]
@@ -52,6 +52,8 @@ def draw(df: pd.DataFrame, title: str, notes: str = "") -> Figure:
                          hatch=hatch(KIND_ORDER.index(k) if k in KIND_ORDER else len(KIND_ORDER)),
                          edgecolor=INK, label=KIND_LABELS.get(k, k)) for k in used]
         handles.append(Patch(facecolor="none", edgecolor="black", linestyle="--", label="usable capacity"))
-        fig.legend(handles=handles, loc="outside lower center", ncol=min(5, len(handles)), frameon=False)
+        rows = -(-len(handles) // 5)
+        fig.legend(handles=handles, loc="lower center", ncol=min(5, len(handles)), frameon=False)
         fig.suptitle(title + (f"\n{notes}" if notes else ""), fontsize=10, fontweight="bold")
+        fixed_margins(fig, left=0.75, bottom=0.55 + 0.22 * rows, top=0.75 + (0.2 if notes else 0.0))
     return fig

@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from reports.figures.memory import time_unit
-from reports.figures.style import GREY, OKABE_ITO, new_figure, style
+from reports.figures.style import GREY, OKABE_ITO, fixed_margins, label_width, new_figure, style
 from reports.frames import CATEGORIES, EXPOSED
 
 # category -> (face colour, hatch)
@@ -53,7 +53,7 @@ def draw(df: pd.DataFrame, title: str, notes: str = "") -> Figure:
     span = float(df["end_s"].max()) if len(df) else 0.0
     scale, unit = time_unit(span)
     with style():
-        fig = new_figure(11.0, 1.8 + 0.32 * max(len(labels), 3))
+        fig = new_figure(11.0, 1.9 + 0.32 * max(len(labels), 3), constrained=False)
         ax = fig.subplots()
         present = []
         for cat in CATEGORIES:
@@ -77,6 +77,9 @@ def draw(df: pd.DataFrame, title: str, notes: str = "") -> Figure:
         ax.grid(axis="y", visible=False)
         handles = [Patch(facecolor=LOOK[c][0], hatch=LOOK[c][1], edgecolor=LOOK[c][2] if LOOK[c][1] else "#333333",
                          label=c) for c in present]
-        fig.legend(handles=handles, loc="outside lower center", ncol=min(5, len(handles)), frameon=False)
+        fig.legend(handles=handles, loc="lower center", ncol=min(5, len(handles)), frameon=False)
         fig.suptitle(title + (f"\n{notes}" if notes else ""), fontsize=10, fontweight="bold")
+        rows = -(-len(handles) // 5)
+        fixed_margins(fig, left=label_width(labels) + 0.25, bottom=0.55 + 0.22 * rows,
+                      top=0.5 + (0.2 if notes else 0.0))
     return fig

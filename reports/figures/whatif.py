@@ -7,6 +7,7 @@ import math
 import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
+from matplotlib.ticker import FuncFormatter
 
 from reports.figures.style import OKABE_ITO, new_figure, style
 
@@ -18,7 +19,7 @@ def draw(df: pd.DataFrame, title: str) -> Figure:
     base = float(df["base_tokens_per_s"].iloc[0]) if len(df) else 0.0
     ends = list(df["tokens_per_s"]) + [base]
     lo, hi = min(ends), max(ends)
-    pad = (hi - lo) * 0.35 or max(hi, 1.0) * 0.2
+    pad = max((hi - lo) * 0.35, abs(base) * 0.05, 1.0)  # never zoom into rounding noise
     with style():
         fig = new_figure(9.0, 1.6 + 0.42 * n)
         ax = fig.subplots()
@@ -28,6 +29,8 @@ def draw(df: pd.DataFrame, title: str) -> Figure:
             ax.barh(i, r.delta_tokens_per_s, left=b, height=0.6, color=face, hatch=hatch, edgecolor="#333333",
                     linewidth=0)
             rel = f"{r.relative * 100:+.1f}%" if math.isfinite(r.relative) else "from infeasible"
+            if math.isfinite(r.relative) and abs(r.relative) < 5e-4:
+                rel = "no change"
             text = f"{r.tokens_per_s:,.0f} ({rel})" + (", makes it fit" if r.makes_feasible else "")
             right = r.delta_tokens_per_s >= 0
             ax.text(r.tokens_per_s + (pad * 0.04 if right else -pad * 0.04), i, text, va="center",
@@ -39,6 +42,7 @@ def draw(df: pd.DataFrame, title: str) -> Figure:
         ax.set_ylim(n - 0.5, -1.1)
         ax.set_xlim(max(0.0, lo - pad), hi + pad)
         ax.set_xlabel("tokens/s of the best policy with the change")
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
         ax.grid(axis="y", visible=False)
         fig.legend(handles=[Patch(facecolor=GAIN[0], label="faster"),
                             Patch(facecolor=LOSS[0], hatch=LOSS[1], edgecolor="#333333", label="slower")],
