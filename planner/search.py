@@ -35,6 +35,7 @@ reproducible byte for byte.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -69,7 +70,8 @@ class Evaluated:
     """One candidate and what the search learnt about it.
 
     ``reason`` is None for a feasible simulated candidate, else a short category ("policy: gpu memory",
-    "bound: gpu memory", "bound: slower than best", "oom: gpu0", "knobs: invalid", "skipped: budget").
+    "bound: gpu memory", "bound: slower than best", "oom: gpu0", "knobs: invalid", "duplicate plan" (an
+    earlier candidate, e.g. an auto knob's explicit twin, builds the same plan), "skipped: budget").
     ``binding``: for an infeasible candidate the pool that overflows; for a feasible one the pool with
     the highest peak / capacity. ``plan`` and ``result`` are set where this search built or simulated
     them in its own process (the best one's plan on request), else None (e.g. answered from the cache).
@@ -165,7 +167,8 @@ def plan_summary(job: Job, cand: Candidate, topo: Topology) -> tuple[dict[str, A
     b = plan_bounds(plan, job.hw, topo)
     caps = {p: topo.pools[p].capacity_bytes for p in sorted(topo.pools)}
     over = [p for p, need in b.memory_bytes.items() if need > caps[p] * (1 + 1e-9)]
-    d = {"verdict": "bounded", "bound_time_s": b.time_s, "bound_resource": b.time_resource,
+    d = {"verdict": "bounded", "fingerprint": plan_fingerprint(plan), "bound_time_s": b.time_s,
+         "bound_resource": b.time_resource,
          "bound_memory_bytes": b.memory_bytes, "capacity_bytes": caps,
          "model_flops_per_step": float(plan.metrics.get("model_flops_per_step", 0.0)),
          "n_gpus": int(plan.metrics.get("n_gpus", job.n_gpus))}
@@ -175,6 +178,21 @@ def plan_summary(job: Job, cand: Candidate, topo: Topology) -> tuple[dict[str, A
                  message=f"{p}: {b.memory_bytes[p] / 1e9:.1f} GB resident from the start, "
                          f"capacity {caps[p] / 1e9:.1f} GB")
     return d, plan
+
+
+def plan_fingerprint(plan: Plan) -> str:
+    """Hash of what the simulator executes (tensors, streams, segments, steps, workload), not of the
+    knobs' spelling: two candidates with equal fingerprints are the same plan."""
+    h = hashlib.sha256()
+    h.update(repr((sorted(plan.workload.items(), key=lambda kv: kv[0]), plan.steps, plan.tensors,
+                   plan.streams)).encode())
+    for seg in plan.segments:
+        h.update(repr((seg.name, seg.repeat)).encode())
+        for t in seg.tasks:
+            h.update(repr((t.id, t.op, t.stream, t.deps, t.flops, t.hbm_bytes, t.bytes, t.tensor, t.src, t.dst,
+                           t.alloc_dst, t.free_src, t.params, t.coll, t.ranks, t.allocs, t.frees,
+                           t.reads)).encode())
+    return h.hexdigest()
 
 
 def sim_summary(result: Result) -> dict[str, Any]:
@@ -424,6 +442,15 @@ def search(hw: str | HardwareSpec, model: str | ModelSpec, *, request: JobReques
     # phase 2: best-first simulation of the survivors
     survivors = [c for c in cands if c.index in summaries and summaries[c.index]["verdict"] == "bounded"
                  and c.index not in skipped]
+    if not first_feasible:  # an auto knob resolving to an explicit value's choice gives the same plan twice
+        first_of: dict[str, int] = {}
+        for c in survivors:
+            fp = summaries[c.index].get("fingerprint")
+            if fp is not None and fp in first_of:
+                skipped[c.index] = "duplicate plan"
+            elif fp is not None:
+                first_of[fp] = c.index
+        survivors = [c for c in survivors if c.index not in skipped]
     lb = {c.index: _objective_bound(objective, summaries[c.index], kinds) for c in survivors}
     survivors.sort(key=lambda c: (lb[c.index], c.index))
     if not first_feasible and survivors:

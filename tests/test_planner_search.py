@@ -71,6 +71,16 @@ def test_pruning_rejects_most_candidates_without_simulating_and_never_the_winner
             assert not ex.feasible or ex.step_time_s >= pruned.best.step_time_s  # type: ignore[union-attr,operator]
 
 
+def test_an_auto_knob_and_its_explicit_twin_are_simulated_once(pruned: search_mod.SearchOutcome) -> None:
+    # zero-offload's tp=auto resolves to 1 on one GPU: tp=1 builds the very same plan
+    assert pruned.rejected.get("duplicate plan", 0) > 0
+    twins = [e for e in pruned.evaluated if e.policy == "zero-offload" and e.knobs["tp"] == 1]
+    assert twins and all(e.reason == "duplicate plan" or e.reason.startswith(("bound:", "policy:")) for e in twins)
+    keys = [(e.policy, e.micro_batch, e.checkpointing, e.step_time_s, e.knobs.get("delayed_update"))
+            for e in pruned.ranked]
+    assert len(keys) == len(set(keys))
+
+
 def test_best_is_never_infeasible(exhaustive: search_mod.SearchOutcome, pruned: search_mod.SearchOutcome) -> None:
     # the squeezed GPU makes some plans run out of memory in the simulation itself
     assert any(r.startswith("oom:") for r in exhaustive.rejected)
