@@ -250,10 +250,11 @@ def _plan_parallel(s: _Search, todo: list[Candidate], summaries: dict[int, dict[
         pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _sim_task(job: Job, cand: Candidate) -> dict[str, Any]:
-    """Plan and simulate in a worker process (planning again is cheaper than shipping a plan)."""
+def _sim_task(job: Job, cand: Candidate) -> tuple[dict[str, Any], Plan]:
+    """Plan and simulate in a worker process; the plan comes back (the search keeps the best one's, which
+    is what --plan-out writes: a policy with a time-limited solver may not build the same plan twice)."""
     plan = make_plan(job, cand.policy, cand.knob_dict)
-    return sim_summary(simulate_plan(plan, job.hw))
+    return sim_summary(simulate_plan(plan, job.hw)), plan
 
 
 # -- the search ---------------------------------------------------------------------------------------
@@ -372,15 +373,14 @@ def search(hw: str | HardwareSpec, model: str | ModelSpec, *, request: JobReques
     def over_budget() -> bool:
         return budget_s is not None and time.perf_counter() - t0 > budget_s
 
-    def sim_one(c: Candidate) -> None:
+    def sim_one(c: Candidate) -> tuple[Plan, Result]:
         """Simulate in this process (plan from phase 1, or rebuilt)."""
         job = s.job(c)
         assert not isinstance(job, Exception)
         plan = s.plans.pop(c.index, None) or make_plan(job, c.policy, c.knob_dict)
         r = simulate_plan(plan, job.hw)
-        s.results[c.index] = r
-        s.sim_plans[c.index] = plan
         _store_sim(c, sim_summary(r))
+        return plan, r
 
     def _store_sim(c: Candidate, sim: dict[str, Any]) -> None:
         summaries[c.index]["sim"] = sim
@@ -432,8 +432,10 @@ def search(hw: str | HardwareSpec, model: str | ModelSpec, *, request: JobReques
                 if max_candidates is not None and n_sims >= max_candidates:
                     skipped[c.index] = "skipped: max candidates"
                     continue
-                sim_one(c)
+                plan, r = sim_one(c)
                 n_sims += 1
+                if r.feasible:
+                    s.sim_plans, s.results = {c.index: plan}, {c.index: r}
             if summaries[c.index]["sim"]["feasible"]:
                 for rest in order[i + 1:]:
                     skipped[rest.index] = "skipped: first feasible found"
@@ -479,11 +481,15 @@ def _best_first(s: _Search, survivors: list[Candidate], lb: Mapping[int, float],
     best: tuple[float, int] | None = None
     n = 0
 
-    def note(c: Candidate) -> None:
+    def note(c: Candidate, plan: Plan | None = None, result: Result | None = None) -> None:
         nonlocal best
         v = _done_value(s.objective, summaries[c.index], kinds)
         if v is not None and (best is None or (v, c.index) < best):
             best = (v, c.index)
+            # keep the simulated plan (and Result) of the best so far only, for memory: the overall best is
+            # the best of all simulated (a speculative extra simulation never beats the sequential rule's)
+            s.sim_plans = {c.index: plan} if plan is not None else {}
+            s.results = {c.index: result} if result is not None else {}
 
     def prunable(c: Candidate) -> bool:
         return s.prune and best is not None and (lb[c.index], c.index) > best
@@ -514,9 +520,11 @@ def _best_first(s: _Search, survivors: list[Candidate], lb: Mapping[int, float],
                 if budget_hit(i):
                     break
                 s.say(f"[simulate] {c.label()} (bound {lb[c.index]:.4g})")
-                sim_one(c)
+                plan, r = sim_one(c)
                 n += 1
-            note(c)
+                note(c, plan, r)
+            else:
+                note(c)
         return n
     jobs = {c.index: s.job(c) for c in survivors}
     with ProcessPoolExecutor(max_workers=workers) as pool:
@@ -543,8 +551,9 @@ def _best_first(s: _Search, survivors: list[Candidate], lb: Mapping[int, float],
             done, _ = wait(running, return_when=FIRST_COMPLETED)
             for fut in sorted(done, key=lambda f: running[f].index):
                 c = running.pop(fut)
-                store(c, fut.result())
-                note(c)
+                summ, plan = fut.result()
+                store(c, summ)
+                note(c, plan)
     return n
 
 
@@ -593,7 +602,7 @@ def _outcome(s: _Search, cands: list[Candidate], summaries: dict[int, dict[str, 
                 sim["tflops_per_gpu"]
             e.peak_bytes, e.capacity_bytes = dict(sim["peak_bytes"]), dict(sim["capacity_bytes"])
             e.result = s.results.get(c.index)
-            e.plan = s.sim_plans.get(c.index) if e.result is not None else None
+            e.plan = s.sim_plans.get(c.index)
         elif summ is not None and summ["verdict"] == "bounded":
             e.reason = pruned_reason
         evaluated.append(e)

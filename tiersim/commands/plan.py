@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from typing import Any
@@ -46,7 +47,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-dir", default=None, help="evaluation cache directory (default: "
                                                      "$XDG_CACHE_HOME/tiersim or ~/.cache/tiersim)")
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
-    p.add_argument("--workers", type=int, default=1, help="processes simulating in parallel (default 1)")
+    p.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
+                   help="processes building plans and simulating in parallel (default: 2, or 1 on one core); "
+                        "the answer does not depend on it")
     p.add_argument("--progress", action="store_true", help="progress on stderr even when it is not a terminal")
 
 
