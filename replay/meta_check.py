@@ -11,6 +11,11 @@ formula trace (:func:`workloads.build_trace`):
 * FLOPs: :class:`torch.utils.flop_counter.FlopCounterMode` over the layer's forward, then over its
   backward from a dummy upstream gradient, vs ``fwd_flops`` / ``bwd_flops``. A block is split by op:
   ``mm``/``addmm`` (projections and MLP) vs ``bmm`` and SDPA kernels (the attention core);
+* operators (``workloads.ops``, what the simulator prices a layer task by on a calibrated spec): every
+  ATen call that does work (views are free), counted with a ``TorchDispatchMode`` over each layer's
+  forward and backward, and the bytes the non-matmul ones read and write (informative: in bf16/fp16 the
+  composite RMSNorm, the rotary tables and the loss upcast to fp32, which the fp32 inventory does not
+  count; ``tests/test_replay_ops.py`` checks the inventory exactly in fp32 on real tensors);
 * saved activations: :func:`torch.autograd.graph.saved_tensors_hooks` during the forward, summing the
   bytes of each distinct storage saved for backward (views of one storage count once; storages of
   the layer's parameters are not activations and are skipped), vs ``activation_bytes_nockpt``.
@@ -34,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from replay.errors import ReplayError
@@ -41,9 +47,10 @@ from replay.model import Block, Dims, Embedding, Head
 from workloads import ModelSpec, WorkloadConfig, WorkloadTrace, build_trace
 from workloads import activations as act
 from workloads import flops as wflops
+from workloads.ops import layer_ops
 
-__all__ = ["CheckRow", "MetaCheck", "block_flops_by_kind", "build_meta_layers", "meta_check",
-           "saved_activation_bytes"]
+__all__ = ["CheckRow", "MetaCheck", "OpCount", "block_flops_by_kind", "build_meta_layers", "count_ops",
+           "meta_check", "saved_activation_bytes"]
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 ATTENTION_OPS = ("bmm", "scaled_dot_product", "_flash_attention", "_efficient_attention")
@@ -292,6 +299,52 @@ def block_flops_by_kind(counts: dict[str, int]) -> tuple[int, int]:
     return sum(counts.values()) - attn, attn
 
 
+VIEW_OPS = frozenset({"view", "_unsafe_view", "transpose", "t", "expand", "reshape", "slice", "select", "unsqueeze",
+                      "squeeze", "permute", "detach", "alias", "as_strided", "split", "unbind", "_reshape_alias",
+                      "lift_fresh"})
+MATMUL_OPS = frozenset({"mm", "addmm", "bmm"})
+
+
+class OpCount(TorchDispatchMode):
+    """Operators that do work (views are free), each matmul's FLOPs, and the bytes (inputs + outputs) of the
+    other operators except the attention kernel; a gather reads the rows it picks, not its whole table."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.n = 0
+        self.elementwise = 0
+        self.matmuls: list[float] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        name = func.__name__.split(".")[0]
+        if name in VIEW_OPS:
+            return out
+        self.n += 1
+        if name in MATMUL_OPS:
+            a, b = args[-2], args[-1]
+            self.matmuls.append(2.0 * a.shape[0] * a.shape[1] * b.shape[1])
+            return out
+        if any(k in name for k in ATTENTION_OPS):
+            return out
+        outs = list(out) if isinstance(out, tuple | list) else [out]
+        ins = (*args[1:], *outs) if name == "embedding" else args
+        self.elementwise += sum(x.numel() * x.element_size() for x in (*ins, *outs) if isinstance(x, Tensor))
+        return out
+
+
+def count_ops(layer: nn.Module, inputs: tuple[Tensor, ...]) -> tuple[OpCount, OpCount]:
+    """Operators of ``layer(*inputs)`` forward, and of its backward to the inputs that need gradients and
+    the parameters (``torch.autograd.grad``: nothing accumulates into ``.grad``)."""
+    with OpCount() as fwd:
+        y = layer(*inputs)
+    grad = torch.empty_like(y)
+    wrt = [x for x in inputs if x.requires_grad] + list(layer.parameters())
+    with OpCount() as bwd:
+        torch.autograd.grad(y, wrt, grad, allow_unused=True)
+    return fwd, bwd
+
+
 def _dropout_note(model: ModelSpec, what: str) -> str:
     return f"; formula's dropout {what} absent (replay applies no dropout)" if model.dropout else ""
 
@@ -428,5 +481,29 @@ def meta_check(model: ModelSpec, micro_batch: int, seq_len: int, precision: str 
                          f"formula: norm input + LM-head input (e*sbh each) + fp32 logits 4*s*b*V; torch: "
                          f"{norm}, the LM-head input, the log-softmax in {precision} ({e}*s*b*V: "
                          "cross-entropy keeps no fp32 copy of the logits) and the int64 targets"))
+    # ---- operators (workloads.ops), the attention on the CPU flash kernel as the replay runs it ------------
+    cfg_ops = WorkloadConfig(micro_batch=micro_batch, seq_len=seq_len, precision=precision, checkpointing="none")
+    low = precision != "fp32"
+    for index, name, layer, inputs in (
+            (0, "embedding", emb, (_tokens(cfg_ops),)),
+            (1, "block", blk, (_x(model, cfg_ops, dtype),)),
+            (model.n_layers + 1, "head", head, (_x(model, cfg_ops, dtype), _tokens(cfg_ops))
+             + ((emb.wte,) if model.tied_embeddings else ()))):
+        try:
+            with _SdpaMode(_Scope(), flash=True):
+                counted = count_ops(layer, inputs)
+        except (RuntimeError, NotImplementedError) as exc:  # a torch without that kernel on meta
+            notes.append(f"{name} operator count skipped: {' '.join(str(exc).split())[:160]}")
+            continue
+        for phase, c in zip(("fwd", "bwd"), counted, strict=True):
+            want = layer_ops(model, cfg_ops, index, phase)
+            upcast = low and name != "embedding"
+            why = ("eager PyTorch inventory (workloads.ops)" + (f"; in {precision} torch adds fp32 up/down casts "
+                                                                 "(composite RMSNorm, rotary, loss)" if upcast else ""))
+            rows.append(CheckRow(name, f"{phase} operators", want.n_ops, c.n, why, None if low else 0.0))
+            rows.append(CheckRow(name, f"{phase} element-wise bytes", want.elementwise_bytes, c.elementwise,
+                                 "bytes read + written by the non-matmul operators" + (
+                                     f"; {precision}: fp32 upcasts, and the loss's logits in {precision} "
+                                     "(inventory: fp32)" if upcast else "")))
     return MetaCheck(model=model, config=cfg_math, n_blocks=model.n_layers, rows=tuple(rows),
                      block_saved_math=math, block_saved_flash=flash, notes=tuple(notes))

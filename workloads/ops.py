@@ -29,8 +29,9 @@ Matmuls: Q, K, V, O and the MLP's matrices (MoE: every expert's, at its share of
 router), each its own kernel; the attention core (Q.K^T and P.V) is one kernel (fused SDPA); backward
 runs two matmuls of the same FLOPs per forward matmul and one attention-backward kernel of twice the
 core. Head: final norm + LM-head matmul + cross-entropy (forward 3 T_V, 2 ops; backward 5 T_V, 2 ops).
-Embedding: a gather (2 T_h, 1 op; learned positions +3 T_h, +4 ops); its backward zeroes the table's
-gradient and scatter-adds into it (table bytes + T_h, 1 op; learned positions + their table + T_h, +2 ops).
+Embedding: a gather (2 T_h, 1 op; learned positions + 2 T_h + 3 T_s, +4 ops, T_s = s*h*e one sequence's
+rows); its backward zeroes the table's gradient and scatter-adds into it (table bytes + T_h, 1 op; learned
+positions + their table + T_h + 2 T_s, +2 ops).
 """
 
 from __future__ import annotations
@@ -127,13 +128,14 @@ def _head(m: ModelSpec, c: WorkloadConfig, phase: str) -> LayerOps:
 def _embedding(m: ModelSpec, c: WorkloadConfig, phase: str) -> LayerOps:
     e = c.dtype_bytes
     t_h = c.micro_batch * c.seq_len * m.hidden * e
-    pos = m.learned_pos
-    if phase == "bwd":
-        table = m.vocab * m.hidden * e + (m.max_pos * m.hidden * e if pos else 0)
-        return LayerOps((), table + t_h + (t_h if pos else 0), 1 + (2 if pos else 0))
+    t_pos = c.seq_len * m.hidden * e if m.learned_pos else 0  # one sequence's position rows
+    if phase == "bwd":  # zero + scatter-add into each table; positions: sum over the batch first
+        table = m.vocab * m.hidden * e + (m.max_pos * m.hidden * e if m.learned_pos else 0)
+        return LayerOps((), table + t_h + (t_h + 2 * t_pos if m.learned_pos else 0), 1 + (2 if m.learned_pos else 0))
     if phase == "recompute":
         return EMPTY
-    return LayerOps((), 2 * t_h + (3 * t_h if pos else 0), 1 + (4 if pos else 0))
+    # gather of the tokens' rows; positions: gather of s rows, broadcast add
+    return LayerOps((), 2 * t_h + (2 * t_h + 3 * t_pos if m.learned_pos else 0), 1 + (4 if m.learned_pos else 0))
 
 
 def layer_ops(model: ModelSpec, config: WorkloadConfig, layer: int, phase: str) -> LayerOps:

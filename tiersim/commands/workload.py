@@ -52,7 +52,8 @@ def render(result: dict[str, Any]) -> str:
                      f"{_diff(r['rel_diff']):>9}{mark}  {r['note']}")
     lines.append("")
     lines += [f"note: {n}" for n in result["notes"]]
-    lines.append("units: bytes for param/activation rows, FLOP for FLOPs rows; diff = torch/formula - 1; "
+    lines.append("units: bytes for param/activation/element-wise rows, FLOP for FLOPs rows, a count for operators; "
+                 "diff = torch/formula - 1; "
                  "ok/!! only where a tolerance applies")
     lines.append(f"verdict: {result['verdict']}")
     return "\n".join(lines)
