@@ -160,8 +160,22 @@ def _pool(todo: list[Point], n: int) -> Outcomes:
                 except BrokenProcessPool as e:
                     raise SweepAborted(f"a process of the local pool died ({e}); what finished is stored: "
                                        "run the same sweep again to resume") from None
+    except BaseException:  # Ctrl-C or an error in the client: stop the running tasks rather than wait for them
+        _terminate(pool)
+        raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _terminate(pool: ProcessPoolExecutor) -> None:
+    """Stop the pool's processes now (``terminate_workers`` from Python 3.14; before it, the executor's own
+    process table, a private attribute read defensively)."""
+    terminate = getattr(pool, "terminate_workers", None)
+    if terminate is not None:
+        terminate()
+        return
+    for process in list((getattr(pool, "_processes", None) or {}).values()):
+        process.terminate()
 
 
 def _dask(todo: list[Point], workers: int | None, scheduler: str | None) -> tuple[str, int, Outcomes]:
