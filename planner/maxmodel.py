@@ -10,10 +10,14 @@ A :class:`Scaler` turns a step count ``n`` into a :class:`~workloads.ModelSpec`:
 :func:`max_model` finds the largest ``n`` a policy can train: it gallops from a start point (doubling
 up while feasible, halving down while not) and then bisects, keeping ``lo`` feasible and ``hi``
 infeasible until ``hi == lo + 1``, so the answer is feasible and one step larger is not by construction.
-Every check is one ``planner.search.search`` restricted to the policy: with ``first_feasible=True``
-(cheap-first: a policy's PlanInfeasible and the analytic bounds reject before anything is simulated,
-and the search stops at the first plan whose simulation fits), or, with a step-time limit, a full
-search whose fastest plan must meet the limit. Checks are memoised per ``n``.
+Cheapest route first: the sizes are bisected on a screen that simulates nothing (:func:`screen_model`:
+some candidate survives the policy's own PlanInfeasible check and the analytic memory bounds), which is
+a necessary condition (its rejection of ``s + 1`` is a proof: every candidate is rejected by the same
+sound checks a search applies first); its answer ``s`` is then confirmed by a full check, and only if
+``s`` does not fit after all does a bisection with full checks continue below it. A full check is one
+``planner.search.search`` restricted to the policy: with ``first_feasible=True`` (it stops at the first
+plan whose simulation fits), or, with a step-time limit, a full search whose fastest plan must meet the
+limit. Checks and screens are memoised per ``n``.
 """
 
 from __future__ import annotations
@@ -23,10 +27,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from hardware_models import HardwareSpec
-from planner.job import JobRequest, resolve_hardware
-from planner.search import search
+from hardware_models import HardwareInputError, HardwareSpec, build_topology
+from planner.candidates import enumerate_candidates
+from planner.job import JobRequest, make_job, resolve_hardware
+from planner.search import plan_summary, search
 from planner.whatif import Best, Progress
+from policies import KnobError
 from workloads import ModelSpec, WorkloadInputError, load_model
 from workloads.custom_model import llama_ffn
 from workloads.presets import preset_table, shorthands
@@ -129,11 +135,12 @@ class Check:
     feasible: bool
     binding: str | None  # pool / reason when infeasible, "time" when only the step-time limit failed
     wall_s: float
+    screened: bool = False  # decided by the screen (every candidate rejected before simulation), no search
 
     def to_dict(self) -> dict[str, Any]:
         return {"n": self.n, "model": self.model.name, "params": self.model.params(), "feasible": self.feasible,
                 "binding": self.binding, "tokens_per_s": self.best.tokens_per_s,
-                "step_time_s": self.best.step_time_s, "knobs": self.best.knobs, "wall_s": self.wall_s}
+                "step_time_s": self.best.step_time_s, "knobs": self.best.knobs, "screened": self.screened}
 
 
 @dataclass
@@ -144,6 +151,7 @@ class MaxModelOutcome:
     largest: Check | None  # None: not even the smallest model fits
     first_infeasible: Check | None  # one step above largest (the smallest when nothing fits); None: cap fits
     checks: list[Check] = field(default_factory=list)
+    n_screened: int = 0  # sizes judged by the cheap screen (no simulation)
     wall_s: float = 0.0
 
     @property
@@ -166,7 +174,54 @@ class MaxModelOutcome:
                 "knobs": self.largest.best.knobs if self.largest else {},
                 "first_infeasible": model_dict(self.first_infeasible), "binding": self.binding,
                 "cap_reached": self.largest is not None and self.first_infeasible is None,
-                "checks": [c.to_dict() for c in self.checks], "wall_s": self.wall_s}
+                "checks": [c.to_dict() for c in self.checks], "n_screened": self.n_screened}
+
+
+_CKPT_FRUGAL = {"full": 0, "selective": 1, "none": 2}
+
+
+@dataclass(frozen=True)
+class Screen:
+    """The cheap verdict on a model: does some candidate of the policy survive its own PlanInfeasible check
+    and the analytic memory bounds? Nothing is simulated. ``passes=False`` is a proof that no plan fits
+    (both rejections are sound); ``passes=True`` is only a maybe. ``binding``: the pool rejected most often."""
+
+    n: int
+    passes: bool
+    binding: str | None
+    n_planned: int
+    wall_s: float
+
+
+def screen_model(hw: HardwareSpec, model: ModelSpec, policy: str, *, request: JobRequest | None = None,
+                 n: int = 0) -> Screen:
+    """Plan the policy's candidates most memory-frugal first (full checkpointing, small micro-batches), as
+    ``search`` enumerates them, until one survives the plan-level checks; see :class:`Screen`."""
+    t0 = time.perf_counter()
+    req = request or JobRequest()
+    job0, _ = make_job(hw, model, replace(req, micro_batch=req.micro_batch or 1,
+                                          checkpointing=req.checkpointing or "full"))
+    c0 = job0.config
+    base = replace(req, seq_len=c0.seq_len, global_batch=c0.global_batch, precision=c0.precision,
+                   flash_attention=c0.flash_attention)
+    cands = sorted(enumerate_candidates([policy], hw.gpu.count, c0.global_batch, micro_batch=req.micro_batch,
+                                        checkpointing=req.checkpointing),
+                   key=lambda c: (_CKPT_FRUGAL.get(c.checkpointing, 9), c.micro_batch, c.index))
+    topo = build_topology(hw)
+    pools: dict[str, int] = {}
+    for k, cand in enumerate(cands):
+        try:
+            job = make_job(hw, model, replace(base, micro_batch=cand.micro_batch,
+                                              checkpointing=cand.checkpointing))[0]
+        except (WorkloadInputError, KnobError, HardwareInputError):
+            continue
+        summary, _ = plan_summary(job, cand, topo)
+        if summary["verdict"] != "rejected":
+            return Screen(n, True, None, k + 1, time.perf_counter() - t0)
+        if summary.get("binding"):
+            pools[summary["binding"]] = pools.get(summary["binding"], 0) + 1
+    binding = min(pools.items(), key=lambda kv: (-kv[1], kv[0]))[0] if pools else None
+    return Screen(n, False, binding, len(cands), time.perf_counter() - t0)
 
 
 def check_model(hw: str | HardwareSpec, model: ModelSpec, policy: str, *, request: JobRequest | None = None,
@@ -186,13 +241,24 @@ def check_model(hw: str | HardwareSpec, model: ModelSpec, policy: str, *, reques
 def max_model(hw: str | HardwareSpec, scaler: Scaler, policy: str, *, request: JobRequest | None = None,
               hw_overrides: Sequence[str] = (), max_step_time_s: float | None = None, budget_s: float | None = None,
               max_candidates: int | None = None, progress: Progress | None = None,
-              cache: Any = None, workers: int = 1) -> MaxModelOutcome:
-    """The largest ``n`` (and its model) that ``policy`` trains: feasible, and ``n + 1`` is not."""
+              cache: Any = None, workers: int = 1, screen: bool = True) -> MaxModelOutcome:
+    """The largest ``n`` (and its model) that ``policy`` trains: feasible, and ``n + 1`` is not.
+
+    With ``screen`` (default) the sizes are first bisected on the cheap :func:`screen_model` verdict, whose
+    rejections stand as proofs, and a full check (a search that simulates) confirms its answer ``s`` (a
+    bisection below ``s`` with full checks follows when ``s`` does not fit after all); without it every
+    probe is a full check.
+    """
     t0 = time.perf_counter()
     spec = resolve_hardware(hw, hw_overrides)
     checks: dict[int, Check] = {}
+    screens: dict[int, Screen] = {}
 
     def ok(n: int) -> bool:
+        sc = screens.get(n)
+        if n not in checks and sc is not None and not sc.passes:  # the screen's rejection is already a proof
+            nothing = Best(False, None, {}, None, None, None, None, None, sc.binding, sc.n_planned, 0)
+            checks[n] = Check(n, scaler.build(n), nothing, False, sc.binding, sc.wall_s, screened=True)
         if n not in checks:
             checks[n] = check_model(spec, scaler.build(n), policy, request=request, max_step_time_s=max_step_time_s,
                                     budget_s=budget_s, max_candidates=max_candidates, cache=cache,
@@ -204,12 +270,35 @@ def max_model(hw: str | HardwareSpec, scaler: Scaler, policy: str, *, request: J
                          f"[{c.wall_s:.1f} s]")
         return checks[n].feasible
 
-    lo, hi = largest_true(ok, lo=scaler.lo, start=scaler.start, hi_cap=scaler.hi_cap)
+    def may_fit(n: int) -> bool:
+        if n not in screens:
+            screens[n] = screen_model(spec, scaler.build(n), policy, request=request, n=n)
+            if progress:
+                sc = screens[n]
+                verdict = "passes (to be simulated)" if sc.passes else f"rejected without simulating ({sc.binding})"
+                progress(f"{policy}: screen {scaler.describe(n)}: {verdict} [{sc.wall_s:.1f} s]")
+        return screens[n].passes
+
+    lo, hi = _search_sizes(ok, may_fit if screen else None, scaler)
     ordered = [checks[n] for n in sorted(checks)]
     return MaxModelOutcome(policy=policy, dimension=scaler.dimension, family=scaler.family,
                            largest=checks[lo] if lo is not None else None,
                            first_infeasible=checks[hi] if hi is not None else None,
-                           checks=ordered, wall_s=time.perf_counter() - t0)
+                           checks=ordered, n_screened=len(screens), wall_s=time.perf_counter() - t0)
+
+
+def _search_sizes(ok: Callable[[int], bool], may_fit: Callable[[int], bool] | None,
+                  scaler: Scaler) -> tuple[int | None, int | None]:
+    """(largest n with ok(n), the n + 1 above it); ``may_fit`` (a necessary condition of ok) narrows first."""
+    if may_fit is None:
+        return largest_true(ok, lo=scaler.lo, start=scaler.start, hi_cap=scaler.hi_cap)
+    s_lo, s_hi = largest_true(may_fit, lo=scaler.lo, start=scaler.start, hi_cap=scaler.hi_cap)
+    if s_lo is None:  # even the smallest is rejected: confirm with a full check (gallops up if it fits)
+        return largest_true(ok, lo=scaler.lo, start=scaler.lo, hi_cap=scaler.hi_cap)
+    if s_hi is not None and ok(s_hi):  # (ok of a screened-out size is the screen's verdict, so not taken)
+        return largest_true(ok, lo=scaler.lo, start=s_hi, hi_cap=scaler.hi_cap)
+    # s_hi (if any) is confirmed infeasible: the answer is s_lo or below
+    return largest_true(ok, lo=scaler.lo, start=s_lo, hi_cap=s_hi if s_hi is not None else s_lo)
 
 
 def largest_true(ok: Callable[[int], bool], *, lo: int, start: int, hi_cap: int) -> tuple[int | None, int | None]:

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from policies import POLICIES
 from tiersim.cli import UsageError
@@ -55,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
                    total_budget_s=parse_budget(args.total_budget, "--total-budget"), progress=progress_printer(args),
                    **opts)
     rc = EXIT_OK if any(c.best.feasible for c in out.cells) else EXIT_INFEASIBLE
+    print(f"tiersim coverage: {out.wall_s:.1f} s wall, {sum(c.best.n_simulated for c in out.cells)} simulated",
+          file=sys.stderr)
     if args.json:
         print(dumps(out.to_dict()))
         return rc
@@ -70,5 +73,5 @@ def run(args: argparse.Namespace) -> int:
         rows.append(row)
     print(table(rows, header))
     n_ok = sum(c.best.feasible for c in out.cells)
-    print(f"{n_ok} of {len(out.cells)} cells feasible; wall {out.wall_s:.1f} s")
+    print(f"{n_ok} of {len(out.cells)} cells feasible")
     return rc

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from hardware_models.units import parse_time
 from policies import POLICIES
@@ -103,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
     outs = [max_model(args.hw, scaler, policy, request=request, hw_overrides=args.sets, max_step_time_s=limit,
                       progress=progress, **opts) for policy in policies]
     rc = EXIT_OK if any(o.largest for o in outs) else EXIT_INFEASIBLE
+    print("tiersim max-model: " + ", ".join(f"{o.policy} {o.wall_s:.1f} s" for o in outs) + " wall", file=sys.stderr)
     if args.json:
         print(dumps({"kind": "tiersim.max_model", "hardware": args.hw, "overrides": list(args.sets),
                      "family": scaler.family, "dimension": scaler.dimension, "max_step_time_s": limit,
@@ -113,19 +115,22 @@ def run(args: argparse.Namespace) -> int:
     rows = []
     for o in outs:
         big, nxt = o.largest, o.first_infeasible
+        counts = [str(sum(not c.screened for c in o.checks)), str(o.n_screened)]
         if big is None:
             rows.append([o.policy, "none fits", "-", "-", "-", "-",
                          f"{o.binding} (already at {nxt.model.n_layers} layers x {nxt.model.hidden})" if nxt else "",
-                         f"{len(o.checks)}", f"{o.wall_s:.1f}"])
+                         *counts])
             continue
         m = big.model
         above = (f"{o.binding}: {scaler.describe(nxt.n)} ({nxt.model.params() / 1e9:.2f}B)" if nxt
                  else "cap reached (the largest size tried fits)")
         step = "-" if big.best.step_time_s is None else f"{big.best.step_time_s:.2f}"
         rows.append([o.policy, f"{m.params() / 1e9:.2f}B", str(m.n_layers), str(m.hidden),
-                     fmt_rate(big.best.tokens_per_s), step, above, str(len(o.checks)), f"{o.wall_s:.1f}"])
+                     fmt_rate(big.best.tokens_per_s), step, above, *counts])
     print(table(rows, ["policy", "largest", "layers", "hidden", "tokens/s", "step s", "binding one step larger",
-                       "checks", "wall s"], "lrrrrrlrr"))
+                       "searched", "screened"], "lrrrrrlrr"))
+    print("searched: sizes checked by a search that simulates; screened: sizes judged by plan-level checks alone "
+          "(a policy's verdict and the memory bounds; a rejection there is final)")
     if limit is None:
         print("tokens/s, step s: the first plan found that fits (memory-frugal order), not the fastest; "
               "`tiersim plan` finds the fastest")

@@ -159,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
                  objective=args.objective, policies=policies, progress=progress_printer(args),
                  **search_options(args))
     any_feasible = out.base.feasible or any(s.best.feasible for s in out.scenarios)
+    print(f"tiersim whatif: {out.wall_s:.1f} s wall, {out.n_searches} searches", file=sys.stderr)
     if args.json:
         print(dumps(out.to_dict()))
         return EXIT_OK if any_feasible else EXIT_INFEASIBLE
