@@ -104,10 +104,10 @@ def step_note(r: Result) -> str:
     lo, hi = r.window
     shown = hi - lo
     if r.sim.method.startswith("extrapolated"):
-        return (f"shown: the simulated step ({shown:,.2f} s, fewer micro-steps); the step time {r.step_time_s:,.2f} s "
-                f"is extrapolated from it")
+        return (f"Shown: the simulated step ({shown:,.2f} s, with fewer micro-steps than the real one); the step "
+                f"time, {r.step_time_s:,.2f} s, is extrapolated from it.")
     if r.sim.method.startswith("measured"):
-        return "shown: the measured step of a replay"
+        return "Shown: the measured step of a replay."
     return ""
 
 
@@ -256,9 +256,9 @@ def summary_tables(inputs: ReportInputs) -> list[tuple[str, pd.DataFrame]]:
             "tokens/s": [_num(x, "{:,.0f}") for x in df["tokens_per_s"]],
             "TFLOP/s/GPU": [_num(x, "{:,.1f}") for x in df["tflops_per_gpu"]],
             "MFU": [_num(x * 100 if x == x and x is not None else None, "{:.1f}%") for x in df["mfu"]],
-            "GPU GB": [_gb(x) for x in df["gpu_peak_bytes"]],
-            "CPU GB": [_gb(x) for x in df["cpu_peak_bytes"]],
-            "NVMe GB": [_gb(x) for x in df["nvme_peak_bytes"]],
+            **{f"{name} GB": [_gb(x) + (" (policy estimate)" if src == "policy estimate" and _gb(x) != "-" else "")
+                              for x, src in zip(df[f"{kind}_peak_bytes"], df["peak_source"], strict=True)]
+               for kind, name in (("gpu", "GPU"), ("cpu", "CPU"), ("nvme", "NVMe"))},
         })))
     for d in inputs.whatif:
         df = frames.whatif_frame(d)

@@ -8,7 +8,7 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from reports.figures.style import CAPACITY, GREY, OKABE_ITO, new_figure, style
+from reports.figures.style import CAPACITY, GREY, OKABE_ITO, new_figure, style, suptitle
 
 FEASIBLE, OVER = OKABE_ITO[4], OKABE_ITO[5]  # blue; vermillion (hatched)
 POOL_TITLES = {"gpu": "Peak GPU memory (busiest GPU)", "cpu": "Peak CPU DRAM", "nvme": "Peak NVMe"}
@@ -104,5 +104,5 @@ def draw(df: pd.DataFrame, title: str) -> Figure:
         axes["tfl"].set_yticks(range(len(df)), [""] * len(df))
         for i, kind in enumerate(("gpu", "cpu", "nvme")):
             _memory(axes[kind], df, kind, show_labels=i == 0)
-        fig.suptitle(title, fontsize=11, fontweight="bold")
+        suptitle(fig, title)
     return fig

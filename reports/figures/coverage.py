@@ -11,7 +11,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from reports.figures.style import new_figure, style
+from reports.figures.style import new_figure, style, suptitle
 
 CMAP = "cividis"  # perceptually uniform and colour-blind safe
 INFEASIBLE = "#DDDDDD"
@@ -80,5 +80,5 @@ def draw(df: pd.DataFrame, title: str) -> Figure:
         fig.legend(handles=[Patch(facecolor=INFEASIBLE, hatch="xx", edgecolor="#888888",
                                   label="does not fit (the pool that binds)")],
                    loc="outside lower center", frameon=False)
-        fig.suptitle(title, fontsize=10, fontweight="bold")
+        suptitle(fig, title)
     return fig

@@ -13,7 +13,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from reports.figures.memory import time_unit
-from reports.figures.style import OKABE_ITO, fixed_margins, new_figure, style
+from reports.figures.style import OKABE_ITO, fixed_margins, new_figure, style, suptitle
 
 DIRECTION_LOOK = {"fwd": (OKABE_ITO[4], 1.0), "rev": (OKABE_ITO[5], -1.0)}
 BINS = 500  # the step is drawn as this many time bins: transfers shorter than a pixel would alias away
@@ -78,6 +78,6 @@ def draw(df: pd.DataFrame, title: str, notes: str = "") -> Figure:
             ax.set_xlim(0, span / scale if span else 1.0)
         axes[-1].set_xlabel(f"time since the step began ({unit}); filled: mean rate per 1/{BINS} of the step, "
                             "thin line: its highest rate, dotted: bandwidth of each direction")
-        fig.suptitle(title + (f"\n{notes}" if notes else ""), fontsize=10, fontweight="bold")
-        fixed_margins(fig, left=0.7, bottom=0.55, top=0.75 + (0.2 if notes else 0.0))
+        heading = suptitle(fig, title, notes)
+        fixed_margins(fig, left=0.7, bottom=0.55, top=0.55 + 0.2 * heading)
     return fig

@@ -7,10 +7,11 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from reports.figures.style import CAPACITY, colour, fixed_margins, hatch, new_figure, style
+from reports.figures.style import CAPACITY, colour, fixed_margins, hatch, new_figure, style, suptitle
 from reports.frames import KIND_LABELS, KIND_ORDER
 
 INK = "#333333"  # hatch colour
+FAR = 4.0  # capacity this many times the peak: scale the axis to the peak and state the capacity in words
 
 
 def time_unit(span_s: float) -> tuple[float, str]:
@@ -39,13 +40,16 @@ def draw(df: pd.DataFrame, title: str, notes: str = "") -> Figure:
                 base = top
             cap = float(part["capacity_bytes"].iloc[0]) / 1e9 if len(part) else float("nan")
             peak = float(part["total_bytes"].max()) / 1e9 if len(part) else 0.0
-            if np.isfinite(cap):
+            far = np.isfinite(cap) and cap > FAR * peak  # the stack would be a sliver under the capacity line
+            if np.isfinite(cap) and not far:
                 ax.axhline(cap, **CAPACITY)
                 ax.text(t[-1] if len(t) else 0, cap, f"usable capacity {cap:,.1f} GB ", ha="right", va="bottom",
                         fontsize=8)
-            ax.set_ylim(0, max(peak, cap if np.isfinite(cap) else 0.0) * 1.15 or 1.0)
+            ax.set_ylim(0, (peak if far else max(peak, cap if np.isfinite(cap) else 0.0)) * 1.15 or 1.0)
             ax.set_ylabel("GB")
-            ax.set_title(f"{pool}: peak in this step {peak:,.1f} GB", loc="left", fontsize=9)
+            used_pct = f" ({peak / cap * 100:.1f}% of the usable {cap:,.1f} GB" + (
+                ", whose line is above this axis)" if far else ")") if np.isfinite(cap) and cap > 0 else ""
+            ax.set_title(f"{pool}: peak in this step {peak:,.1f} GB{used_pct}", loc="left", fontsize=9)
             ax.set_xlim(0, span / scale if span else 1.0)
         axes[-1].set_xlabel(f"time since the step began ({unit})")
         handles = [Patch(facecolor=colour(KIND_ORDER.index(k) if k in KIND_ORDER else len(KIND_ORDER)),
@@ -54,6 +58,6 @@ def draw(df: pd.DataFrame, title: str, notes: str = "") -> Figure:
         handles.append(Patch(facecolor="none", edgecolor="black", linestyle="--", label="usable capacity"))
         rows = -(-len(handles) // 5)
         fig.legend(handles=handles, loc="lower center", ncol=min(5, len(handles)), frameon=False)
-        fig.suptitle(title + (f"\n{notes}" if notes else ""), fontsize=10, fontweight="bold")
-        fixed_margins(fig, left=0.75, bottom=0.55 + 0.22 * rows, top=0.75 + (0.2 if notes else 0.0))
+        heading = suptitle(fig, title, notes)
+        fixed_margins(fig, left=0.75, bottom=0.55 + 0.22 * rows, top=0.55 + 0.2 * heading)
     return fig

@@ -10,7 +10,7 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from reports.figures.style import OKABE_ITO, colour, marker, new_figure, style
+from reports.figures.style import OKABE_ITO, colour, marker, new_figure, style, suptitle
 
 
 def _scatter(ax: Axes, part: pd.DataFrame, scale: float, unit: str, what: str, cases: list[str]) -> None:
@@ -87,5 +87,5 @@ def draw(df: pd.DataFrame, title: str) -> Figure:
         ax.legend(loc="lower right", fontsize=7)
         handles, labels = axes[0].get_legend_handles_labels()
         fig.legend(handles, labels, loc="outside lower center", ncol=min(6, len(labels)), frameon=False)
-        fig.suptitle(title, fontsize=10, fontweight="bold")
+        suptitle(fig, title)
     return fig

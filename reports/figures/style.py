@@ -9,6 +9,7 @@ no global state): the style is applied with ``rc_context`` around drawing and sa
 from __future__ import annotations
 
 import io
+import textwrap
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -66,6 +67,14 @@ def fixed_margins(fig: Figure, *, left: float, bottom: float, top: float, right:
     axes_h = max(h - top - bottom, 0.5)
     fig.subplots_adjust(left=left / w, right=1 - right / w, bottom=bottom / h, top=1 - top / h,
                         hspace=hspace / max(axes_h / n - hspace, 0.3))
+
+
+def suptitle(fig: Figure, title: str, notes: str = "") -> int:
+    """The figure's bold title, the notes wrapped to the figure's width under it; returns its line count."""
+    width = int(fig.get_size_inches()[0] * 12)  # characters of 10 pt bold per inch, with a margin
+    lines = textwrap.wrap(title, width) + (textwrap.wrap(notes, width) if notes else [])
+    fig.suptitle("\n".join(lines), fontsize=10, fontweight="bold")
+    return len(lines)
 
 
 def label_width(labels: list[str], fontsize: float = 8.0) -> float:

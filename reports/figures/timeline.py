@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from reports.figures.memory import time_unit
-from reports.figures.style import GREY, OKABE_ITO, fixed_margins, label_width, new_figure, style
+from reports.figures.style import GREY, OKABE_ITO, fixed_margins, label_width, new_figure, style, suptitle
 from reports.frames import CATEGORIES, EXPOSED
 
 # category -> (face colour, hatch)
@@ -78,8 +78,7 @@ def draw(df: pd.DataFrame, title: str, notes: str = "") -> Figure:
         handles = [Patch(facecolor=LOOK[c][0], hatch=LOOK[c][1], edgecolor=LOOK[c][2] if LOOK[c][1] else "#333333",
                          label=c) for c in present]
         fig.legend(handles=handles, loc="lower center", ncol=min(5, len(handles)), frameon=False)
-        fig.suptitle(title + (f"\n{notes}" if notes else ""), fontsize=10, fontweight="bold")
+        heading = suptitle(fig, title, notes)
         rows = -(-len(handles) // 5)
-        fixed_margins(fig, left=label_width(labels) + 0.25, bottom=0.55 + 0.22 * rows,
-                      top=0.5 + (0.2 if notes else 0.0))
+        fixed_margins(fig, left=label_width(labels) + 0.25, bottom=0.55 + 0.22 * rows, top=0.3 + 0.2 * heading)
     return fig

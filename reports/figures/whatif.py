@@ -9,7 +9,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter
 
-from reports.figures.style import OKABE_ITO, new_figure, style
+from reports.figures.style import OKABE_ITO, new_figure, style, suptitle
 
 GAIN, LOSS = (OKABE_ITO[2], ""), (OKABE_ITO[5], "//")
 
@@ -47,5 +47,5 @@ def draw(df: pd.DataFrame, title: str) -> Figure:
         fig.legend(handles=[Patch(facecolor=GAIN[0], label="faster"),
                             Patch(facecolor=LOSS[0], hatch=LOSS[1], edgecolor="#333333", label="slower")],
                    loc="outside lower center", ncol=2, frameon=False)
-        fig.suptitle(title, fontsize=10, fontweight="bold")
+        suptitle(fig, title)
     return fig
