@@ -225,7 +225,7 @@ class Emitter:
                 deps += self.refresh_refs(s, p)
             e = self.ev(f"ld{p}.{g}{suf}", op.seg, op.it, "copy", h2d, deps, src="cpu", dst=g,
                         bytes=self.pack_bytes(s, u, t), allocs=[(buf, g)], reads=[(f"home.s{s}.p{p}", "cpu")],
-                        tags={**tg, "pack": p, "phase": f"fetch-{phase}"})
+                        tags={**tg, "pack": p, "layers": list(range(u, t + 1)), "phase": f"fetch-{phase}"})
             fetches.append(("res", r, s, j))
             return buf, e
 
@@ -325,7 +325,8 @@ class Emitter:
                         self.keyed[("res", r, s, j)] = last_ev
                         dn = self.ev(f"dn{p}.{g}{suf}", op.seg, op.it, "copy", d2h, [last_ev], src=g, dst="cpu",
                                      bytes=self.pack_bytes(s, u, t), frees=[(gb, g)],
-                                     tags={**tg, "pack": p, "phase": "grad-offload"})
+                                     tags={**tg, "pack": p, "layers": list(range(u, t + 1)),
+                                           "phase": "grad-offload"})
                         d2hs.append(dn)
                         self.final_d2h[(r, s, p)] = dn
                 if d2hs:
@@ -429,7 +430,8 @@ class Emitter:
                         deps = [self.final_d2h[(rr, s, p)] for rr in range(dp)]
                         deps += [y for rr in range(dp) for y in tied_dep(rr, s, range(u, t + 1))]
                         self.ev(f"adam{p}.{g}", seg, 0, "optimizer", f"cpu.adam{g}", deps, params=prm / dp,
-                                tags={"stage": s, "rank": r, "pack": p, "phase": "optimizer"})
+                                tags={"stage": s, "rank": r, "pack": p, "layers": list(range(u, t + 1)),
+                                      "phase": "optimizer"})
 
     def _final(self, r: int, st: StagePlan, layer: int) -> Ev:
         if st.mode == "swap":

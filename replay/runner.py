@@ -6,8 +6,9 @@ The plan is unrolled with ``simulator.unroll.Unroller`` (every step in full). Ea
   against the plan's pool capacities, the GPU included even on a CPU-only machine), a copy's tensor must
   be at its source — the same rules as the simulator's engine, so a replay doubles as a plan checker;
 - *runs* for real (``replay.store``): compute tasks tagged ``{"layer": i, "phase": fwd|recompute|bwd}``
-  run module i; optimizer tasks run Adam on the layer's (or, untagged, every layer's) master parameters
-  where the plan puts them; ``param-upload`` / ``grad-offload`` copies move those tensors; other copies
+  run module i; optimizer tasks run Adam on the layer's (``"layers": [...]``: those layers'; untagged:
+  every layer's) master parameters where the plan puts them; ``param-upload`` / ``fetch-fwd`` /
+  ``fetch-bwd`` (a pack of layers swapped in) and ``grad-offload`` copies move those tensors; other copies
   move a real buffer of the plan's size (files under ``--nvme-dir`` for nvme); collectives over one rank
   are no-ops;
 - *ends*: its frees are applied.
@@ -47,6 +48,19 @@ from simulator.result import Result, SimInfo, build_result, step_metrics
 from simulator.unroll import ConcreteTask, Unroller
 
 DEFAULT_SEED = 1234
+UPLOAD_PHASES = ("param-upload", "fetch-fwd", "fetch-bwd")  # copies of layers' parameters to the GPU
+
+
+def task_layers(tags: dict | object) -> list[int] | None:
+    """The layers a task works on: its ``layers`` tag (a pack), else its ``layer`` tag, else None."""
+    get = getattr(tags, "get", None)
+    if get is None:
+        return None
+    many = get("layers")
+    if isinstance(many, list | tuple):
+        return [int(x) for x in many]
+    one = get("layer")
+    return [one] if one is not None else None
 # Python hands the GIL to a waiting thread only every sys.getswitchinterval() (5 ms by default): a copy
 # stream that wakes while the compute stream runs Python glue between kernels would wait up to 5 ms for
 # work the simulator prices in microseconds. The replay lowers it for its own run and restores it after.
@@ -158,22 +172,24 @@ class Runner:
         for seg in self.plan.segments:
             for t in seg.tasks:
                 layer = t.tags.get("layer")
-                if layer is not None and not (isinstance(layer, int) and 0 <= layer < self.n_layers):
-                    raise ReplayError(f"task {t.id!r}: layer {layer!r} is not a layer of this model "
-                                      f"(0..{self.n_layers - 1})")
+                layers = task_layers(t.tags)
+                for x in layers or ():
+                    if not (isinstance(x, int) and 0 <= x < self.n_layers):
+                        raise ReplayError(f"task {t.id!r}: layer {x!r} is not a layer of this model "
+                                          f"(0..{self.n_layers - 1})")
                 dev = self.streams[t.stream].device
                 if t.op == "compute" and t.tags.get("phase") == "recompute" and layer is not None:
                     recompute.add(layer)
                 if t.op == "optimizer":
-                    for i in ([layer] if layer is not None else range(self.n_layers)):
+                    for i in (layers if layers is not None else range(self.n_layers)):
                         if master.setdefault(i, dev) != dev:
                             raise ReplayError(f"task {t.id!r}: updates layer {i} on {dev!r}, but another "
                                               f"optimizer task updates it on {master[i]!r}")
                     if dev == self.gpu:
-                        self.producers[t.id] = {layer} if layer is not None else None
-                if t.op == "copy" and t.tags.get("phase") == "param-upload" and layer is not None \
+                        self.producers[t.id] = set(layers) if layers is not None else None
+                if t.op == "copy" and t.tags.get("phase") in UPLOAD_PHASES and layers is not None \
                         and t.dst == self.gpu:
-                    self.producers[t.id] = {layer}
+                    self.producers[t.id] = set(layers)
         self.keep_graph = [i not in recompute for i in range(self.n_layers)]
         self.master_loc = [master.get(i, self.gpu) for i in range(self.n_layers)]
 
@@ -348,18 +364,19 @@ class Runner:
             elif phase == "bwd":
                 self.store.backward(t.uid, key, self.accum[t.step], device)
             return 0.0, ()
+        layers = task_layers(s.tags)
         if s.op == "optimizer":
-            layers = [layer] if layer is not None else [i for i in range(self.n_layers)
-                                                         if self.master_loc[i] == device]
+            if layers is None:
+                layers = [i for i in range(self.n_layers) if self.master_loc[i] == device]
             self.store.optimizer(t.uid, device, layers, t.step, self.accum[t.step])
             return 0.0, ()
         if s.op == "copy":
             src, dst = s.src or "", s.dst or ""
             nbytes = s.bytes if s.bytes > 0 else self.tensors[s.tensor.id].bytes if s.tensor else 0.0
-            if phase == "param-upload" and layer is not None:
-                real = self.store.upload(t.uid, layer, src, dst)
-            elif phase == "grad-offload" and layer is not None:
-                real = self.store.move_grads(t.uid, layer, t.step, t.iteration, src, dst)
+            if phase in UPLOAD_PHASES and layers is not None:
+                real = sum(self.store.upload(t.uid, x, src, dst) for x in layers)
+            elif phase == "grad-offload" and layers is not None:
+                real = sum(self.store.move_grads(t.uid, x, t.step, t.iteration, src, dst) for x in layers)
             else:
                 real = self.store.copy_buffer(t.tensor, src, dst, int(nbytes), s.free_src)
             links = tuple(h.link for h in self.topo.route(src, dst))

@@ -292,7 +292,7 @@ class Store:
         assert isinstance(moved, dict)
         with self.lock:
             self._store_version(layer, v, moved)
-            self.produced[uid] = {layer: v}
+            self.produced.setdefault(uid, {})[layer] = v  # a pack's upload makes a version of each layer
         return Pools.nbytes(moved)
 
     def move_grads(self, uid: str, layer: int, step: int, micro: int, src: str, dst: str) -> int:

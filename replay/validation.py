@@ -60,11 +60,13 @@ Findings (2-core CPU-only VM shared with other jobs, see ``CAUSES`` below; print
   the replay than simulated, so e.g. zinf-nvme-small's gradient offload of layer 3 (gd3) is still
   resident when bwd2 allocates its gradients (two layers' gradients at once: 22.8 vs 19.9 MB; the same
   replay measured 19.9, 19.9 and 20.5 MB in three runs). Timing, not accounting.
-- Runner limitations met (not fixed): tinypipe at budgets <= 50% of the no-offload peak makes plans the
-  runner rejects ('gradients of layer 0 are not on cpu where this optimizer step runs'), so a larger budget
-  is used; synergyscale with chunks/streams > 1 ('input of layer 1 is not there') or a layer's optimizer
-  split between CPU and GPU ('updates layer 9 on cpu, but another ... on gpu0') cannot be replayed, so its
-  knobs are pinned (auto=false, streams=1, chunks=1, cpu_fraction=1).
+- Fixed (runner): tinypipe at budgets <= 50% of the no-offload peak swaps packs of layers; its pack-level
+  tasks now carry a ``layers`` tag (fetch-fwd / fetch-bwd, the pack's gradient offload and Adam) and the
+  runner moves and updates each layer of the pack (it used to stop with 'gradients of layer 0 are not on
+  cpu where this optimizer step runs', so a larger budget was used); tinypipe-small now replays at 40%.
+- Runner limitations met (not fixed): synergyscale with chunks/streams > 1 ('input of layer 1 is not
+  there') or a layer's optimizer split between CPU and GPU ('updates layer 9 on cpu, but another ... on
+  gpu0') cannot be replayed, so its knobs are pinned (auto=false, streams=1, chunks=1, cpu_fraction=1).
 """
 
 from __future__ import annotations
