@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -216,8 +217,6 @@ def whatif(hw: str | HardwareSpec, model: str | ModelSpec, axes: Sequence[Axis],
     ``budget_s`` and ``max_candidates`` bound each scenario's search (as ``plan --budget``); ``cache`` and
     ``workers`` are passed to each search.
     """
-    import time
-
     t0 = time.perf_counter()
     check_axes(axes)
     spec_model = model if isinstance(model, ModelSpec) else load_model(model)
@@ -230,17 +229,20 @@ def whatif(hw: str | HardwareSpec, model: str | ModelSpec, axes: Sequence[Axis],
             specs[(axis.path, value)] = resolve_hardware(hw, [*hw_overrides, axis.label(value)])
     grid = scenario_grid(axes)
     singles = [(axis, v) for axis in axes for v in axis.values if machine_key(specs[(axis.path, v)]) != base_key]
-
+    # the machines to plan, each once, in the order they are first needed: base, grid, single changes
+    keys: dict[tuple[tuple[str, str], ...], str] = {(): base_key}
+    for changes in [*grid, *({axis.path: v} for axis, v in singles)]:
+        keys[tuple(changes.items())] = machine_key(resolve_hardware(hw, [*hw_overrides, *overrides_for(changes)]))
+    total = len(set(keys.values()))
     done: dict[str, Best] = {}
-    todo = 1 + len(grid) + len(singles)  # an upper bound: identical machines are planned once
 
     def plan(changes: Mapping[str, str]) -> Best:
-        overrides = [*hw_overrides, *overrides_for(changes)]
-        key = base_key if not changes else machine_key(resolve_hardware(hw, overrides))
+        key = keys[tuple(changes.items())]
         if key not in done:
+            overrides = [*hw_overrides, *overrides_for(changes)]
             label = ", ".join(overrides_for(changes)) or "base (no change)"
             if progress:
-                progress(f"[{len(done) + 1}/<={todo}] planning {label} ...")
+                progress(f"[{len(done) + 1}/{total}] planning {label} ...")
             outcome = search(hw, spec_model, request=request, hw_overrides=overrides, objective=objective,
                              policies=policies, budget_s=budget_s, max_candidates=max_candidates, cache=cache,
                              workers=workers)
@@ -248,7 +250,7 @@ def whatif(hw: str | HardwareSpec, model: str | ModelSpec, axes: Sequence[Axis],
             if progress:
                 b = done[key]
                 what = f"{b.policy} {b.tokens_per_s:,.0f} tokens/s" if b.feasible else f"infeasible ({b.binding})"
-                progress(f"[{len(done)}/<={todo}] {label}: {what} ({time.perf_counter() - t0:.1f} s)")
+                progress(f"[{len(done)}/{total}] {label}: {what} ({time.perf_counter() - t0:.1f} s)")
         return done[key]
 
     base = plan({})

@@ -86,3 +86,14 @@ def test_bad_input_is_one_line(args: list[str], needle: str, capsys: pytest.Capt
     assert main(["coverage", "--hw", "a100", *args]) == 2
     out, err = capsys.readouterr()
     assert out == "" and len(err.strip().splitlines()) == 1 and needle in err and "Traceback" not in err
+
+
+def test_progress_goes_to_stderr_only(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["coverage", "--hw", "a100", "--models", "gpt2", "--policies", "none,zero-offload", *SMALL_FLAGS, "--json"]
+    assert main(argv) == 0
+    quiet = capsys.readouterr()
+    assert main([*argv, "--progress"]) == 0
+    loud = capsys.readouterr()
+    assert loud.out == quiet.out
+    assert "[1/2] none x gpt2:" in loud.err and "[2/2] zero-offload x gpt2:" in loud.err
+    assert " x gpt2" not in quiet.err

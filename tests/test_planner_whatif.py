@@ -156,3 +156,15 @@ def test_human_table_lists_scenarios_and_sensitivity(capsys: pytest.CaptureFixtu
     out = capsys.readouterr().out
     assert "best policy" in out and "sensitivity" in out and "pcie.gen=5" in out
     assert "pcie.gen=4 is the base's value" in out
+
+
+def test_progress_goes_to_stderr_only(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["whatif", "--hw", "a100", "--model", "gpt2", "--policies", "none", "--vary", "pcie.gen=5", *SMALL_FLAGS,
+            "--json"]
+    assert main(argv) == 0
+    quiet = capsys.readouterr()
+    assert main([*argv, "--progress"]) == 0
+    loud = capsys.readouterr()
+    assert loud.out == quiet.out  # stdout is the same with or without progress
+    assert "[1/2] planning base (no change)" in loud.err and "[2/2] pcie.gen=5: none" in loud.err
+    assert "planning" not in quiet.err
