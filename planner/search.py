@@ -10,13 +10,13 @@ search varies them (``planner.candidates``). Cheapest work first:
 1. build each candidate's plan (``make_plan``): a policy raises ``PlanInfeasible`` when it knows the job
    cannot fit ("policy: gpu memory"), a knob that does not fit the job raises ``KnobError``
    ("knobs: invalid", e.g. a micro-batch that does not divide a policy's per-rank batch);
-2. analytic lower bounds from the plan (``planner.bounds``): bytes homed in a pool above its capacity
-   reject it ("bound: gpu memory"); the step-time bound orders the rest;
-3. best-first: simulate survivors in order of their objective bound (time for tokens_per_s and tflops,
-   the memory bound for gpu_memory / cpu_memory), ties by enumeration order; once a simulated feasible
-   candidate is at least as good as the next one's bound, that one and every later one are pruned
-   ("bound: slower than best" / "bound: more memory than best"). The bound never exceeds the simulated
-   value, so no pruned candidate could have won.
+2. analytic lower bounds from the plan (``planner.bounds``): bytes that must be resident together in a
+   pool above its capacity reject it ("bound: gpu memory"); the step-time bound orders the rest;
+3. best-first: simulate survivors in order of their objective bound (time for tokens_per_s, model FLOPs
+   over the time bound for tflops, the memory bound for gpu_memory / cpu_memory), ties by enumeration
+   order; once a simulated feasible candidate is at least as good as the next one's bound, that one and
+   every later one are pruned ("bound: slower than best" / "bound: more memory than best"). The bound
+   never exceeds the simulated value, so no pruned candidate could have won.
 
 With ``workers > 1`` the simulations run in parallel processes, speculatively in the same order; the
 outcome is then recomputed by the sequential rule from the results, so it does not depend on the worker
@@ -308,13 +308,20 @@ def _request_of(base: JobRequest, cand: Candidate) -> JobRequest:
 
 def _objective_value(obj: str, e: Evaluated, kinds: Mapping[str, str]) -> float:
     """Smaller is better."""
-    if obj in ("tokens_per_s", "tflops"):
+    if obj == "tflops":
+        return -float(e.tflops_per_gpu or 0.0)
+    if obj == "tokens_per_s":
         return float(e.step_time_s if e.step_time_s is not None else float("inf"))
     return e.peak_of(GPU_KINDS if obj == "gpu_memory" else CPU_KINDS, kinds)
 
 
 def _objective_bound(obj: str, summary: Mapping[str, Any], kinds: Mapping[str, str]) -> float:
-    if obj in ("tokens_per_s", "tflops"):
+    """A lower bound of ``_objective_value`` from the plan alone (TFLOP/s: the plan's model FLOPs over the
+    time bound is an upper bound of the achieved rate)."""
+    if obj == "tflops":
+        t = float(summary["bound_time_s"])
+        return -(summary["model_flops_per_step"] / t / summary["n_gpus"] / 1e12) if t > 0 else -float("inf")
+    if obj == "tokens_per_s":
         return float(summary["bound_time_s"])
     want = GPU_KINDS if obj == "gpu_memory" else CPU_KINDS
     return max((b for p, b in summary["bound_memory_bytes"].items() if kinds.get(p) in want), default=0.0)
@@ -467,7 +474,9 @@ def _done_value(objective: str, summ: Mapping[str, Any], kinds: Mapping[str, str
     sim = summ.get("sim")
     if not sim or not sim["feasible"]:
         return None
-    if objective in ("tokens_per_s", "tflops"):
+    if objective == "tflops":
+        return -float(sim["tflops_per_gpu"])
+    if objective == "tokens_per_s":
         return float(sim["step_time_s"])
     want = GPU_KINDS if objective == "gpu_memory" else CPU_KINDS
     return max((b for p, b in sim["peak_bytes"].items() if kinds.get(p) in want), default=0.0)

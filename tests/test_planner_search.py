@@ -99,6 +99,13 @@ def test_memory_objective_finds_the_smallest_gpu_peak(exhaustive: search_mod.Sea
     assert out.n_pruned / out.n_candidates >= 0.5
 
 
+def test_tflops_objective_finds_the_highest_rate(exhaustive: search_mod.SearchOutcome) -> None:
+    out = search(**SMALL, objective="tflops")  # type: ignore[arg-type]
+    assert out.best is not None
+    assert out.best.tflops_per_gpu == max(e.tflops_per_gpu for e in exhaustive.ranked)  # type: ignore[type-var]
+    assert out.n_pruned / out.n_candidates >= 0.8
+
+
 def test_no_feasible_candidate_gives_no_best() -> None:
     out = search("a100", "opt-1.3b", request=JobRequest(seq_len=512), hw_overrides=("gpu.memory=2GB",
                                                                                        "host.dram=24GB"),
