@@ -115,11 +115,12 @@ class Best:
     @classmethod
     def of(cls, outcome: SearchOutcome) -> Best:
         b = outcome.best
+        cut = cut_short(outcome)
         if b is None:
             return cls(False, None, {}, None, None, None, None, None, outcome_binding(outcome),
-                       outcome.n_candidates, outcome.n_simulated, outcome.cut_short)
+                       outcome.n_candidates, outcome.n_simulated, cut)
         return cls(True, b.policy, dict(b.knobs), b.micro_batch, b.checkpointing, b.tokens_per_s, b.tflops_per_gpu,
-                   b.step_time_s, None, outcome.n_candidates, outcome.n_simulated, outcome.cut_short)
+                   b.step_time_s, None, outcome.n_candidates, outcome.n_simulated, cut)
 
     def to_dict(self) -> dict[str, Any]:
         return {"best_policy": self.policy, "feasible": self.feasible, "tokens_per_s": self.tokens_per_s,
@@ -128,12 +129,23 @@ class Best:
                 "cut_short": self.cut_short}
 
 
+def cut_short(outcome: SearchOutcome) -> str | None:
+    """Why the search stopped before it was complete, or None. Besides ``outcome.cut_short`` this counts
+    candidates skipped for a bound (a first-feasible search that hit ``max_candidates`` skips the rest
+    without saying so in ``cut_short``); stopping at the first feasible plan is the request, not a cut."""
+    if outcome.cut_short:
+        return outcome.cut_short
+    skipped = {r: n for r, n in outcome.rejected.items()
+               if r.startswith("skipped") and r != "skipped: first feasible found"}
+    return "; ".join(f"{n} candidates {r}" for r, n in sorted(skipped.items())) or None
+
+
 def outcome_binding(outcome: SearchOutcome) -> str | None:
     """Why no candidate fits: the pool that overflows in the most rejected candidates (a policy's verdict,
     a memory bound or a simulated OOM; ties: by name); "budget" when the search was cut short before
     it found a feasible plan (nothing is proven); else the most frequent rejection reason (e.g. "knobs:
     invalid"); None when there were no candidates."""
-    if outcome.cut_short:
+    if cut_short(outcome):
         return "budget"
     pools: dict[str, int] = {}
     for e in outcome.evaluated:

@@ -97,3 +97,24 @@ def test_progress_goes_to_stderr_only(capsys: pytest.CaptureFixture[str]) -> Non
     assert loud.out == quiet.out
     assert "[1/2] none x gpt2:" in loud.err and "[2/2] zero-offload x gpt2:" in loud.err
     assert " x gpt2" not in quiet.err
+
+
+def test_bounded_cells_settle_the_verdict_first() -> None:
+    models, policies = ["gpt2", "opt-1.3b"], ["none", "zero-offload"]
+    free = coverage("a100", models, policies=policies, request=SMALL, hw_overrides=SET)
+    roomy = coverage("a100", models, policies=policies, request=SMALL, hw_overrides=SET, max_candidates=1000)
+    assert [c.best for c in roomy.cells] == [c.best for c in free.cells]  # bounds never reached: same answers
+    tight = coverage("a100", models, policies=policies, request=SMALL, hw_overrides=SET, max_candidates=1)
+    verdicts = set()
+    for f, t in zip(free.cells, tight.cells, strict=True):
+        if t.best.feasible:  # one simulation cannot promise the best throughput, and the cell says so
+            assert f.best.feasible and t.best.tokens_per_s <= f.best.tokens_per_s * (1 + 1e-12)
+            assert t.best.cut_short or t.best == f.best
+            verdicts.add("feasible")
+        elif t.best.binding == "budget":  # not settled within one simulation: said, never passed off as a pool
+            assert t.best.cut_short and "max candidates" in t.best.cut_short
+            verdicts.add("budget")
+        else:  # proven without simulating more than allowed
+            assert not f.best.feasible and t.best.binding == f.best.binding
+            verdicts.add("infeasible")
+    assert verdicts == {"feasible", "budget", "infeasible"}  # the case covers all three outcomes

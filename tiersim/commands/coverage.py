@@ -69,9 +69,19 @@ def run(args: argparse.Namespace) -> int:
         row = [policy]
         for m in out.models:
             b = out.cell(policy, m.name).best
-            row.append(fmt_rate(b.tokens_per_s) if b.feasible else f"no: {b.binding or 'infeasible'}")
+            if b.feasible:
+                row.append(fmt_rate(b.tokens_per_s) + ("*" if b.cut_short else ""))
+            elif b.binding == "budget":
+                row.append("? (budget)")
+            else:
+                row.append(f"no: {b.binding or 'infeasible'}")
         rows.append(row)
     print(table(rows, header))
     n_ok = sum(c.best.feasible for c in out.cells)
     print(f"{n_ok} of {len(out.cells)} cells feasible")
+    if any(c.best.cut_short and c.best.feasible for c in out.cells):
+        print("* feasible, but the search was cut short by its bounds: the throughput may not be the best")
+    if any(c.best.binding == "budget" for c in out.cells):
+        print("? (budget): the bounds cut the search before it found a plan or proved that none fits; "
+              "give more --budget / --max-candidates")
     return rc
