@@ -33,6 +33,11 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h)?\s*$")
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
+    p.description = ("Search every policy, its knobs, micro-batch and checkpointing for the best plan of a job. "
+                     "The job's global batch (default: 8 sequences per GPU), sequence length and precision are "
+                     "fixed; micro-batch and checkpointing are searched unless --micro-batch / --checkpointing "
+                     "fix them.")
+    p.epilog = "exit codes: 0 a feasible plan was found, 2 bad input, 3 no candidate is feasible"
     _add_job_args(p)
     p.add_argument("--objective", choices=OBJECTIVES, default="tokens_per_s",
                    help="what to optimise: tokens_per_s or tflops (highest), gpu_memory or cpu_memory (lowest "
