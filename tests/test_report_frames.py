@@ -154,3 +154,20 @@ def test_coverage_whatif_and_replay_frames_keep_the_documents_figures() -> None:
     assert list(zip(r["case"], r["figure"], r["error"], strict=True)) == [
         ("zero-offload", "step time", pytest.approx(0.25)), ("zero-offload", "peak gpu0", pytest.approx(0.25)),
         ("c1", "step time", pytest.approx(-0.5)), ("c1", "peak gpu0", pytest.approx(0.0))]
+
+
+def test_memory_drawing_thins_rows_but_keeps_every_bins_peak() -> None:
+    import numpy as np
+    import pandas as pd
+
+    from reports.figures.memory import thinned
+
+    rng = np.random.default_rng(0)
+    t = np.sort(rng.uniform(0, 10, 5000))
+    total = rng.uniform(0, 1, 5000)
+    part = pd.DataFrame({"time_s": t, "total_bytes": total})
+    thin = thinned(part, 10.0, bins=100)
+    assert len(thin) <= 2 * 100 + 2
+    assert thin["total_bytes"].max() == total.max()
+    assert thin.index[0] == 0 and thin.index[-1] == 4999  # the step's first and last rows stay
+    assert thinned(part.iloc[:150], 10.0, bins=100) is not None and len(thinned(part.iloc[:150], 10.0, bins=100)) == 150
