@@ -438,6 +438,9 @@ def search(hw: str | HardwareSpec, model: str | ModelSpec, *, request: JobReques
             if "sim" not in summaries[c.index]:
                 if max_candidates is not None and n_sims >= max_candidates:
                     skipped[c.index] = "skipped: max candidates"
+                    note = f"simulated the maximum of {max_candidates} candidates"
+                    if note not in cut:
+                        cut.append(note)
                     continue
                 plan, r = sim_one(c)
                 n_sims += 1

@@ -150,9 +150,17 @@ def test_a_capped_search_says_it_was_cut_short(pruned: search_mod.SearchOutcome)
 
 def test_first_feasible_stops_at_a_feasible_candidate() -> None:
     out = search(**SMALL, first_feasible=True)  # type: ignore[arg-type]
-    assert out.best is not None and out.best.feasible
+    assert out.best is not None and out.best.feasible and out.cut_short is None
     assert out.n_simulated <= 3
     assert out.rejected.get("skipped: first feasible found", 0) > 0
+
+
+def test_first_feasible_capped_before_a_feasible_one_says_it_was_cut_short() -> None:
+    squeezed = {**SMALL, "hw_overrides": ("gpu.memory=2.5GB",)}
+    out = search(**squeezed, first_feasible=True, max_candidates=1)  # type: ignore[arg-type]
+    # the first simulation runs out of memory; the rest are skipped, and the outcome says so
+    assert out.n_simulated == 1 and out.best is None and out.rejected.get("oom: gpu0") == 1
+    assert out.cut_short and out.rejected.get("skipped: max candidates", 0) > 0
 
 
 def test_pareto_front_keeps_only_undominated_points() -> None:
