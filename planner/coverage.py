@@ -105,7 +105,6 @@ def coverage(hw: str | HardwareSpec, models: Sequence[str | ModelSpec], *, polic
             out.cells.append(cell)
             if progress:
                 b = cell.best
-                what = f"{b.tokens_per_s:,.0f} tokens/s" if b.feasible else f"infeasible ({b.binding})"
-                progress(f"[{len(out.cells)}/{total}] {policy} x {model.name}: {what} ({cell.wall_s:.1f} s)")
+                progress(f"[{len(out.cells)}/{total}] {policy} x {model.name}: {b.verdict()} ({cell.wall_s:.1f} s)")
     out.wall_s = time.perf_counter() - t0
     return out

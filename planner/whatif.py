@@ -122,6 +122,12 @@ class Best:
         return cls(True, b.policy, dict(b.knobs), b.micro_batch, b.checkpointing, b.tokens_per_s, b.tflops_per_gpu,
                    b.step_time_s, None, outcome.n_candidates, outcome.n_simulated, cut)
 
+    def verdict(self) -> str:
+        """For people: the throughput, the binding pool, or that the bounds left it open."""
+        if self.feasible:
+            return f"{self.tokens_per_s or 0.0:,.0f} tokens/s"
+        return "not settled (budget)" if self.binding == "budget" else f"infeasible ({self.binding})"
+
     def to_dict(self) -> dict[str, Any]:
         return {"best_policy": self.policy, "feasible": self.feasible, "tokens_per_s": self.tokens_per_s,
                 "tflops_per_gpu": self.tflops_per_gpu, "step_time_s": self.step_time_s, "knobs": self.knobs,
@@ -261,7 +267,7 @@ def whatif(hw: str | HardwareSpec, model: str | ModelSpec, axes: Sequence[Axis],
             done[key] = Best.of(outcome)
             if progress:
                 b = done[key]
-                what = f"{b.policy} {b.tokens_per_s:,.0f} tokens/s" if b.feasible else f"infeasible ({b.binding})"
+                what = f"{b.policy} {b.verdict()}" if b.feasible else b.verdict()
                 progress(f"[{len(done)}/{total}] {label}: {what} ({time.perf_counter() - t0:.1f} s)")
         return done[key]
 
