@@ -117,6 +117,9 @@ def saved_activation_bytes(job: Job, layer_bytes: float, kind: str, tp: int) -> 
     return layer_bytes * (REPLICATED_ACT_FRACTION + (1 - REPLICATED_ACT_FRACTION) / tp)
 
 
+OFFLOAD_BUCKETS = 2  # gradient buckets in flight to the CPU per GPU (DeepSpeed's double-buffered ipg bucket)
+
+
 def emit_microstep(b: PlanBuilder, job: Job, lay: Layout, grads: Grads, *, gather_params: bool,
                    param_ready: dict[int, list[str]]) -> None:
     """Tasks of one micro-step for all GPUs, in the current segment (which the caller declared).
@@ -196,6 +199,12 @@ def emit_microstep(b: PlanBuilder, job: Job, lay: Layout, grads: Grads, *, gathe
             k, j = lay.tp_index(r)
             deps = [] if layer.recompute_flops > 0 else ([pre[j]] if pre else [])
             deps += [s[k] for s in (rc_sync, prev_sync) if k in s][:1]
+            if grads.offload:
+                # double-buffered offload (DeepSpeed overlap_comm): a layer's gradients are not produced
+                # before the copy of the bucket two layers back (in backward order, across micro-steps) has
+                # drained, so a slow link stalls the backward instead of piling gradients up on the GPU
+                back = i + OFFLOAD_BUCKETS
+                deps.append(f"d2h{back}.{g}" if back < L else f"d2h{back - L}.{g}@1")
             b.task(f"bwd{i}.{g}", "compute", f"{g}.compute", deps, flops=layer.bwd_flops / t,
                    hbm_bytes=layer.bwd_hbm_bytes / t, allocs=[(f"gb{i}.{g}", g)] if grads.bucket else [],
                    frees=[(f"act{i}.{g}", g)] + ([(f"pg{i}.{g}", g)] if gather_params else []),

@@ -57,7 +57,9 @@ def test_delayed_update_hides_the_cpu_optimizer() -> None:
     """DPU: step time ~ max(fwd+bwd, D2H + Adam + H2D) instead of their sum (ZeRO-Offload §4.2).
 
     In our plans D2H already overlaps the backward and H2D overlaps the chunked Adam, so the bound is
-    max(GPU compute, CPU Adam) of one step, plus the short tail that cannot overlap.
+    max(GPU compute, CPU Adam, gradient D2H) of one step, plus the tail that cannot overlap: the backward
+    waits for the double-buffered gradient copies, and the forward of a micro-step cannot hide them
+    (here 0.332 s vs max 0.304 s).
     """
     job = job_for("a100", "gpt2-xl", global_batch=2)
     plain = simulate_plan(make_plan(job, "zero-offload"), job.hw)
@@ -66,10 +68,30 @@ def test_delayed_update_hides_the_cpu_optimizer() -> None:
     compute = plain.stream_busy_s["gpu0.compute"]
     assert adam > 0.1 * compute  # the case is only meaningful if the optimizer matters
     assert dpu.step_time_s < plain.step_time_s
-    assert dpu.step_time_s >= max(compute, adam) * (1 - 1e-9)
-    assert dpu.step_time_s == pytest.approx(max(compute, adam), rel=0.05)
+    d2h = dpu.stream_busy_s["gpu0.d2h"]
+    assert dpu.step_time_s >= max(compute, adam, d2h) * (1 - 1e-9)
+    assert dpu.step_time_s == pytest.approx(max(compute, adam, d2h), rel=0.10)
     assert dpu.stream_busy_s["gpu0.compute"] == pytest.approx(compute, rel=1e-9)
     assert check_invariants(dpu) == []
+
+
+@pytest.mark.parametrize("dpu", [False, True])
+def test_zero_offload_slow_link_stalls_the_backward_instead_of_piling_gradients_up(dpu: bool) -> None:
+    """Gradient offload is double-buffered (DeepSpeed overlap_comm): when PCIe is slower than the backward,
+    the backward waits for the bucket two layers back, so at most OFFLOAD_BUCKETS + 1 layers' gradient buckets
+    are on the GPU however slow the link (before, a 7B job on a100 at Gen4 held 92 GB of gradients)."""
+    from policies.dataparallel import OFFLOAD_BUCKETS
+
+    job, _ = make_job("a100", "llama2-7b", JobRequest(seq_len=256, global_batch=4, micro_batch=1),
+                      hw_overrides=["pcie.gen=3"])
+    result = simulate_plan(make_plan(job, "zero-offload", {"delayed_update": dpu}), job.hw)
+    assert result.feasible, result.oom
+    bucket = max(layer.params for layer in job.trace.layers) * 2
+    assert result.peak_by_kind["gpu0"]["grad"] <= (OFFLOAD_BUCKETS + 1) * bucket * (1 + 1e-9)
+    # the gradient copies are the bottleneck of this case, and the step cannot be shorter than them
+    assert result.stream_busy_s["gpu0.d2h"] > result.stream_busy_s["gpu0.compute"]
+    assert result.step_time_s >= result.stream_busy_s["gpu0.d2h"] * (1 - 1e-9)
+    assert check_invariants(result) == []
 
 
 def test_tensor_parallel_splits_params_and_adds_allreduces() -> None:
