@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from hardware_models import HardwareSpec
 from planner.job import JobRequest, resolve_hardware
-from planner.search import search
-from planner.whatif import Best, Progress
+from planner.whatif import Best, Progress, best_within
 from policies import POLICIES
 from workloads import ModelSpec, load_model
 
@@ -58,28 +57,6 @@ class CoverageOutcome:
 MIN_CELL_S = 1.0  # a cell whose share of the total budget is smaller still gets this much
 
 
-def _cell(hw: HardwareSpec, model: ModelSpec, policy: str, *, request: JobRequest | None, objective: str,
-          budget_s: float | None, max_candidates: int | None, cache: Any, workers: int) -> Best:
-    """One cell. Unbounded: the policy's full search. Bounded: a first-feasible search settles the verdict
-    cheaply (frugal candidates first) and the full search gets the time left for the best throughput; when
-    that one is cut short without a feasible plan, the first feasible plan stands (flagged ``cut_short``)."""
-    opts = {"request": request, "policies": [policy], "cache": cache, "workers": workers,
-            "max_candidates": max_candidates}
-    if budget_s is None and max_candidates is None:
-        return Best.of(search(hw, model, objective=objective, **opts))
-    t0 = time.perf_counter()
-    first = Best.of(search(hw, model, first_feasible=True, budget_s=budget_s, **opts))
-    left = None if budget_s is None else budget_s - (time.perf_counter() - t0)
-    if not first.feasible:
-        return first
-    if left is not None and left <= 0:
-        return replace(first, cut_short="no time left for the full search; the first feasible plan stands")
-    full = Best.of(search(hw, model, objective=objective, budget_s=left, **opts))
-    if full.feasible:
-        return full
-    return replace(first, cut_short=full.cut_short or "the full search found no plan within its bounds")
-
-
 def coverage(hw: str | HardwareSpec, models: Sequence[str | ModelSpec], *, policies: Sequence[str] | None = None,
              request: JobRequest | None = None, hw_overrides: Sequence[str] = (), objective: str = "tokens_per_s",
              cell_budget_s: float | None = None, total_budget_s: float | None = None,
@@ -99,8 +76,8 @@ def coverage(hw: str | HardwareSpec, models: Sequence[str | ModelSpec], *, polic
                 share = max(total_budget_s - (time.perf_counter() - t0), 0.0) / (total - len(out.cells))
                 budget = max(share if budget is None else min(budget, share), MIN_CELL_S)
             c0 = time.perf_counter()
-            best = _cell(spec, model, policy, request=request, objective=objective, budget_s=budget,
-                         max_candidates=max_candidates, cache=cache, workers=workers)
+            best = best_within(spec, model, policies=[policy], request=request, objective=objective,
+                               budget_s=budget, max_candidates=max_candidates, cache=cache, workers=workers)
             cell = Cell(policy, model, best, time.perf_counter() - c0)
             out.cells.append(cell)
             if progress:

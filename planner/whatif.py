@@ -16,7 +16,7 @@ import itertools
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hardware_models import HardwareInputError, HardwareSpec
@@ -164,6 +164,31 @@ def outcome_binding(outcome: SearchOutcome) -> str | None:
     return min(outcome.rejected.items(), key=lambda kv: (-kv[1], kv[0]))[0]
 
 
+def best_within(hw: str | HardwareSpec, model: str | ModelSpec, *, hw_overrides: Sequence[str] = (),
+                request: JobRequest | None = None, objective: str = "tokens_per_s",
+                policies: Sequence[str] | None = None, budget_s: float | None = None,
+                max_candidates: int | None = None, cache: Any = None, workers: int = 1) -> Best:
+    """The best plan of a job, as ``plan`` finds it. Unbounded: one full search. Bounded (``budget_s`` or
+    ``max_candidates``): a first-feasible search settles feasibility cheaply (frugal candidates first), and
+    the full search gets the time left for the best throughput; when that one is cut short without a
+    feasible plan, the first feasible plan stands, flagged ``cut_short``."""
+    opts: dict[str, Any] = {"hw_overrides": hw_overrides, "request": request, "policies": policies,
+                            "cache": cache, "workers": workers, "max_candidates": max_candidates}
+    if budget_s is None and max_candidates is None:
+        return Best.of(search(hw, model, objective=objective, **opts))
+    t0 = time.perf_counter()
+    first = Best.of(search(hw, model, first_feasible=True, budget_s=budget_s, **opts))
+    left = None if budget_s is None else budget_s - (time.perf_counter() - t0)
+    if not first.feasible:
+        return first
+    if left is not None and left <= 0:
+        return replace(first, cut_short="no time left for the full search; the first feasible plan stands")
+    full = Best.of(search(hw, model, objective=objective, budget_s=left, **opts))
+    if full.feasible:
+        return full
+    return replace(first, cut_short=full.cut_short or "the full search found no plan within its bounds")
+
+
 @dataclass(frozen=True)
 class Scenario:
     changes: dict[str, str]
@@ -232,7 +257,7 @@ def whatif(hw: str | HardwareSpec, model: str | ModelSpec, axes: Sequence[Axis],
            workers: int = 1) -> WhatIfOutcome:
     """Plan the base and every scenario of the grid; the sensitivity of each single change.
 
-    ``budget_s`` and ``max_candidates`` bound each scenario's search (as ``plan --budget``); ``cache`` and
+    ``budget_s`` and ``max_candidates`` bound each scenario (see :func:`best_within`); ``cache`` and
     ``workers`` are passed to each search.
     """
     t0 = time.perf_counter()
@@ -261,10 +286,9 @@ def whatif(hw: str | HardwareSpec, model: str | ModelSpec, axes: Sequence[Axis],
             label = ", ".join(overrides_for(changes)) or "base (no change)"
             if progress:
                 progress(f"[{len(done) + 1}/{total}] planning {label} ...")
-            outcome = search(hw, spec_model, request=request, hw_overrides=overrides, objective=objective,
-                             policies=policies, budget_s=budget_s, max_candidates=max_candidates, cache=cache,
-                             workers=workers)
-            done[key] = Best.of(outcome)
+            done[key] = best_within(hw, spec_model, request=request, hw_overrides=overrides, objective=objective,
+                                    policies=policies, budget_s=budget_s, max_candidates=max_candidates,
+                                    cache=cache, workers=workers)
             if progress:
                 b = done[key]
                 what = f"{b.policy} {b.verdict()}" if b.feasible else b.verdict()

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from hardware_models import HardwareInputError
 from planner.job import JobRequest
 from planner.search import search
-from planner.whatif import Axis, parse_vary, scenario_grid, whatif
+from planner.whatif import Axis, Best, outcome_binding, parse_vary, scenario_grid, whatif
 from tiersim.cli import main
 
 SMALL = JobRequest(global_batch=4, seq_len=512)
@@ -168,3 +170,38 @@ def test_progress_goes_to_stderr_only(capsys: pytest.CaptureFixture[str]) -> Non
     assert loud.out == quiet.out  # stdout is the same with or without progress
     assert "[1/2] planning base (no change)" in loud.err and "[2/2] pcie.gen=5: none" in loud.err
     assert "planning" not in quiet.err
+
+
+def _outcome(rejected: dict[str, int], evaluated: list[tuple[str, str | None]], cut: str | None = None) -> Any:
+    """A stand-in for an infeasible SearchOutcome: what Best.of reads from one."""
+    evs = [SimpleNamespace(feasible=False, reason=r, binding=b) for r, b in evaluated]
+    return SimpleNamespace(best=None, rejected=rejected, evaluated=evs, cut_short=cut, n_candidates=len(evs),
+                           n_simulated=0)
+
+
+def test_binding_is_the_pool_most_candidates_overflow() -> None:
+    o = _outcome({"oom: gpu0": 2, "policy: cpu memory": 1, "knobs: invalid": 3},
+                 [("oom: gpu0", "gpu0"), ("oom: gpu0", "gpu0"), ("policy: cpu memory", "cpu"),
+                  ("knobs: invalid", None), ("knobs: invalid", None), ("knobs: invalid", None)])
+    b = Best.of(o)
+    assert (b.feasible, b.binding, b.cut_short) == (False, "gpu0", None)
+    assert b.verdict() == "infeasible (gpu0)"
+
+
+def test_a_search_cut_by_its_bounds_proves_nothing() -> None:
+    skipped = _outcome({"oom: gpu0": 1, "skipped: max candidates": 5},
+                       [("oom: gpu0", "gpu0")] + [("skipped: max candidates", None)] * 5)
+    assert Best.of(skipped).binding == "budget" and Best.of(skipped).cut_short == "5 candidates skipped: max candidates"
+    assert Best.of(skipped).verdict() == "not settled (budget)"
+    timed = _outcome({"oom: gpu0": 1}, [("oom: gpu0", "gpu0")], cut="wall-time budget reached while simulating")
+    assert Best.of(timed).binding == "budget" and "wall-time" in Best.of(timed).cut_short
+    stopped = _outcome({"oom: gpu0": 1, "skipped: first feasible found": 4}, [("oom: gpu0", "gpu0")])
+    assert Best.of(stopped).cut_short is None  # stopping at the first feasible plan is what was asked
+    assert outcome_binding(_outcome({}, [])) is None
+
+
+def test_roomy_bounds_give_the_unbounded_answer() -> None:
+    axes = [Axis("pcie.gen", ("5",))]
+    free = whatif("a100", "gpt2", axes, request=SMALL, policies=["none"])
+    roomy = whatif("a100", "gpt2", axes, request=SMALL, policies=["none"], max_candidates=1000)
+    assert roomy.to_dict() == free.to_dict()
