@@ -10,21 +10,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hardware_models import HardwareSpec
+from planner.result_json import oom_verdict
 from reports.units import gb, group_numbered, pct, secs, table
 from simulator import Result
 
 WORKLOAD_FIELDS = ("global_batch", "micro_batch", "seq_len", "precision", "checkpointing", "flash_attention")
-
-
-def oom_verdict(oom: Mapping[str, Any]) -> str:
-    """The INFEASIBLE line of an ``oom`` object of the JSON (a simulated OOM or a policy's verdict)."""
-    over = f"over by {gb(oom['over_by_bytes'])}"
-    if oom.get("stage") == "plan":
-        return (f"INFEASIBLE: {oom['pool']} needs {gb(oom['requested_bytes'])} for {oom.get('what') or 'the job'} "
-                f"but holds {gb(oom['capacity_bytes'])}: {over} (the policy's own estimate; nothing simulated)")
-    return (f"INFEASIBLE: {oom['pool']} runs out of memory at t={secs(oom['time_s'])} ({oom['task']} asks "
-            f"{gb(oom['requested_bytes'])} with {gb(oom['free_bytes'])} free); total demand "
-            f"{gb(oom['total_demand_bytes'])} vs capacity {gb(oom['capacity_bytes'])}: {over}")
 
 
 def verdict_line(result: Result) -> str:

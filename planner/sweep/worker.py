@@ -16,7 +16,7 @@ from typing import Any
 
 from hardware_models import HardwareSpec
 from planner.job import JobRequest, make_job, resolve_hardware
-from planner.sweep.result_json import infeasible_json, simulated_json
+from planner.result_json import infeasible_json, simulated_json
 from policies import PlanInfeasible, get_policy, parse_knobs
 from simulator import simulate_plan
 from workloads import ModelSpec, load_model

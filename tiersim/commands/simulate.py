@@ -4,23 +4,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import math
 from pathlib import Path
 from typing import Any
 
 from hardware_models import HardwareSpec, build_topology, spec_from_dict
+from planner.result_json import dumps as _dumps
+from planner.result_json import infeasible_json, simulated_json
 from policies import Job, PlanInfeasible, get_policy, parse_knobs
 from simulator import Plan, Result, simulate_plan, validate_plan
 from tiersim.api import JobRequest, make_job, resolve_hardware
 from tiersim.cli import DEFAULT_HW, DEFAULT_MODEL, DEFAULT_POLICY, JOB_FLAGS, UsageError
 
 EXIT_OK, EXIT_INVARIANT, EXIT_INFEASIBLE = 0, 1, 3
-NOT_SIMULATED = {"events": 0, "wall_s": 0.0, "method": "not simulated (the policy found the job infeasible)",
-                 "simulated_tasks": 0}
-# figures that only a simulation yields: null in the JSON when the policy rejected the job up front
-SIMULATED_FIELDS = ("step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "peak_bytes", "peak_by_kind",
-                    "link_bytes", "link_busy_s", "stream_busy_s", "compute_busy_s", "exposed_transfer_s")
 
 
 def request_from_args(args: argparse.Namespace) -> JobRequest:
@@ -67,75 +62,14 @@ def _check_plan_flags(args: argparse.Namespace) -> None:
                              f"knobs); drop {flag} or plan afresh without --plan")
 
 
-def _model_dict(job: Job) -> dict[str, Any]:
-    model = dataclasses.asdict(job.model)
-    model["params"] = job.model.params()
-    return model
-
-
 def plan_infeasible_dict(e: PlanInfeasible, job: Job | None = None, knobs: Any = None) -> dict[str, Any]:
-    """The JSON of a job its policy rejected before simulating: the keys of ``Result.to_dict()`` plus
-    ``verdict``, with simulated figures null and ``oom`` carrying the policy's verdict."""
-    from reports.text import oom_verdict
-
-    over = e.need_bytes - e.capacity_bytes
-    oom = {"stage": "plan", "pool": e.pool, "requested_bytes": e.need_bytes, "capacity_bytes": e.capacity_bytes,
-           "over_by_bytes": over, "total_demand_bytes": e.need_bytes, "free_bytes": None, "time_s": None,
-           "task": None, "tensor": None, "what": e.what, "message": str(e)}
-    capacity: dict[str, float] | None = None
-    reserved: dict[str, dict[str, float]] | None = None
-    if job is not None:
-        pools = build_topology(job.hw).pools
-        capacity = {p.name: p.capacity_bytes for p in pools.values()}
-        reserved = {p.name: dict(p.reserved) for p in pools.values()}
-    d: dict[str, Any] = {
-        "feasible": False,
-        "verdict": oom_verdict(oom),
-        "policy": e.policy,
-        "knobs": dataclasses.asdict(knobs) if knobs is not None else {},
-        "hardware": job.hw.name if job else None,
-        "model": _model_dict(job) if job else None,
-        "workload": {**job.config.to_dict(), "provenance": job.trace.provenance, "assumed": list(job.assumed)}
-        if job else None,
-        "n_gpus": job.n_gpus if job else None,
-        **dict.fromkeys(SIMULATED_FIELDS),
-        "capacity_bytes": capacity,
-        "reserved_bytes": reserved,
-        "oom": oom,
-        "ooms": [oom],
-        "sim": dict(NOT_SIMULATED),
-        "notes": [],
-        "info": {},
-    }
-    return d
+    """The JSON of a job its policy rejected before simulating (``planner.result_json.infeasible_json``)."""
+    return infeasible_json(e, job, knobs)
 
 
 def result_dict(result: Result) -> dict[str, Any]:
-    """``Result.to_dict()`` plus ``verdict``, with ``stage``/``what``/``message`` on every oom."""
-    from reports.text import oom_verdict, verdict_line
-
-    d = result.to_dict()
-    for o in [d["oom"], *d["ooms"]]:
-        if o is not None:
-            o.setdefault("stage", "simulation")
-            o.setdefault("what", None)
-            o.setdefault("message", oom_verdict(o))
-    return {"feasible": d.pop("feasible"), "verdict": verdict_line(result), **d}
-
-
-def _dumps(d: dict[str, Any]) -> str:
-    return json.dumps(_finite(d), indent=1)
-
-
-def _finite(x: Any) -> Any:
-    """JSON has no NaN or Infinity: write null rather than a file no strict parser reads."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_finite(v) for v in x]
-    return x
+    """``Result.to_dict()`` plus ``verdict`` (``planner.result_json.simulated_json``)."""
+    return simulated_json(result)
 
 
 def run_simulate(args: argparse.Namespace) -> int:

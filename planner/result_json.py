@@ -1,14 +1,13 @@
-"""The ``simulate --json`` object of one run, built below the CLI package.
+"""The ``simulate --json`` object of one run and its verdict line: the one place they are built.
 
-``tiersim.commands.simulate`` builds this object for the command line with the report's wording of the
-verdict (``reports.text``); the planner may import neither ``tiersim`` nor ``reports`` (design.md), so the
-same keys and verdict lines are built here. ``tests/test_sweep_store.py`` pins the two to be equal for a
-feasible run, a simulated out-of-memory and a policy's up-front verdict, so they cannot drift apart.
+``tiersim simulate --json``, ``--policy all``, the planner, sweeps (``planner.sweep``) and reports
+(``reports.text``) all use these functions, so the keys and the verdict wording cannot drift apart.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -17,6 +16,8 @@ from hardware_models import build_topology
 from policies import Job, PlanInfeasible
 from simulator import Result
 
+NOT_SIMULATED = {"events": 0, "wall_s": 0.0, "method": "not simulated (the policy found the job infeasible)",
+                 "simulated_tasks": 0}
 # figures that only a simulation yields: null when the policy rejected the job up front
 SIMULATED_FIELDS = ("step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "peak_bytes", "peak_by_kind",
                     "link_bytes", "link_busy_s", "stream_busy_s", "compute_busy_s", "exposed_transfer_s")
@@ -34,37 +35,45 @@ def simulated_json(result: Result) -> dict[str, Any]:
     return finite({"feasible": d.pop("feasible"), "verdict": verdict, **d})
 
 
-def infeasible_json(e: PlanInfeasible, job: Job, knobs: Any) -> dict[str, Any]:
-    """The same keys for a job its policy rejected before simulating (simulated figures null)."""
+def infeasible_json(e: PlanInfeasible, job: Job | None = None, knobs: Any = None) -> dict[str, Any]:
+    """The same keys for a job its policy rejected before simulating (simulated figures null); fields that
+    need the job are null when it is unknown (a plan file's policy raising outside ``simulate``)."""
     oom = {"stage": "plan", "pool": e.pool, "requested_bytes": e.need_bytes, "capacity_bytes": e.capacity_bytes,
            "over_by_bytes": e.need_bytes - e.capacity_bytes, "total_demand_bytes": e.need_bytes,
            "free_bytes": None, "time_s": None, "task": None, "tensor": None, "what": e.what, "message": str(e)}
-    pools = build_topology(job.hw).pools
-    model = dataclasses.asdict(job.model)
-    model["params"] = job.model.params()
+    pools = build_topology(job.hw).pools if job is not None else None
+    model: dict[str, Any] | None = None
+    if job is not None:
+        model = dataclasses.asdict(job.model)
+        model["params"] = job.model.params()
     return finite({
         "feasible": False,
         "verdict": oom_verdict(oom),
         "policy": e.policy,
-        "knobs": dataclasses.asdict(knobs),
-        "hardware": job.hw.name,
+        "knobs": dataclasses.asdict(knobs) if knobs is not None else {},
+        "hardware": job.hw.name if job is not None else None,
         "model": model,
-        "workload": {**job.config.to_dict(), "provenance": job.trace.provenance, "assumed": list(job.assumed)},
-        "n_gpus": job.n_gpus,
+        "workload": {**job.config.to_dict(), "provenance": job.trace.provenance, "assumed": list(job.assumed)}
+        if job is not None else None,
+        "n_gpus": job.n_gpus if job is not None else None,
         **dict.fromkeys(SIMULATED_FIELDS),
-        "capacity_bytes": {p.name: p.capacity_bytes for p in pools.values()},
-        "reserved_bytes": {p.name: dict(p.reserved) for p in pools.values()},
+        "capacity_bytes": {p.name: p.capacity_bytes for p in pools.values()} if pools is not None else None,
+        "reserved_bytes": {p.name: dict(p.reserved) for p in pools.values()} if pools is not None else None,
         "oom": oom,
         "ooms": [oom],
-        "sim": {"events": 0, "wall_s": 0.0, "method": "not simulated (the policy found the job infeasible)",
-                "simulated_tasks": 0},
+        "sim": dict(NOT_SIMULATED),
         "notes": [],
         "info": {},
     })
 
 
+def dumps(d: Mapping[str, Any]) -> str:
+    """The JSON text the commands print: indented, NaN and Infinity written as null."""
+    return json.dumps(finite(dict(d)), indent=1)
+
+
 def oom_verdict(oom: Mapping[str, Any]) -> str:
-    """The INFEASIBLE line of an ``oom`` object (the wording of ``reports.text.oom_verdict``)."""
+    """The INFEASIBLE line of an ``oom`` object of the JSON (a simulated OOM or a policy's verdict)."""
     over = f"over by {_gb(oom['over_by_bytes'])}"
     if oom.get("stage") == "plan":
         return (f"INFEASIBLE: {oom['pool']} needs {_gb(oom['requested_bytes'])} for {oom.get('what') or 'the job'} "
