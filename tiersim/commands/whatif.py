@@ -149,6 +149,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
     add_search_args(p, "bound each scenario's search by wall time, e.g. 60s or 2m")
 
 
+def rate(b: Any) -> str:
+    """A Best's tokens/s, with '*' when its search was cut short (the throughput is not proven the best)."""
+    return fmt_rate(b.tokens_per_s) + ("*" if b.cut_short and b.feasible else "")
+
+
 def run(args: argparse.Namespace) -> int:
     from planner.whatif import parse_vary, whatif
     from reports.units import table
@@ -166,7 +171,8 @@ def run(args: argparse.Namespace) -> int:
     b = out.base
     print(f"tiersim whatif: {out.model} on {out.hardware}; {len(out.scenarios)} scenario"
           f"{'s' if len(out.scenarios) != 1 else ''}, {out.n_searches} distinct machines planned")
-    base_what = (f"{b.policy}, {fmt_rate(b.tokens_per_s)} tokens/s, {b.tflops_per_gpu:.1f} TFLOP/s per GPU"
+    base_what = (f"{b.policy}, {rate(b)} tokens/s, "
+                 f"{b.tflops_per_gpu:.1f} TFLOP/s per GPU"
                  if b.feasible else f"infeasible ({b.binding})")
     print(f"base (hardware as given{', with --set' if args.sets else ''}): {base_what}")
     if axes:
@@ -176,14 +182,14 @@ def run(args: argparse.Namespace) -> int:
             r = s.best
             vs = fmt_gain(r.tokens_per_s / b.tokens_per_s - 1) if r.feasible and b.tokens_per_s else "-"
             rows.append([*(s.changes[p] for p in paths), r.policy or "-", "yes" if r.feasible else "no",
-                         fmt_rate(r.tokens_per_s), "-" if r.tflops_per_gpu is None else f"{r.tflops_per_gpu:.1f}",
+                         rate(r), "-" if r.tflops_per_gpu is None else f"{r.tflops_per_gpu:.1f}",
                          vs, r.binding or ""])
         print()
         print(table(rows, [*paths, "best policy", "feasible", "tokens/s", "TFLOP/s/GPU", "vs base", "binding"],
                     "l" * len(paths) + "lrrrrl"))
         print()
         print("sensitivity: each single change from the base")
-        srows = [[s.change, fmt_rate(s.base.tokens_per_s), fmt_rate(s.best.tokens_per_s), fmt_gain(s.gain),
+        srows = [[s.change, rate(s.base), rate(s.best), fmt_gain(s.gain),
                   "yes" if s.makes_feasible else "", s.best.policy or f"infeasible ({s.best.binding})"]
                  for s in out.sensitivity]
         if srows:
@@ -193,4 +199,9 @@ def run(args: argparse.Namespace) -> int:
             print("  (none: every value equals the base's)")
     for note in out.notes:
         print(f"  note: {note}")
+    bests = [out.base, *(x.best for x in out.scenarios), *(x.best for x in out.sensitivity)]
+    if any(b.cut_short and b.feasible for b in bests):
+        print("* feasible, but the search was cut short by its bounds: the throughput may not be the best")
+    if any(b.binding == "budget" for b in bests):
+        print("budget: the bounds cut the search before it found a plan or proved that none fits")
     return EXIT_OK if any_feasible else EXIT_INFEASIBLE
