@@ -20,9 +20,11 @@ search varies them (``planner.candidates``). Cheapest work first:
 
 With ``workers > 1`` the simulations run in parallel processes, speculatively in the same order; the
 outcome is then recomputed by the sequential rule from the results, so it does not depend on the worker
-count (surplus simulations only fill the cache). ``budget_s`` stops planning and simulating once that
-much wall time has passed and ``max_candidates`` caps the number of simulations; the outcome then says it
-was cut short (``cut_short``) and counts the rest as "skipped: budget" / "skipped: max candidates".
+count (surplus simulations only fill the cache, and are stopped, not waited for, once the sequential rule
+prunes every one still running: a speculative simulation can take many times the winner's). ``budget_s``
+stops planning and simulating once that much wall time has passed and ``max_candidates`` caps the number
+of simulations; the outcome then says it was cut short (``cut_short``) and counts the rest as
+"skipped: budget" / "skipped: max candidates".
 ``prune=False`` simulates every candidate that passes the memory bounds (an exhaustive search, for
 checking the pruning). ``first_feasible`` simulates candidates in a memory-frugal order (full checkpointing and small
 micro-batches first) and stops at the first feasible one (for max-model and coverage).
@@ -539,8 +541,9 @@ def _best_first(s: _Search, survivors: list[Candidate], lb: Mapping[int, float],
                 note(c)
         return n
     jobs = {c.index: s.job(c) for c in survivors}
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        running: dict[Future, Candidate] = {}
+    pool = ProcessPoolExecutor(max_workers=workers)
+    running: dict[Future, Candidate] = {}
+    try:
         i = 0
         while True:
             while i < len(survivors) and len(running) < workers:
@@ -558,14 +561,21 @@ def _best_first(s: _Search, survivors: list[Candidate], lb: Mapping[int, float],
                 running[pool.submit(_sim_task, jobs[c.index], c)] = c
                 n += 1
                 i += 1
-            if not running:
-                break
+            if not running or (i >= len(survivors) and all(prunable(c) for c in running.values())):
+                break  # what still runs is speculative and the sequential rule prunes it: abandon it
             done, _ = wait(running, return_when=FIRST_COMPLETED)
             for fut in sorted(done, key=lambda f: running[f].index):
                 c = running.pop(fut)
                 summ, plan = fut.result()
                 store(c, summ)
                 note(c, plan)
+    finally:
+        if running:  # abandoned speculative simulations: stop them rather than wait (one can take minutes)
+            for f in running:
+                f.cancel()
+            for proc in list((getattr(pool, "_processes", None) or {}).values()):
+                proc.terminate()
+        pool.shutdown(wait=not running, cancel_futures=True)
     return n
 
 

@@ -62,7 +62,10 @@ Knobs:
 - ``strategy`` (milp|keep_all|checkpoint_all|offload_all, default milp): the MILP, or one of its heuristics
   (full activations on the GPU; every block checkpointed, inputs on the GPU; full activations to the CPU,
   or to NVMe where the CPU does not hold them);
-- ``time_limit_s`` (float, default 10): HiGHS time limit per solve;
+- ``node_limit`` (int, default 20000): HiGHS branch-and-bound nodes per solve, the deterministic limit (the
+  plan never depends on the machine's speed or load);
+- ``time_limit_s`` (float, default 300): HiGHS wall-clock limit per solve, a safety net only: a solve it cuts
+  may differ from run to run, and the plan says so (a note, and ``info["milp"]["limit_hit"] == "time"``);
 - ``mip_rel_gap`` (float, default 1e-4): HiGHS relative MIP gap;
 - ``prefetch_depth`` (int, default 1): layers of parameters uploaded ahead of use;
 - ``optimizer_8bit`` (bool, default False): ASSUMPTION from a summary of the paper ("hybrid 8-bit"): Adam
@@ -98,7 +101,16 @@ from typing import Any, Literal
 from policies.base import Job, KnobError, PlanInfeasible, PolicyInfo
 from policies.builder import PlanBuilder
 from policies.lazytrain_costs import Costs, Tiering, build_costs, tierings
-from policies.lazytrain_milp import Evaluation, MilpResult, evaluate, heuristic, min_pool_need, solve_milp
+from policies.lazytrain_milp import (
+    NODE_LIMIT,
+    TIME_LIMIT_S,
+    Evaluation,
+    MilpResult,
+    evaluate,
+    heuristic,
+    min_pool_need,
+    solve_milp,
+)
 from simulator import Plan
 
 NAME = "lazytrain"
@@ -108,7 +120,8 @@ HEURISTICS = ("keep_all", "checkpoint_all", "offload_all")
 @dataclass(frozen=True)
 class Knobs:
     strategy: Literal["milp", "keep_all", "checkpoint_all", "offload_all"] = "milp"
-    time_limit_s: float = 10.0
+    time_limit_s: float = TIME_LIMIT_S
+    node_limit: int = NODE_LIMIT
     mip_rel_gap: float = 1e-4
     prefetch_depth: int = 1
     optimizer_8bit: bool = False
@@ -122,6 +135,8 @@ class Knobs:
             raise KnobError(f"{NAME}: knob 'strategy' must be one of milp, {', '.join(HEURISTICS)}")
         if not self.time_limit_s > 0:
             raise KnobError(f"{NAME}: knob 'time_limit_s' must be > 0 seconds, got {self.time_limit_s}")
+        if isinstance(self.node_limit, bool) or not isinstance(self.node_limit, int) or self.node_limit < 1:
+            raise KnobError(f"{NAME}: knob 'node_limit' must be an integer >= 1, got {self.node_limit}")
         if not 0 <= self.mip_rel_gap < 1:
             raise KnobError(f"{NAME}: knob 'mip_rel_gap' must be in [0, 1), got {self.mip_rel_gap}")
         if isinstance(self.prefetch_depth, bool) or not isinstance(self.prefetch_depth, int) \
@@ -191,7 +206,8 @@ def schedule(job: Job, knobs: Knobs) -> Schedule:
         r: MilpResult | None = None
         if knobs.strategy == "milp":
             cutoff = None if best is None else (best.estimate_s - lb) / accum
-            r = solve_milp(inst, time_limit_s=knobs.time_limit_s, mip_rel_gap=knobs.mip_rel_gap, cutoff_s=cutoff)
+            r = solve_milp(inst, time_limit_s=knobs.time_limit_s, mip_rel_gap=knobs.mip_rel_gap, cutoff_s=cutoff,
+                           node_limit=knobs.node_limit)
             rec["milp"] = r.to_dict()
             if r.choice is None:
                 if cutoff is not None and r.status_code == 2:
@@ -230,7 +246,8 @@ def _infeasible(knobs: Knobs, failed: list[tuple[Costs, MilpResult | Evaluation 
             elif isinstance(why, Evaluation):
                 need, what = why.need[k], f"the {knobs.strategy} schedule"
             else:
-                need, what = min_pool_need(inst, k, time_limit_s=knobs.time_limit_s), \
+                need, what = min_pool_need(inst, k, time_limit_s=knobs.time_limit_s,
+                                           node_limit=knobs.node_limit), \
                     "model states, workspace and the least activation memory of any schedule"
             over.append((need - cap, k, need, cap, f"{what} ({c.tiering})"))
         worst.append(max(over))
@@ -425,6 +442,12 @@ def emit(job: Job, knobs: Knobs, s: Schedule) -> Plan:
         notes.append("ASSUMPTION: 8-bit Adam states (1 B each for m and v + an fp32 scale per 2048 elements)")
     if tier.params == "gpu" and tier.optim == "gpu" and not off:
         notes.append("everything fits on the GPU: nothing is offloaded")
+    cut = sorted({f"{r['tiering']}: {r['milp']['limit_hit']}" for r in s.candidates
+                  if r.get("milp", {}).get("limit_hit")})
+    if cut:
+        notes.append("MILP stopped by a limit (" + "; ".join(cut) + "): the schedule may not be optimal"
+                     + ("; the wall-clock safety net depends on the machine's load, so this plan may not "
+                        "reproduce" if any(c.endswith(": time") for c in cut) else ""))
     return b.build(steps=2, notes=notes, info=_info(job, knobs, s, opts))
 
 

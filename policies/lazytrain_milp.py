@@ -58,6 +58,8 @@ from scipy.sparse import coo_array
 GB = 1e9
 MEM_TOL_BYTES = 1024.0
 TIE_BREAK = 1e-3
+NODE_LIMIT = 20_000     # branch-and-bound nodes per solve: the deterministic limit (70b and 405b close at the root)
+TIME_LIMIT_S = 300.0    # wall-clock safety net only (a result it cuts is reported as such)
 STATUS = {0: "optimal", 1: "time or iteration limit", 2: "infeasible", 3: "unbounded", 4: "other"}
 
 Terms = tuple[tuple[int, int, float], ...]  # (layer, option index, coefficient)
@@ -195,15 +197,16 @@ class MilpResult:
     objective: float | None   # HiGHS's objective value
     dual_bound: float | None
     mip_gap: float | None
-    solve_s: float
+    solve_s: float            # wall time: an attribute for benchmarks, never in to_dict() (plans reproduce)
     n_vars: int
     n_binaries: int
     n_constraints: int
+    limit_hit: str | None = None  # "nodes" (deterministic) or "time" (the safety net: load-dependent)
 
     def to_dict(self) -> dict[str, Any]:
         return {"status": self.status, "status_code": self.status_code, "message": self.message,
                 "objective": self.objective, "dual_bound": self.dual_bound, "mip_gap": self.mip_gap,
-                "solve_s": self.solve_s, "n_vars": self.n_vars, "n_binaries": self.n_binaries,
+                "limit_hit": self.limit_hit, "n_vars": self.n_vars, "n_binaries": self.n_binaries,
                 "n_constraints": self.n_constraints}
 
 
@@ -368,19 +371,32 @@ def _undominated(w: Window) -> list[tuple[float, dict[tuple[int, int], float]]]:
     return keep
 
 
-def _run(model: _Model, c: np.ndarray, time_limit_s: float, mip_rel_gap: float) -> tuple[Any, float]:
+def _run(model: _Model, c: np.ndarray, time_limit_s: float, mip_rel_gap: float,
+         node_limit: int = NODE_LIMIT) -> tuple[Any, float]:
     t0 = time.perf_counter()
     res = milp(c, integrality=model.integrality(), bounds=model.bounds(), constraints=[model.constraint()],
-               options={"time_limit": float(time_limit_s), "mip_rel_gap": float(mip_rel_gap), "disp": False})
+               options={"time_limit": float(time_limit_s), "mip_rel_gap": float(mip_rel_gap),
+                        "node_limit": int(node_limit), "disp": False})
     return res, time.perf_counter() - t0
 
 
-def solve_milp(inst: Instance, *, time_limit_s: float = 10.0, mip_rel_gap: float = 1e-4,
-               cutoff_s: float | None = None) -> MilpResult:
+def limit_hit(res: Any) -> str | None:
+    """Which limit stopped HiGHS: "time" (HiGHS says so in its message), "nodes" (any other limit), or None."""
+    if int(res.status) != 1:
+        return None
+    return "time" if "time limit" in str(res.message).lower() else "nodes"
+
+
+def solve_milp(inst: Instance, *, time_limit_s: float = TIME_LIMIT_S, mip_rel_gap: float = 1e-4,
+               cutoff_s: float | None = None, node_limit: int = NODE_LIMIT) -> MilpResult:
     """Minimise recomputation + exposed transfer (+ tie-break) subject to every pool's capacity.
 
     ``cutoff_s`` bounds recomputation + exposed seconds from above (a caller that only wants schedules
     better than one it has): no schedule under it reads as status "infeasible".
+
+    Deterministic: HiGHS stops at the optimum within ``mip_rel_gap`` or after ``node_limit`` branch-and-bound
+    nodes, both independent of the machine's speed and load; ``time_limit_s`` is only a safety net, and a
+    result it cut says so (``limit_hit == "time"``): such a result may differ from run to run.
     """
     m = _Model(inst)
     m.structural()
@@ -395,16 +411,17 @@ def solve_milp(inst: Instance, *, time_limit_s: float = 10.0, mip_rel_gap: float
         for o in range(len(opts)):
             c[m.x(i, o)] = inst.recompute_s[i][o] + inst.tie_break * inst.transfer_s[i][o]
     c[m.e0: m.e0 + len(inst.windows)] = 1.0
-    res, dt = _run(m, c, time_limit_s, mip_rel_gap)
+    res, dt = _run(m, c, time_limit_s, mip_rel_gap, node_limit)
     ok = res.x is not None
     return MilpResult(
         choice=m.choice(res.x) if ok else None, status=STATUS.get(res.status, str(res.status)),
         status_code=int(res.status), message=str(res.message), objective=float(res.fun) if ok else None,
         dual_bound=_float(getattr(res, "mip_dual_bound", None)), mip_gap=_float(getattr(res, "mip_gap", None)),
-        solve_s=dt, n_vars=m.nvar, n_binaries=m.nx, n_constraints=len(m.lb))
+        solve_s=dt, n_vars=m.nvar, n_binaries=m.nx, n_constraints=len(m.lb), limit_hit=limit_hit(res))
 
 
-def min_pool_need(inst: Instance, pool: str, *, time_limit_s: float = 10.0) -> float:
+def min_pool_need(inst: Instance, pool: str, *, time_limit_s: float = TIME_LIMIT_S,
+                  node_limit: int = NODE_LIMIT) -> float:
     """The fewest bytes ``pool`` can need over all choices, ignoring every capacity (for PlanInfeasible)."""
     m = _Model(inst)
     m.structural()
@@ -412,7 +429,7 @@ def min_pool_need(inst: Instance, pool: str, *, time_limit_s: float = 10.0) -> f
     const, terms = m.pool_terms(pool)
     for col, v in terms:
         c[col] += v
-    res, _ = _run(m, c, time_limit_s, 1e-6)
+    res, _ = _run(m, c, time_limit_s, 1e-6, node_limit)
     if res.x is None:
         return float("inf")
     return const + float(res.fun) * GB

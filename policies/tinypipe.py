@@ -166,11 +166,14 @@ def _stages(job: Job, knobs: Knobs) -> tuple[int, int]:
     S = knobs.stages
     if not S:
         S = fits[-1]
+        need = _all_gpu_need(job)
         for d in fits[:-1]:
             try:
                 job.accumulation(n // d)
             except KnobError:
                 continue
+            if need / d > gpu_pool(job).capacity_bytes * (1 + 1e-9):
+                continue  # some stage's weights, gradients and states alone overflow: no search can say "all gpu"
             _, sol = search(job, dataclasses.replace(knobs, stages=d))
             if sol.peak_bytes <= gpu_pool(job).capacity_bytes and all(st.mode == "gpu" for st in sol.stages):
                 S = d
@@ -180,6 +183,17 @@ def _stages(job: Job, knobs: Knobs) -> tuple[int, int]:
     if len(job.trace.layers) < S:
         raise KnobError(f"{NAME}: knob 'stages' = {S} exceeds the model's {len(job.trace.layers)} layers")
     return S, n // S
+
+
+def _all_gpu_need(job: Job) -> float:
+    """A lower bound of the sum over stages of what ``gpu`` mode keeps (16-bit weights and gradients, master
+    and Adam states), activations and workspace left out: the largest of ``d`` stages needs at least a
+    ``1/d`` share of it. The tied table is counted once (a range holding both ends keeps one copy)."""
+    costs, _ = layer_costs(job)
+    table = _table_params(job)
+    master = 0.0 if job.config.precision == "fp32" else 4.0
+    total = sum(2 * c.param_bytes + c.state_bytes for c in costs)
+    return total - 2 * table * dtype_bytes(job) - table * (master + ADAM_BYTES)
 
 
 def search(job: Job, knobs: Knobs, tolerance: float | None = None) -> tuple[Problem, Solution]:

@@ -38,12 +38,14 @@ time bound by bisection over the finitely many pack sizes). Packs hold at most `
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 MODES = ("gpu", "resident", "swap")
 MAX_PACK_LAYERS = 16
+SOLVE_CACHE = 128  # solved problems kept (each holds one small Solution)
 _REL = 1e-12
 INF = math.inf
 
@@ -124,6 +126,8 @@ class Model:
         self._w = prefix([x.param_bytes for x in ls])
         self._st = prefix([x.state_bytes for x in ls])
         self._a = prefix([x.act_bytes for x in ls])
+        self._t1 = [x.transient_bytes for x in ls]
+        self._w1 = [self.weights(x, x) for x in range(n)]
         self._tmax: dict[tuple[int, int], float] = {}
         self._wmax: dict[tuple[int, int], float] = {}
         self._mode: dict[tuple[int, int, int], str] = {}
@@ -153,7 +157,7 @@ class Model:
         key = (i, j)
         v = self._tmax.get(key)
         if v is None:
-            v = max(x.transient_bytes for x in self.p.layers[i:j + 1])
+            v = max(self._t1[i:j + 1])
             self._tmax[key] = v
         return v
 
@@ -161,7 +165,7 @@ class Model:
         key = (i, j)
         v = self._wmax.get(key)
         if v is None:
-            v = max(self.weights(x, x) for x in range(i, j + 1))
+            v = max(self._w1[i:j + 1])
             self._wmax[key] = v
         return v
 
@@ -391,5 +395,10 @@ class Search(Model):
         return Solution(tuple(stages), t_star, bound, peak, max(st.time_s for st in stages), dict(self.evals))
 
 
+@functools.lru_cache(maxsize=SOLVE_CACHE)
 def solve(prob: Problem) -> Solution:
+    """The exact search's answer; memoised on the (frozen, hashable) problem: a plan with ``stages`` = auto
+    solves the stage counts it probes again for its relaxed retry, and a planner's candidates that differ
+    only in knobs the problem does not see (or an auto knob and its explicit twin) share the answer. A pure
+    function of ``prob``, so the cache changes no result."""
     return Search(prob).solve()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Callable
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -12,7 +15,7 @@ from hypothesis import strategies as st
 from policies import KnobError, PlanInfeasible, lazytrain, none
 from policies.base import parse_knobs
 from policies.lazytrain_costs import Tiering, build_costs
-from policies.lazytrain_milp import MEM_TOL_BYTES, Instance, evaluate, heuristic, solve_milp
+from policies.lazytrain_milp import MEM_TOL_BYTES, Instance, evaluate, heuristic, limit_hit, solve_milp
 from simulator import simulate_plan
 from simulator.invariants import check_invariants
 from tiersim.api import JobRequest, make_job
@@ -176,10 +179,12 @@ def test_405b_instance_solves_to_optimality() -> None:
 @pytest.mark.parametrize("model", ["70b", "405b"])
 def test_bench_milp_solve(hw: str, model: str) -> None:
     job = job_for(hw, model, seq_len=4096, global_batch=16)
+    t0 = time.perf_counter()
     p = lt_plan(job)
+    dt = time.perf_counter() - t0
     m = p.info["milp"]
     print(f"\n{model}/{hw}: {p.info['lazytrain']['tiering']} status {m['status']} gap {m['mip_gap']:.2e} "
-          f"solve {m['solve_s']:.2f} s ({m['n_binaries']} binaries, {m['n_constraints']} rows); target < 10 s")
+          f"plan {dt:.2f} s ({m['n_binaries']} binaries, {m['n_constraints']} rows); target < 10 s")
 
 
 # -- (4) with a GPU that holds everything it offloads nothing and runs as `none` ----------------------------------
@@ -262,11 +267,27 @@ def test_plan_infeasible_names_the_pool_and_the_overshoot(model: str, overrides:
 @pytest.mark.parametrize("knobs", [
     {"strategy": "recompute_everything"}, {"prefetch_depth": "0"}, {"mip_rel_gap": "1.5"},
     {"param_home": "cpu", "optimizer_home": "gpu"}, {"cpu_grad_bytes": "3"}, {"time_limit_s": "0"},
-    {"tiering_rule": "cheapest"},
+    {"tiering_rule": "cheapest"}, {"node_limit": "0"},
 ])
 def test_bad_knobs_are_rejected(knobs: dict) -> None:
     with pytest.raises(KnobError):
         parse_knobs(lazytrain.POLICY, knobs)
+
+
+# -- determinism: the solver's limits do not depend on the machine's speed or load ------------------------------
+def test_same_job_gives_the_same_plan_twice() -> None:
+    job = job_for("a100", "gpt2", seq_len=1024, micro_batch=4, global_batch=16)
+    a, b = lt_plan(job), lt_plan(job)
+    assert a.info["milp"]["status"] == "optimal" and a.info["milp"]["limit_hit"] is None
+    assert json.dumps(a.to_dict(), sort_keys=True) == json.dumps(b.to_dict(), sort_keys=True)
+    assert "solve_s" not in json.dumps(a.to_dict())  # wall time stays out of the plan
+
+
+def test_limit_hit_names_the_limit() -> None:
+    assert limit_hit(SimpleNamespace(status=0, message="Optimization terminated successfully.")) is None
+    assert limit_hit(SimpleNamespace(status=1, message="Time limit reached. (HiGHS Status 13: ...)")) == "time"
+    assert limit_hit(SimpleNamespace(status=1, message="Node limit reached. (HiGHS Status 15: ...)")) == "nodes"
+    assert limit_hit(SimpleNamespace(status=2, message="The problem is infeasible.")) is None
 
 
 def test_nvme_home_without_nvme_is_a_knob_error() -> None:

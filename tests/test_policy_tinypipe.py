@@ -296,3 +296,20 @@ def test_1f1b_holds_fewer_activations_than_gpipe() -> None:
     assert math.isclose(r2.peak_by_kind["gpu0"]["activation"],
                         p2.info["accumulation"] * sum(x.activation_bytes for x in
                                                       job.trace.layers[:p2.info["partition"][0]["layers"][1] + 1]))
+
+
+# -- (6) the auto stage count's shortcut: a lower bound, never above what an all-gpu partition keeps ------------
+@pytest.mark.parametrize("model", ["gpt2", "opt-1.3b", "gpt2-xl"])
+def test_all_gpu_need_is_a_lower_bound_of_every_all_gpu_partition(model: str) -> None:
+    """``_all_gpu_need / d`` lets auto skip probing d stages; it must not exceed the largest all-gpu stage's
+    weights, gradients and states, or auto would pick another stage count than the full probe."""
+    job = job_for("a100x8", model, ("gpu.memory=2TB",), micro_batch=1, global_batch=8)
+    need = tp._all_gpu_need(job)
+    for d in (1, 2, 4, 8):
+        prob, sol = tp.search(job, tp.Knobs(stages=d))
+        assert {st.mode for st in sol.stages} == {"gpu"}
+        m = Model(prob)
+        keep = [2 * m.weights(st.first, st.last) + m.states(st.first, st.last) for st in sol.stages]
+        assert need / d <= max(keep) * (1 + 1e-12)
+        if d == 1:  # one stage holds exactly the bound (the tied table once)
+            assert need == pytest.approx(keep[0], rel=1e-12)
