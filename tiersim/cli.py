@@ -81,19 +81,23 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def _add_job_args(p: argparse.ArgumentParser) -> None:
+def _add_job_args(p: argparse.ArgumentParser, *, searched: bool = False) -> None:
+    """The job's flags; with ``searched`` (``tiersim plan``) micro-batch and checkpointing are searched unless given."""
     p.add_argument("--hw", default=None,
                    help=f"hardware preset or YAML file (default: {DEFAULT_HW}; with --plan: the plan's own)")
     p.add_argument("--model", default=None,
                    help=f"model preset/shorthand, config.json or YAML (default: {DEFAULT_MODEL})")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="PATH=VALUE",
                    help="override a hardware field, e.g. --set host.dram=1TB --set pcie.gen=5")
-    p.add_argument("--micro-batch", type=int, help="sequences per micro-batch per GPU (default: 1)")
+    p.add_argument("--micro-batch", type=int, help="sequences per micro-batch per GPU (default: "
+                   + ("searched" if searched else "1") + ")")
     p.add_argument("--seq-len", type=int, help="tokens per sequence (default: the model's context, <= 4096)")
     p.add_argument("--global-batch", type=int,
-                   help="sequences per optimizer step over all GPUs (default: 8 per GPU x micro-batch)")
+                   help="sequences per optimizer step over all GPUs (default: 8 per GPU"
+                        + ("" if searched else " x micro-batch") + ")")
     p.add_argument("--precision", choices=["bf16", "fp16", "fp32"])
-    p.add_argument("--checkpointing", choices=["none", "selective", "full"])
+    p.add_argument("--checkpointing", choices=["none", "selective", "full"],
+                   help="activation checkpointing (default: " + ("searched" if searched else "full") + ")")
     p.add_argument("--no-flash-attention", dest="flash", action="store_false", default=None)
 
 

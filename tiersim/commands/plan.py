@@ -38,7 +38,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
                      "fixed; micro-batch and checkpointing are searched unless --micro-batch / --checkpointing "
                      "fix them.")
     p.epilog = "exit codes: 0 a feasible plan was found, 2 bad input, 3 no candidate is feasible"
-    _add_job_args(p)
+    _add_job_args(p, searched=True)
     p.add_argument("--objective", choices=OBJECTIVES, default="tokens_per_s",
                    help="what to optimise: tokens_per_s or tflops (highest), gpu_memory or cpu_memory (lowest "
                         "peak); default tokens_per_s")
