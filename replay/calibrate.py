@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from replay.threads import cpu_op_threads
+
 __all__ = [
     "Calibration",
     "CalibrationSizes",
@@ -562,8 +564,17 @@ def _gemm_all(device: torch.device, dtypes: Sequence[torch.dtype], flops: Sequen
 
 def calibrate(directory: str | os.PathLike[str] | None = None, sizes: CalibrationSizes | None = None,
               progress: Progress = _quiet, device: str | None = None) -> Calibration:
-    """Measure this machine. `directory`: whose disk is measured (default: a temporary directory)."""
-    sizes = sizes or CalibrationSizes()
+    """Measure this machine. `directory`: whose disk is measured (default: a temporary directory).
+
+    On a CPU-only machine torch runs one thread per op while measuring, as the replay does (``replay.threads``).
+    """
+    cuda = torch.cuda.is_available() if device is None else device == "cuda"
+    with cpu_op_threads(torch.device("cuda" if cuda else "cpu")):
+        return _calibrate(directory, sizes or CalibrationSizes(), progress, device)
+
+
+def _calibrate(directory: str | os.PathLike[str] | None, sizes: CalibrationSizes, progress: Progress,
+               device: str | None) -> Calibration:
     t_start = time.perf_counter()
     host = host_info()
     cuda = torch.cuda.is_available() if device is None else device == "cuda"

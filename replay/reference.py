@@ -26,12 +26,21 @@ from torch.func import functional_call
 from replay.data import batch
 from replay.model import Dims, build_layers
 from replay.store import ADAM, Batching
+from replay.threads import cpu_op_threads
 
 RTOL = 1e-5
 
 
 def train_reference(dims: Dims, batching: Batching, steps: int, accum: dict[int, int], *, delayed: bool,
                     device: torch.device) -> tuple[dict[tuple[int, int], float], list[dict[str, Tensor]]]:
+    """Train the plain way, with the replay's thread setting (``replay.threads``): the same float summation
+    order, so a parameter whose gradient is rounding noise (a key bias under softmax) gets the same Adam step."""
+    with cpu_op_threads(device):
+        return _train_reference(dims, batching, steps, accum, delayed=delayed, device=device)
+
+
+def _train_reference(dims: Dims, batching: Batching, steps: int, accum: dict[int, int], *, delayed: bool,
+                     device: torch.device) -> tuple[dict[tuple[int, int], float], list[dict[str, Tensor]]]:
     layers = [m.to(device) for m in build_layers(dims, batching.seed)]
     params = [p for m in layers for p in m.parameters()]
     opt = torch.optim.Adam(params, **ADAM)  # type: ignore[arg-type]

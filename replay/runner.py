@@ -39,6 +39,7 @@ from replay.errors import ReplayError, ReplayOom
 from replay.model import Dims, build_layers
 from replay.pools import Pools
 from replay.store import Batching, Store
+from replay.threads import cpu_op_threads, pin_this_thread
 from simulator.engine import RawRun, TaskRecord, task_gpus
 from simulator.errors import PlanError
 from simulator.flows import FlowNetwork
@@ -195,6 +196,10 @@ class Runner:
 
     # -- running ----------------------------------------------------------------------------------------
     def run(self) -> Measurement:
+        with cpu_op_threads(self.device):
+            return self._run()
+
+    def _run(self) -> Measurement:
         tasks = Unroller(self.plan).unroll()
         per_stream: dict[str, list[ConcreteTask]] = defaultdict(list)
         for t in tasks:
@@ -260,6 +265,7 @@ class Runner:
                 with torch.cuda.device(self.device), torch.cuda.stream(torch.cuda.Stream(self.device)):
                     self._tasks(sid, device, tasks)
             else:
+                pin_this_thread(self.device)
                 self._tasks(sid, device, tasks)
         except BaseException as e:  # noqa: BLE001 - any failure stops every stream and is re-raised
             with self.mem_lock:
