@@ -235,3 +235,17 @@ def fmt_flops(value: float) -> str:
     return _scaled(
         value, (("PFLOPS", 1e15), ("TFLOPS", 1e12), ("GFLOPS", 1e9), ("MFLOPS", 1e6), ("FLOPS", 1.0))
     )
+
+
+def gb(x: float) -> str:
+    """Bytes as decimal GB with one decimal and thousands separators: the tables' and verdicts' unit."""
+    return f"{x / 1e9:,.1f} GB"
+
+
+def secs(x: float) -> str:
+    """Seconds as s, ms or us with three significant-ish decimals (tables and verdict lines)."""
+    if x >= 1:
+        return f"{x:,.3f} s"
+    if x >= 1e-3:
+        return f"{x * 1e3:,.2f} ms"
+    return f"{x * 1e6:,.1f} us"

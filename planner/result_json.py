@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hardware_models import build_topology
+from hardware_models.units import gb, secs
 from policies import Job, PlanInfeasible
 from simulator import Result
 
@@ -74,13 +75,13 @@ def dumps(d: Mapping[str, Any]) -> str:
 
 def oom_verdict(oom: Mapping[str, Any]) -> str:
     """The INFEASIBLE line of an ``oom`` object of the JSON (a simulated OOM or a policy's verdict)."""
-    over = f"over by {_gb(oom['over_by_bytes'])}"
+    over = f"over by {gb(oom['over_by_bytes'])}"
     if oom.get("stage") == "plan":
-        return (f"INFEASIBLE: {oom['pool']} needs {_gb(oom['requested_bytes'])} for {oom.get('what') or 'the job'} "
-                f"but holds {_gb(oom['capacity_bytes'])}: {over} (the policy's own estimate; nothing simulated)")
-    return (f"INFEASIBLE: {oom['pool']} runs out of memory at t={_secs(oom['time_s'])} ({oom['task']} asks "
-            f"{_gb(oom['requested_bytes'])} with {_gb(oom['free_bytes'])} free); total demand "
-            f"{_gb(oom['total_demand_bytes'])} vs capacity {_gb(oom['capacity_bytes'])}: {over}")
+        return (f"INFEASIBLE: {oom['pool']} needs {gb(oom['requested_bytes'])} for {oom.get('what') or 'the job'} "
+                f"but holds {gb(oom['capacity_bytes'])}: {over} (the policy's own estimate; nothing simulated)")
+    return (f"INFEASIBLE: {oom['pool']} runs out of memory at t={secs(oom['time_s'])} ({oom['task']} asks "
+            f"{gb(oom['requested_bytes'])} with {gb(oom['free_bytes'])} free); total demand "
+            f"{gb(oom['total_demand_bytes'])} vs capacity {gb(oom['capacity_bytes'])}: {over}")
 
 
 def finite(x: Any) -> Any:
@@ -92,15 +93,3 @@ def finite(x: Any) -> Any:
     if isinstance(x, list | tuple):
         return [finite(v) for v in x]
     return x
-
-
-def _gb(x: float) -> str:
-    return f"{x / 1e9:,.1f} GB"
-
-
-def _secs(x: float) -> str:
-    if x >= 1:
-        return f"{x:,.3f} s"
-    if x >= 1e-3:
-        return f"{x * 1e3:,.2f} ms"
-    return f"{x * 1e6:,.1f} us"

@@ -2,17 +2,9 @@
 
 from __future__ import annotations
 
+from hardware_models.units import gb, secs
 
-def gb(x: float) -> str:
-    return f"{x / 1e9:,.1f} GB"
-
-
-def secs(x: float) -> str:
-    if x >= 1:
-        return f"{x:,.3f} s"
-    if x >= 1e-3:
-        return f"{x * 1e3:,.2f} ms"
-    return f"{x * 1e6:,.1f} us"
+__all__ = ["gb", "secs", "pct", "table", "group_numbered"]
 
 
 def pct(x: float) -> str:
