@@ -154,20 +154,10 @@ class Model:
         return self._a[j + 1] - self._a[i]
 
     def workspace(self, i: int, j: int) -> float:
-        key = (i, j)
-        v = self._tmax.get(key)
-        if v is None:
-            v = max(self._t1[i:j + 1])
-            self._tmax[key] = v
-        return v
+        return _range_max(self._tmax, self._t1, i, j)
 
     def largest_layer(self, i: int, j: int) -> float:
-        key = (i, j)
-        v = self._wmax.get(key)
-        if v is None:
-            v = max(self._w1[i:j + 1])
-            self._wmax[key] = v
-        return v
+        return _range_max(self._wmax, self._w1, i, j)
 
     # -- stages --------------------------------------------------------------------------------------
     def fixed(self, i: int, j: int, s: int) -> float:
@@ -402,3 +392,11 @@ def solve(prob: Problem) -> Solution:
     only in knobs the problem does not see (or an auto knob and its explicit twin) share the answer. A pure
     function of ``prob``, so the cache changes no result."""
     return Search(prob).solve()
+
+
+def _range_max(memo: dict[tuple[int, int], float], values: list[float], i: int, j: int) -> float:
+    """max(values[i..j]), memoised per (i, j) in ``memo`` (the packing search asks for the same ranges often)."""
+    v = memo.get((i, j))
+    if v is None:
+        v = memo[(i, j)] = max(values[i:j + 1])
+    return v
