@@ -25,9 +25,11 @@ from dataclasses import dataclass
 
 from policies.base import Job
 from policies.builder import PlanBuilder
+from simulator.phase import Phase
 
 REPLICATED_ACT_FRACTION = 10 / 34  # Korthikanti Table 2: 10sbh of 34sbh are not split by TP
 TP_ALLREDUCES = {"block": 2, "embedding": 1, "head": 0}  # Megatron: attention + MLP per block
+TP_PHASE = {"f": Phase.TP_FWD, "r": Phase.TP_RECOMPUTE, "b": Phase.TP_BWD}
 
 
 @dataclass(frozen=True)
@@ -149,7 +151,8 @@ def emit_microstep(b: PlanBuilder, job: Job, lay: Layout, grads: Grads, *, gathe
             grp = lay.dp_group(j)
             out[j] = b.task(f"ag{phase}{i}.d{j}", "collective", f"dp{j}.param", deps_of.get(j, []),
                             coll="all_gather", bytes=layers[i].params / t * db, ranks=tuple(grp),
-                            allocs=[(f"pg{i}.{g}", g) for g in grp], tags={"layer": i, "phase": phase})
+                            allocs=[(f"pg{i}.{g}", g) for g in grp],
+                            tags={"layer": i, "phase": Phase.PARAM_GATHER, "use": "fwd" if phase == "f" else "bwd"})
         return out
 
     def tp_sync(i: int, phase: str, prefix: str) -> dict[int, str]:
@@ -162,7 +165,7 @@ def emit_microstep(b: PlanBuilder, job: Job, lay: Layout, grads: Grads, *, gathe
             grp = lay.tp_group(k)
             out[k] = b.task(f"tp{phase}{i}.k{k}", "collective", f"tp{k}", [f"{prefix}{i}.{g}" for g in grp],
                             coll="all_reduce", bytes=n_ar * layers[i].output_bytes, ranks=tuple(grp),
-                            tags={"layer": i, "phase": f"tp-{phase}"})
+                            tags={"layer": i, "phase": TP_PHASE[phase]})
         return out
 
     # forward
@@ -179,7 +182,7 @@ def emit_microstep(b: PlanBuilder, job: Job, lay: Layout, grads: Grads, *, gathe
             b.task(f"fwd{i}.{g}", "compute", f"{g}.compute", deps, flops=layer.fwd_flops / t,
                    hbm_bytes=layer.fwd_hbm_bytes / t, allocs=[(f"act{i}.{g}", g)],
                    frees=[(f"pg{i}.{g}", g)] if gather_params else [],
-                   tags={"layer": i, "phase": "fwd", "rank": r})
+                   tags={"layer": i, "phase": Phase.FWD, "rank": r})
         prev_sync = tp_sync(i, "f", "fwd")
     # backward, last layer first
     for i in reversed(range(L)):
@@ -193,7 +196,7 @@ def emit_microstep(b: PlanBuilder, job: Job, lay: Layout, grads: Grads, *, gathe
                 k, j = lay.tp_index(r)
                 deps = ([pre[j]] if pre else []) + ([prev_sync[k]] if k in prev_sync else [])
                 b.task(f"rc{i}.{g}", "compute", f"{g}.compute", deps, flops=layer.recompute_flops / t,
-                       hbm_bytes=layer.fwd_hbm_bytes / t, tags={"layer": i, "phase": "recompute", "rank": r})
+                       hbm_bytes=layer.fwd_hbm_bytes / t, tags={"layer": i, "phase": Phase.RECOMPUTE, "rank": r})
             rc_sync = tp_sync(i, "r", "rc")
         for r, g in enumerate(lay.gpus()):
             k, j = lay.tp_index(r)
@@ -208,7 +211,7 @@ def emit_microstep(b: PlanBuilder, job: Job, lay: Layout, grads: Grads, *, gathe
             b.task(f"bwd{i}.{g}", "compute", f"{g}.compute", deps, flops=layer.bwd_flops / t,
                    hbm_bytes=layer.bwd_hbm_bytes / t, allocs=[(f"gb{i}.{g}", g)] if grads.bucket else [],
                    frees=[(f"act{i}.{g}", g)] + ([(f"pg{i}.{g}", g)] if gather_params else []),
-                   tags={"layer": i, "phase": "bwd", "rank": r})
+                   tags={"layer": i, "phase": Phase.BWD, "rank": r})
         prev_sync = tp_sync(i, "b", "bwd")
         emit_grad_reduce(b, job, lay, grads, i)
 
@@ -224,13 +227,13 @@ def emit_grad_reduce(b: PlanBuilder, job: Job, lay: Layout, grads: Grads, i: int
             red = b.task(f"red{i}.d{j}", "collective", f"dp{j}.grad", [f"bwd{i}.{g}" for g in grp],
                          coll=grads.reduce, bytes=layer.params / t * dtype_bytes(job), ranks=tuple(grp),
                          frees=[(f"gb{i}.{g}", g) for g in grp] if grads.bucket and not grads.offload else [],
-                         tags={"layer": i, "phase": "grad-reduce"})
+                         tags={"layer": i, "phase": Phase.GRAD_REDUCE})
         for g in grp:
             r = int(g[3:])
             if grads.offload:
                 b.task(f"d2h{i}.{g}", "copy", f"{g}.d2h", [red or f"bwd{i}.{g}"], src=g, dst="cpu",
                        bytes=layer.params / lay.n * grads.offload_bytes_per_param, frees=[(f"gb{i}.{g}", g)],
-                       tags={"layer": i, "phase": "grad-offload", "rank": r})
+                       tags={"layer": i, "phase": Phase.GRAD_OFFLOAD, "rank": r})
             elif grads.bucket and red is None:
                 b.task(f"acc{i}.{g}", "free", f"{g}.compute", [], frees=[(f"gb{i}.{g}", g)],
-                       tags={"layer": i, "phase": "grad-accumulate", "rank": r})
+                       tags={"layer": i, "phase": Phase.GRAD_ACCUMULATE, "rank": r})

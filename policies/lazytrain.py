@@ -112,6 +112,7 @@ from policies.lazytrain_milp import (
     solve_milp,
 )
 from simulator import Plan
+from simulator.phase import Phase
 
 NAME = "lazytrain"
 HEURISTICS = ("keep_all", "checkpoint_all", "offload_all")
@@ -347,7 +348,7 @@ def emit(job: Job, knobs: Knobs, s: Schedule) -> Plan:
     def upload(i: int, phase: str, window: dict[str, list[str]]) -> dict[str, str]:
         """Tasks that bring layer i's parameters to every GPU; returns gpu -> task its use waits for."""
         pg, ps = f"pg{phase}{i}", f"ps{phase}{i}"
-        tags = {"layer": i, "phase": f"param-upload-{'fwd' if phase == 'f' else 'bwd'}"}
+        tags = {"layer": i, "phase": Phase.PARAM_UPLOAD, "use": "fwd" if phase == "f" else "bwd"}
         ready = {}
         for r, g in enumerate(gpus):
             b.task(f"up{phase}{i}.{g}", "copy", f"{g}.h2d", window[g] + fresh(i, r), src=tier.params, dst=g,
@@ -357,7 +358,7 @@ def emit(job: Job, knobs: Knobs, s: Schedule) -> Plan:
         if n > 1:
             t = b.task(f"ag{phase}{i}", "collective", "dp.param", list(ready.values()), coll="all_gather",
                        bytes=unit[i] * db, ranks=tuple(gpus), allocs=[(f"{pg}.{g}", g) for g in gpus],
-                       frees=[(f"{ps}.{g}", g) for g in gpus], tags={"layer": i, "phase": "param-gather"})
+                       frees=[(f"{ps}.{g}", g) for g in gpus], tags={"layer": i, "phase": Phase.PARAM_GATHER})
             ready = {g: t for g in gpus}
         return ready
 
@@ -381,11 +382,11 @@ def emit(job: Job, knobs: Knobs, s: Schedule) -> Plan:
             frees = [(f"pgf{i}.{g}", g)] if level == 3 and i < tail_from else []
             b.task(f"fwd{i}.{g}", "compute", f"{g}.compute", deps, flops=layer.fwd_flops,
                    hbm_bytes=layer.fwd_hbm_bytes, allocs=[(f"act{i}.{g}", g)], frees=frees,
-                   tags={"layer": i, "phase": "fwd", "rank": r})
+                   tags={"layer": i, "phase": Phase.FWD, "rank": r})
             if opts[i].place != "gpu":
                 b.task(f"out{i}.{g}", "copy", f"{g}.act_out", [f"fwd{i}.{g}"], tensor=f"act{i}.{g}", src=g,
                        dst=opts[i].place, alloc_dst=True, free_src=True,
-                       tags={"layer": i, "phase": "act-offload", "rank": r})
+                       tags={"layer": i, "phase": Phase.ACTIVATION_OFFLOAD, "rank": r})
     # backward, last layer first
     for i in reversed(range(nl)):
         layer = layers[i]
@@ -398,12 +399,13 @@ def emit(job: Job, knobs: Knobs, s: Schedule) -> Plan:
             if opts[i].place != "gpu":
                 in_deps = [f"out{i}.{g}"] + ([f"bwd{after2[i]}.{g}"] if i in after2 else [])
                 b.task(f"in{i}.{g}", "copy", f"{g}.act_in", in_deps, tensor=f"act{i}.{g}", src=opts[i].place,
-                       dst=g, alloc_dst=True, free_src=True, tags={"layer": i, "phase": "act-fetch", "rank": r})
+                       dst=g, alloc_dst=True, free_src=True,
+                       tags={"layer": i, "phase": Phase.ACTIVATION_RELOAD, "rank": r})
                 adeps = [f"in{i}.{g}"]
             deps = pdeps + adeps
             if opts[i].mode == "ckpt":
                 b.task(f"rc{i}.{g}", "compute", f"{g}.compute", deps, flops=layer.fwd_flops,
-                       hbm_bytes=layer.fwd_hbm_bytes, tags={"layer": i, "phase": "recompute", "rank": r})
+                       hbm_bytes=layer.fwd_hbm_bytes, tags={"layer": i, "phase": Phase.RECOMPUTE, "rank": r})
                 deps = []
             allocs = []
             if level >= 2:
@@ -414,7 +416,7 @@ def emit(job: Job, knobs: Knobs, s: Schedule) -> Plan:
                 frees.append((f"pgb{i}.{g}" if i < tail_from else f"pgf{i}.{g}", g))
             b.task(f"bwd{i}.{g}", "compute", f"{g}.compute", deps, flops=layer.bwd_flops,
                    hbm_bytes=layer.bwd_hbm_bytes, allocs=allocs, frees=frees,
-                   tags={"layer": i, "phase": "bwd", "rank": r})
+                   tags={"layer": i, "phase": Phase.BWD, "rank": r})
         _emit_grads(b, gpus, level, i, layer.params * db, unit[i] * db)
 
     # optimizer
@@ -422,7 +424,7 @@ def emit(job: Job, knobs: Knobs, s: Schedule) -> Plan:
     if level == 1:
         for r, g in enumerate(gpus):
             b.task(f"opt.{g}", "optimizer", f"{g}.compute", ["red0" if n > 1 else f"bwd0.{g}"], params=p_total,
-                   tags={"phase": "optimizer", "rank": r})
+                   tags={"phase": Phase.OPTIMIZER, "rank": r})
     else:
         _emit_cpu_optimizer(b, job, c, tier, gpus)
 
@@ -456,15 +458,15 @@ def _emit_grads(b: PlanBuilder, gpus: list[str], level: int, i: int, layer_bytes
     if level == 1:
         if n > 1:
             b.task(f"red{i}", "collective", "dp.grad", [f"bwd{i}.{g}" for g in gpus], coll="all_reduce",
-                   bytes=layer_bytes, ranks=tuple(gpus), tags={"layer": i, "phase": "grad-reduce"})
+                   bytes=layer_bytes, ranks=tuple(gpus), tags={"layer": i, "phase": Phase.GRAD_REDUCE})
         return
     red = None
     if n > 1:
         red = b.task(f"rs{i}", "collective", "dp.grad", [f"bwd{i}.{g}" for g in gpus], coll="reduce_scatter",
-                     bytes=unit_bytes, ranks=tuple(gpus), tags={"layer": i, "phase": "grad-reduce"})
+                     bytes=unit_bytes, ranks=tuple(gpus), tags={"layer": i, "phase": Phase.GRAD_REDUCE})
     for r, g in enumerate(gpus):
         b.task(f"d2h{i}.{g}", "copy", f"{g}.d2h", [red or f"bwd{i}.{g}"], src=g, dst="cpu", bytes=unit_bytes / n,
-               frees=[(f"gb{i}.{g}", g)], tags={"layer": i, "phase": "grad-offload", "rank": r})
+               frees=[(f"gb{i}.{g}", g)], tags={"layer": i, "phase": Phase.GRAD_OFFLOAD, "rank": r})
 
 
 def _emit_cpu_optimizer(b: PlanBuilder, job: Job, c: Costs, tier: Tiering, gpus: list[str]) -> None:
@@ -477,7 +479,7 @@ def _emit_cpu_optimizer(b: PlanBuilder, job: Job, c: Costs, tier: Tiering, gpus:
     def read(i: int, r: int) -> None:
         b.task(f"or{i}.r{r}", "copy", f"nvme.io{r}", [f"ow{i - 2}.r{r}"] if i >= 2 else [], src="nvme", dst="cpu",
                bytes=layers[i].params / n * states_bpp, allocs=[(f"ostage{i}.r{r}", "cpu")],
-               tags={"layer": i, "phase": "optimizer-read", "rank": r})
+               tags={"layer": i, "phase": Phase.OPTIMIZER_SWAP_IN, "rank": r})
 
     for r in range(n):
         if tier.optim == "nvme":
@@ -487,22 +489,22 @@ def _emit_cpu_optimizer(b: PlanBuilder, job: Job, c: Costs, tier: Tiering, gpus:
         for r, g in enumerate(gpus):
             deps = [f"d2h{i}.{g}"] + ([f"or{i}.r{r}"] if tier.optim == "nvme" else [])
             b.task(f"adam{i}.r{r}", "optimizer", f"cpu.adam{r}", deps, params=layer.params / n,
-                   tags={"layer": i, "phase": "optimizer", "rank": r})
+                   tags={"layer": i, "phase": Phase.OPTIMIZER, "rank": r})
             if tier.optim == "nvme":
                 b.task(f"ow{i}.r{r}", "copy", f"nvme.io{r}", [f"adam{i}.r{r}"], src="cpu", dst="nvme",
                        bytes=layer.params / n * states_bpp, frees=[(f"ostage{i}.r{r}", "cpu")],
-                       tags={"layer": i, "phase": "optimizer-write", "rank": r})
+                       tags={"layer": i, "phase": Phase.OPTIMIZER_SWAP_OUT, "rank": r})
             if tier.params == "nvme":
                 b.task(f"pw{i}.r{r}", "copy", f"nvme.io{r}", [f"adam{i}.r{r}"], src="cpu", dst="nvme",
-                       bytes=layer.params / n * db, tags={"layer": i, "phase": "param-write", "rank": r})
+                       bytes=layer.params / n * db, tags={"layer": i, "phase": Phase.PARAM_SWAP_OUT, "rank": r})
             if tier.optim == "nvme" and i + 2 < nl:
                 read(i + 2, r)
             if tier.params == "gpu":
                 b.task(f"up{i}.{g}", "copy", f"{g}.h2d", [f"adam{i}.r{r}"], src="cpu", dst=g,
-                       bytes=layer.params / n * db, tags={"layer": i, "phase": "param-upload", "rank": r})
+                       bytes=layer.params / n * db, tags={"layer": i, "phase": Phase.PARAM_UPLOAD, "rank": r})
         if tier.params == "gpu" and n > 1:
             b.task(f"ag{i}", "collective", "dp.param", [f"up{i}.{g}" for g in gpus], coll="all_gather",
-                   bytes=layer.params * db, ranks=tuple(gpus), tags={"layer": i, "phase": "param-gather"})
+                   bytes=layer.params * db, ranks=tuple(gpus), tags={"layer": i, "phase": Phase.PARAM_GATHER})
 
 
 def _info(job: Job, knobs: Knobs, s: Schedule, opts: list[Any]) -> dict[str, Any]:

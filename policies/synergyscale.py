@@ -114,6 +114,7 @@ from policies.synergyscale_model import (
     tier_params,
 )
 from simulator import Plan, simulate_plan
+from simulator.phase import Phase
 
 NAME = "synergyscale"
 DEFAULT_CHUNKS = 2
@@ -460,7 +461,7 @@ def build(ctx: Ctx, knobs: Knobs, ch: Choice, info: dict[str, Any]) -> Plan:
         tier = tiers[i]
         ly = L[i]
         cb = ly.param_bytes / c
-        tag = {"layer": i, "phase": f"fetch-{'fwd' if p == 'f' else 'bwd'}", "chunk": k, "tier": tier}
+        tag = {"layer": i, "phase": Phase.PARAM_UPLOAD, "use": "fwd" if p == "f" else "bwd", "chunk": k, "tier": tier}
         pre_all: list[str] = []
         pre_rank: dict[str, list[str]] = {g: [] for g in gpus}
         if p == "f" and k == 0:
@@ -474,7 +475,7 @@ def build(ctx: Ctx, knobs: Knobs, ch: Choice, info: dict[str, Any]) -> Plan:
         if act_off and p == "b" and k == 0:
             for g in gpus:
                 b.task(f"ai{i}.{g}", "copy", f"{g}.h2d", [f"ao{i}.{g}"], tensor=f"act{i}.{g}", src="cpu", dst=g,
-                       alloc_dst=True, free_src=True, tags={"layer": i, "phase": "act-fetch"})
+                       alloc_dst=True, free_src=True, tags={"layer": i, "phase": Phase.ACTIVATION_RELOAD})
         gates_all = [d for g in gpus for d in gate(ui, g)]
         if tier == "peer":
             t = b.task(f"ag{p}{i}_{k}", "collective", "dp.param", gates_all + pre_all, coll="all_gather", bytes=cb,
@@ -510,7 +511,7 @@ def build(ctx: Ctx, knobs: Knobs, ch: Choice, info: dict[str, Any]) -> Plan:
 
     for i, ly in enumerate(L):
         for r, g in enumerate(gpus):
-            tag = {"layer": i, "phase": "fwd", "rank": r}
+            tag = {"layer": i, "phase": Phase.FWD, "rank": r}
             if not fetched[i]:
                 st = cs(g, 0)
                 deps = (gpu_ready[g] if i == first_gpu else []) + after(g, st)
@@ -530,7 +531,8 @@ def build(ctx: Ctx, knobs: Knobs, ch: Choice, info: dict[str, Any]) -> Plan:
                 prev[g] = (f"fw{i}_{c - 1}.{g}", cs(g, c - 1))
                 if act_off:
                     b.task(f"ao{i}.{g}", "copy", f"{g}.d2h", [prev[g][0]], tensor=f"act{i}.{g}", src=g, dst="cpu",
-                           alloc_dst=True, free_src=True, tags={"layer": i, "phase": "act-offload", "rank": r})
+                           alloc_dst=True, free_src=True,
+                           tags={"layer": i, "phase": Phase.ACTIVATION_OFFLOAD, "rank": r})
     last_red = None
     blay = [i for i in reversed(range(nl)) if bucket(i)]
     bpos = {i: j for j, i in enumerate(blay)}
@@ -556,12 +558,12 @@ def build(ctx: Ctx, knobs: Knobs, ch: Choice, info: dict[str, Any]) -> Plan:
                 deps = after(g, st)
                 if rc:
                     b.task(f"rc{i}.{g}", "compute", st, deps, flops=ly.recompute_flops, hbm_bytes=ly.fwd_hbm_bytes,
-                           tags={"layer": i, "phase": "recompute", "rank": r})
+                           tags={"layer": i, "phase": Phase.RECOMPUTE, "rank": r})
                     deps = []
                 prev[g] = (b.task(f"bw{i}.{g}", "compute", st, deps + bucket_gate(i, g), flops=ly.bwd_flops,
                                   hbm_bytes=ly.bwd_hbm_bytes,
                                   allocs=[(f"gb{i}.{g}", g)] if bucket(i) else [], frees=[(f"act{i}.{g}", g)],
-                                  tags={"layer": i, "phase": "bwd", "rank": r}), st)
+                                  tags={"layer": i, "phase": Phase.BWD, "rank": r}), st)
                 continue
             pv = prev.get(g)
             for k in range(c):
@@ -571,7 +573,7 @@ def build(ctx: Ctx, knobs: Knobs, ch: Choice, info: dict[str, Any]) -> Plan:
                 if rc:
                     b.task(f"rc{i}_{k}.{g}", "compute", st, deps, flops=ly.recompute_flops / c,
                            hbm_bytes=chunk_hbm(ly.fwd_hbm_bytes, ly.output_bytes, c),
-                           tags={"layer": i, "phase": "recompute", "rank": r, "chunk": k})
+                           tags={"layer": i, "phase": Phase.RECOMPUTE, "rank": r, "chunk": k})
                     deps = []
                 if k == c - 1:
                     deps += [f"bw{i}_{j}.{g}" for j in range(k) if cs(g, j) != st]
@@ -581,7 +583,7 @@ def build(ctx: Ctx, knobs: Knobs, ch: Choice, info: dict[str, Any]) -> Plan:
                        hbm_bytes=chunk_hbm(ly.bwd_hbm_bytes, ly.output_bytes, c),
                        allocs=[(f"gb{i}.{g}", g)] if k == 0 else [],
                        frees=[(f"pb{i}_{k}.{g}", g)] + ([(f"act{i}.{g}", g)] if k == c - 1 else []),
-                       tags={"layer": i, "phase": "bwd", "rank": r, "chunk": k})
+                       tags={"layer": i, "phase": Phase.BWD, "rank": r, "chunk": k})
             prev[g] = (f"bw{i}_{c - 1}.{g}", cs(g, c - 1))
         done = {g: prev[g][0] for g in gpus}
         red = None
@@ -589,12 +591,12 @@ def build(ctx: Ctx, knobs: Knobs, ch: Choice, info: dict[str, Any]) -> Plan:
             red = last_red = b.task(f"red{i}", "collective", "dp.grad", list(done.values()), coll="reduce_scatter",
                                     bytes=ly.grad_bytes, ranks=tuple(gpus),
                                     frees=[(f"gb{i}.{g}", g) for g in gpus] if tiers[i] in ("gpu", "peer") else [],
-                                    tags={"layer": i, "phase": "grad-reduce"})
+                                    tags={"layer": i, "phase": Phase.GRAD_REDUCE})
         if tiers[i] in ("cpu", "nvme"):
             for r, g in enumerate(gpus):
                 b.task(f"gd{i}.{g}", "copy", f"{g}.d2h", [red or done[g]], src=g, dst="cpu",
                        bytes=ly.params / n * ctx.grad_bytes_per_param(i), frees=[(f"gb{i}.{g}", g)],
-                       tags={"layer": i, "phase": "grad-offload", "rank": r})
+                       tags={"layer": i, "phase": Phase.GRAD_OFFLOAD, "rank": r})
 
     # ---- optimizer
     b.segment("optimizer", 1)
@@ -603,10 +605,10 @@ def build(ctx: Ctx, knobs: Knobs, ch: Choice, info: dict[str, Any]) -> Plan:
     if gpu_params > 0:
         for r, g in enumerate(gpus):
             b.task(f"gopt.{g}", "optimizer", cs(g, 0), [last_red] if last_red else [prev[g][0]], params=gpu_params,
-                   tags={"phase": "optimizer", "rank": r, "tier": "gpu+peer"})
+                   tags={"phase": Phase.OPTIMIZER, "rank": r, "tier": "gpu+peer"})
         if n > 1 and tp["gpu"] > 0:
             b.task("agg", "collective", "dp.param", [f"gopt.{g}" for g in gpus], coll="all_gather",
-                   bytes=tsum("gpu", "param_bytes"), ranks=tuple(gpus), tags={"phase": "param-gather"})
+                   bytes=tsum("gpu", "param_bytes"), ranks=tuple(gpus), tags={"phase": Phase.PARAM_GATHER})
     nv_order = [i for i in reversed(range(nl)) if tiers[i] == "nvme"]
     for i in reversed(host_layers):
         ly = L[i]
@@ -615,14 +617,14 @@ def build(ctx: Ctx, knobs: Knobs, ch: Choice, info: dict[str, Any]) -> Plan:
             j = nv_order.index(i)
             b.task(f"swi{i}", "copy", "nvme.rd", [f"swo{nv_order[j - 2]}"] if j >= 2 else [], src="nvme", dst="cpu",
                    bytes=ly.master_bytes + ly.optimizer_bytes, allocs=[(f"sw{i}", "cpu")],
-                   tags={"layer": i, "phase": "optimizer-swap-in"})
+                   tags={"layer": i, "phase": Phase.OPTIMIZER_SWAP_IN})
         for r, g in enumerate(gpus):
             b.task(f"adam{i}.r{r}", "optimizer", f"cpu.adam{r}", [f"gd{i}.{g}"] + ([f"swi{i}"] if nvme else []),
-                   params=ly.params / n, tags={"layer": i, "phase": "optimizer", "rank": r})
+                   params=ly.params / n, tags={"layer": i, "phase": Phase.OPTIMIZER, "rank": r})
         if nvme:
             b.task(f"swo{i}", "copy", "nvme.wr", [f"adam{i}.r{r}" for r in range(n)], src="cpu", dst="nvme",
                    bytes=ly.master_bytes + ly.optimizer_bytes + ly.param_bytes, frees=[(f"sw{i}", "cpu")],
-                   tags={"layer": i, "phase": "optimizer-swap-out"})
+                   tags={"layer": i, "phase": Phase.OPTIMIZER_SWAP_OUT})
 
     summary = _summary(ctx, ch)
     t = summary["tiers"]

@@ -28,6 +28,7 @@ from typing import Any
 from policies.base import Job
 from policies.builder import PlanBuilder
 from policies.tinypipe_search import StagePlan
+from simulator.phase import Phase
 
 Key = tuple[Any, ...]
 
@@ -225,7 +226,8 @@ class Emitter:
                 deps += self.refresh_refs(s, p)
             e = self.ev(f"ld{p}.{g}{suf}", op.seg, op.it, "copy", h2d, deps, src="cpu", dst=g,
                         bytes=self.pack_bytes(s, u, t), allocs=[(buf, g)], reads=[(f"home.s{s}.p{p}", "cpu")],
-                        tags={**tg, "pack": p, "layers": list(range(u, t + 1)), "phase": f"fetch-{phase}"})
+                        tags={**tg, "pack": p, "layers": list(range(u, t + 1)),
+                              "phase": Phase.PARAM_UPLOAD, "use": phase})
             fetches.append(("res", r, s, j))
             return buf, e
 
@@ -265,7 +267,7 @@ class Emitter:
                             frees.append((buf, g))
                         last_ev = self.ev(f"f{x}.{g}{suf}", op.seg, op.it, "compute", comp, deps,
                                           flops=lay.fwd_flops, hbm_bytes=lay.fwd_hbm_bytes, allocs=allocs,
-                                          frees=frees, tags={**tg, "layer": x, "phase": "fwd"})
+                                          frees=frees, tags={**tg, "layer": x, "phase": Phase.FWD})
                         if swap and x == t:
                             if keep:
                                 carry = (buf, j)
@@ -276,7 +278,7 @@ class Emitter:
                 if s < S - 1:
                     self.ev(f"sf.{g}{suf}", op.seg, op.it, "copy", f"{g}.fsend", [last_ev],
                             key=("fs", r, s, op.mb), src=g, dst=c.gpu(r, s + 1),
-                            bytes=float(self.L[st.last].output_bytes), tags={**tg, "phase": "send-act"})
+                            bytes=float(self.L[st.last].output_bytes), tags={**tg, "phase": Phase.SEND_ACT})
             else:
                 recv = [("bs", r, s + 1, op.mb)] if s < S - 1 else []
                 amb = None
@@ -303,7 +305,7 @@ class Emitter:
                         if lay.recompute_flops > 0:
                             self.ev(f"r{x}.{g}{suf}", op.seg, op.it, "compute", comp, deps,
                                     flops=lay.recompute_flops, hbm_bytes=lay.fwd_hbm_bytes,
-                                    tags={**tg, "layer": x, "phase": "recompute"})
+                                    tags={**tg, "layer": x, "phase": Phase.RECOMPUTE})
                             deps = []
                         allocs = []
                         frees = []
@@ -319,14 +321,14 @@ class Emitter:
                             frees.append((buf, g))
                         last_ev = self.ev(f"b{x}.{g}{suf}", op.seg, op.it, "compute", comp, deps,
                                           flops=lay.bwd_flops, hbm_bytes=lay.bwd_hbm_bytes, allocs=allocs,
-                                          frees=frees, tags={**tg, "layer": x, "phase": "bwd"})
+                                          frees=frees, tags={**tg, "layer": x, "phase": Phase.BWD})
                         self.final_bwd[(r, s, x)] = last_ev
                     if swap:
                         self.keyed[("res", r, s, j)] = last_ev
                         dn = self.ev(f"dn{p}.{g}{suf}", op.seg, op.it, "copy", d2h, [last_ev], src=g, dst="cpu",
                                      bytes=self.pack_bytes(s, u, t), frees=[(gb, g)],
                                      tags={**tg, "pack": p, "layers": list(range(u, t + 1)),
-                                           "phase": "grad-offload"})
+                                           "phase": Phase.GRAD_OFFLOAD})
                         d2hs.append(dn)
                         self.final_d2h[(r, s, p)] = dn
                 if d2hs:
@@ -334,7 +336,7 @@ class Emitter:
                 if s > 0:
                     self.ev(f"sb.{g}{suf}", op.seg, op.it, "copy", f"{g}.bsend", [last_ev],
                             key=("bs", r, s, op.mb), src=g, dst=c.gpu(r, s - 1),
-                            bytes=float(self.L[st.first - 1].output_bytes), tags={**tg, "phase": "send-grad"})
+                            bytes=float(self.L[st.first - 1].output_bytes), tags={**tg, "phase": Phase.SEND_GRAD})
 
     def refresh_refs(self, s: int, unit: int) -> list[str]:
         """The previous step's tasks that leave layer (resident) or pack (swap) ``unit`` of stage s updated."""
@@ -359,11 +361,11 @@ class Emitter:
                     tie[r] = self.ev(f"tie.r{r}", seg, 0, "collective", f"tie{r}",
                                      [self.final_bwd[(r, 0, 0)], self.final_bwd[(r, S - 1, L - 1)]],
                                      coll="all_reduce", bytes=c.table_params * c.db, ranks=(g0, gl),
-                                     tags={"phase": "tied-grad-sync", "rank": r})
+                                     tags={"phase": Phase.TIED_GRAD_SYNC, "rank": r})
                 else:
                     deps = [self._final(r, first, 0), self._final(r, last, L - 1)]
                     tie[r] = self.ev(f"tie.r{r}", seg, 0, "noop", f"tie{r}", deps,
-                                     tags={"phase": "tied-grad-sync (CPU-side sum)", "rank": r})
+                                     tags={"phase": Phase.TIED_GRAD_SYNC, "on": "cpu", "rank": r})
 
         def tied_dep(r: int, s: int, layers: range) -> list[Any]:
             if r in tie and ((s == 0 and 0 in layers) or (s == S - 1 and L - 1 in layers)):
@@ -387,11 +389,11 @@ class Emitter:
                                            [self.final_bwd[(r, s, x)] for r in range(dp)]
                                            + [y for r in range(dp) for y in tied_dep(r, s, range(x, x + 1))],
                                            coll="all_reduce", bytes=self.layer_bytes(s, x), ranks=tuple(gpus),
-                                           tags={"stage": s, "layer": x, "phase": "grad-reduce"}))
+                                           tags={"stage": s, "layer": x, "phase": Phase.GRAD_REDUCE}))
                 for r, g in enumerate(gpus):
                     self.ev(f"opt.{g}", seg, 0, "optimizer", f"{g}.compute",
                             ars[-1:] if ars else tied_dep(r, s, layers), params=self.stage_params(st),
-                            tags={"stage": s, "rank": r, "phase": "optimizer"})
+                            tags={"stage": s, "rank": r, "phase": Phase.OPTIMIZER})
             elif st.mode == "resident":
                 ups: list[list[Ev]] = [[] for _ in range(dp)]
                 for n, x in enumerate(reversed(layers)):
@@ -402,26 +404,27 @@ class Emitter:
                                      [self.final_bwd[(r, s, x)] for r in range(dp)]
                                      + [y for r in range(dp) for y in tied_dep(r, s, range(x, x + 1))],
                                      coll="reduce_scatter", bytes=wb, ranks=tuple(gpus),
-                                     tags={"stage": s, "layer": x, "phase": "grad-reduce"})
+                                     tags={"stage": s, "layer": x, "phase": Phase.GRAD_REDUCE})
                     for r, g in enumerate(gpus):
                         deps = [rs] if rs else [self.final_bwd[(r, s, x)], *tied_dep(r, s, range(x, x + 1))]
                         dn = self.ev(f"dn{x}.{g}", seg, 0, "copy", f"{g}.d2h", deps, src=g, dst="cpu",
-                                     bytes=wb / dp, tags={"stage": s, "rank": r, "layer": x, "phase": "grad-offload"})
+                                     bytes=wb / dp,
+                                     tags={"stage": s, "rank": r, "layer": x, "phase": Phase.GRAD_OFFLOAD})
                         bounce = self.tensor(f"bounce{x}.{g}", wb / dp, "buffer", "step", x)
                         adeps: list[Any] = [dn]
                         if n >= 2:
                             adeps.append(ups[r][n - 2])
                         ad = self.ev(f"adam{x}.{g}", seg, 0, "optimizer", f"cpu.adam{g}", adeps,
                                      params=self.layer_params(s, x) / dp, allocs=[(bounce, "cpu")],
-                                     tags={"stage": s, "rank": r, "layer": x, "phase": "optimizer"})
+                                     tags={"stage": s, "rank": r, "layer": x, "phase": Phase.OPTIMIZER})
                         up = self.ev(f"up{x}.{g}", seg, 0, "copy", f"{g}.h2d", [ad], src="cpu", dst=g,
                                      bytes=wb / dp, frees=[(bounce, "cpu")],
-                                     tags={"stage": s, "rank": r, "layer": x, "phase": "param-upload"})
+                                     tags={"stage": s, "rank": r, "layer": x, "phase": Phase.PARAM_UPLOAD})
                         ups[r].append(up)
                     if dp > 1:
                         self.ev(f"ag{x}.s{s}", seg, 0, "collective", f"dp{s}", [ups[r][n] for r in range(dp)],
                                 coll="all_gather", bytes=wb, ranks=tuple(gpus),
-                                tags={"stage": s, "layer": x, "phase": "param-gather"})
+                                tags={"stage": s, "layer": x, "phase": Phase.PARAM_GATHER})
             else:  # swap: gradients are already in DRAM; Adam writes the 16-bit weights in place
                 for p in reversed(range(len(st.packs))):
                     u, t = st.packs[p]
@@ -431,7 +434,7 @@ class Emitter:
                         deps += [y for rr in range(dp) for y in tied_dep(rr, s, range(u, t + 1))]
                         self.ev(f"adam{p}.{g}", seg, 0, "optimizer", f"cpu.adam{g}", deps, params=prm / dp,
                                 tags={"stage": s, "rank": r, "pack": p, "layers": list(range(u, t + 1)),
-                                      "phase": "optimizer"})
+                                      "phase": Phase.OPTIMIZER})
 
     def _final(self, r: int, st: StagePlan, layer: int) -> Ev:
         if st.mode == "swap":
@@ -449,7 +452,7 @@ class Emitter:
                     act = sum(self.L[x].activation_bytes for x in range(st.first, st.last + 1))
                     self.tensor(f"stash.{g}", act * c.M, "activation", "step")
                     self.ev(f"stalloc.{g}", 0, 0, "alloc", f"{g}.compute", allocs=[(f"stash.{g}", g)],
-                            tags={"stage": st.index, "rank": r, "phase": "activation-stash"})
+                            tags={"stage": st.index, "rank": r, "phase": Phase.ACTIVATION_STASH})
         for r in range(c.dp):
             for st in c.stages:
                 self.stage_ops(r, st)

@@ -112,6 +112,7 @@ from policies.base import Job, KnobError, PlanInfeasible, PolicyInfo, unified
 from policies.builder import PlanBuilder
 from policies.dataparallel import dtype_bytes
 from simulator import Plan
+from simulator.phase import Phase
 
 NAME = "zero-infinity"
 DS_PARAM_BUFFERS = 5          # DeepSpeed offload_param.buffer_count
@@ -416,14 +417,14 @@ def _emit_microstep(b: PlanBuilder, job: Job, knobs: Knobs, n: int, sfx: str,
                 b.task(f"nr{ph}{i}{sfx}", "copy", "cpu.pread", nr_deps, src="nvme", dst="cpu", bytes=n * s * db,
                        allocs=[(f"pin{ph}{i}.r{r}", "cpu") for r in range(n)],
                        reads=[(f"param16.r{r}", "nvme") for r in range(n)],
-                       tags={"layer": i, "phase": "param-nvme-read", "use": ph})
+                       tags={"layer": i, "phase": Phase.PARAM_SWAP_IN, "use": "fwd" if ph == "f" else "bwd"})
             for r, g in enumerate(gpus):
                 up_deps = ended(u - knobs.cpu_prefetch - 1, g) + ([f"nr{ph}{i}{sfx}"] if pnv else opt_dep[r:r + 1])
                 b.task(f"up{ph}{i}{sfx}.{g}", "copy", f"{g}.h2d", up_deps, src="cpu", dst=g, bytes=s * db,
                        allocs=[(f"ps{ph}{i}.{g}" if n > 1 else f"pg{ph}{i}.{g}", g)],
                        frees=[(f"pin{ph}{i}.r{r}", "cpu")] if pnv else [],
                        reads=[] if pnv else [(f"param16.r{r}", "cpu")],
-                       tags={"layer": i, "phase": "param-upload", "use": ph, "rank": r})
+                       tags={"layer": i, "phase": Phase.PARAM_UPLOAD, "use": "fwd" if ph == "f" else "bwd", "rank": r})
             first_fetch = False
             if n > 1:
                 ag_deps = [f"up{ph}{i}{sfx}.{g}" for g in gpus]
@@ -432,13 +433,13 @@ def _emit_microstep(b: PlanBuilder, job: Job, knobs: Knobs, n: int, sfx: str,
                 b.task(f"ag{ph}{i}{sfx}", "collective", "dp.param", ag_deps, coll="all_gather",
                        bytes=layer.params * db, ranks=tuple(gpus),
                        allocs=[(f"pg{ph}{i}.{g}", g) for g in gpus], frees=[(f"ps{ph}{i}.{g}", g) for g in gpus],
-                       tags={"layer": i, "phase": "param-gather", "use": ph})
+                       tags={"layer": i, "phase": Phase.PARAM_GATHER, "use": "fwd" if ph == "f" else "bwd"})
         if ph == "b" and _offloads_ckpt(job, knobs, i):
             for g in gpus:
                 b.task(f"cki{i}{sfx}.{g}", "copy", f"{g}.h2d",
                        [f"cko{i}{sfx}.{g}"] + ended(u - knobs.cpu_prefetch - 1, g), tensor=f"act{i}.{g}",
                        src="cpu", dst=g, alloc_dst=True, free_src=True,
-                       tags={"layer": i, "phase": "checkpoint-reload"})
+                       tags={"layer": i, "phase": Phase.ACTIVATION_RELOAD})
 
         # -- compute -------------------------------------------------------------------------------------
         for r, g in enumerate(gpus):
@@ -447,44 +448,44 @@ def _emit_microstep(b: PlanBuilder, job: Job, knobs: Knobs, n: int, sfx: str,
                 b.task(f"fwd{i}{sfx}.{g}", "compute", f"{g}.compute", ready, flops=layer.fwd_flops,
                        hbm_bytes=layer.fwd_hbm_bytes, allocs=[(f"act{i}.{g}", g)],
                        frees=[(f"pg{ph}{i}.{g}", g)] if has_params else [],
-                       tags={"layer": i, "phase": "fwd", "rank": r})
+                       tags={"layer": i, "phase": Phase.FWD, "rank": r})
                 if _offloads_ckpt(job, knobs, i):
                     b.task(f"cko{i}{sfx}.{g}", "copy", f"{g}.d2h", [f"fwd{i}{sfx}.{g}"], tensor=f"act{i}.{g}",
                            src=g, dst="cpu", alloc_dst=True, free_src=True,
-                           tags={"layer": i, "phase": "checkpoint-offload", "rank": r})
+                           tags={"layer": i, "phase": Phase.ACTIVATION_OFFLOAD, "rank": r})
                 continue
             deps = ready + ([f"cki{i}{sfx}.{g}"] if _offloads_ckpt(job, knobs, i) else [])
             if layer.recompute_flops > 0:
                 b.task(f"rc{i}{sfx}.{g}", "compute", f"{g}.compute", deps, flops=layer.recompute_flops,
-                       hbm_bytes=layer.fwd_hbm_bytes, tags={"layer": i, "phase": "recompute", "rank": r})
+                       hbm_bytes=layer.fwd_hbm_bytes, tags={"layer": i, "phase": Phase.RECOMPUTE, "rank": r})
                 deps = []
             b.task(f"bwd{i}{sfx}.{g}", "compute", f"{g}.compute", deps, flops=layer.bwd_flops,
                    hbm_bytes=layer.bwd_hbm_bytes, allocs=[(f"gb{i}.{g}", g)],
                    frees=[(f"act{i}.{g}", g)] + ([(f"pg{ph}{i}.{g}", g)] if has_params else []),
-                   tags={"layer": i, "phase": "bwd", "rank": r})
+                   tags={"layer": i, "phase": Phase.BWD, "rank": r})
         # -- gradients: reduce-scatter, slice to the CPU accumulation buffer (and NVMe at the boundary) --
         if ph == "f":
             continue
         if not has_params:
             for r, g in enumerate(gpus):
                 b.task(f"gfree{i}{sfx}.{g}", "free", f"{g}.compute", [], frees=[(f"gb{i}.{g}", g)],
-                       tags={"layer": i, "phase": "grad-release", "rank": r})
+                       tags={"layer": i, "phase": Phase.GRAD_RELEASE, "rank": r})
             continue
         if n > 1:
             b.task(f"rs{i}{sfx}", "collective", "dp.grad", [f"bwd{i}{sfx}.{g}" for g in gpus],
                    coll="reduce_scatter", bytes=layer.params * db, ranks=tuple(gpus),
                    allocs=[(f"gs{i}.{g}", g) for g in gpus], frees=[(f"gb{i}.{g}", g) for g in gpus],
-                   tags={"layer": i, "phase": "grad-reduce"})
+                   tags={"layer": i, "phase": Phase.GRAD_REDUCE})
         for r, g in enumerate(gpus):
             b.task(f"gd{i}{sfx}.{g}", "copy", f"{g}.d2h", [f"rs{i}{sfx}" if n > 1 else f"bwd{i}{sfx}.{g}"],
                    src=g, dst="cpu", bytes=s * gbp, frees=[(f"gs{i}.{g}" if n > 1 else f"gb{i}.{g}", g)],
-                   reads=[(f"grad.r{r}", "cpu")], tags={"layer": i, "phase": "grad-offload", "rank": r})
+                   reads=[(f"grad.r{r}", "cpu")], tags={"layer": i, "phase": Phase.GRAD_OFFLOAD, "rank": r})
         if boundary and onv:  # all ranks' fp32 gradient slices of layer i: one flow to the drives
             b.task(f"gw{i}{sfx}", "copy", "cpu.gwrite", [f"gd{i}{sfx}.{g}" for g in gpus], src="cpu", dst="nvme",
                    bytes=n * s * per_param_bytes(job, knobs)["grad32"],
                    allocs=[(f"gst{i}.r{r}", "cpu") for r in range(n)],
                    frees=[(f"gst{i}.r{r}", "cpu") for r in range(n)],
-                   tags={"layer": i, "phase": "grad-nvme-write"})
+                   tags={"layer": i, "phase": Phase.GRAD_SWAP_OUT})
 
 
 def _emit_optimizer(b: PlanBuilder, job: Job, knobs: Knobs, n: int, groups: list[list[int]]) -> None:
@@ -513,18 +514,18 @@ def _emit_optimizer(b: PlanBuilder, job: Job, knobs: Knobs, n: int, groups: list
                 b.task(f"or{k}.r{r}", "copy", f"cpu.oread{r}", (all_grads if k == 0 else []) + rd, src="nvme",
                        dst="cpu", bytes=q * (states + pp["grad32"]), allocs=[(f"osb{k}.r{r}", "cpu")],
                        reads=[(f"param32.r{r}", "nvme")] if pp["param32"] else [],
-                       tags={**tags, "phase": "optimizer-nvme-read", "rank": r})
+                       tags={**tags, "phase": Phase.OPTIMIZER_SWAP_IN, "rank": r})
                 adam_deps = adam_deps + [f"or{k}.r{r}"]
             b.task(f"adam{k}.r{r}", "optimizer", f"cpu.adam{r}", adam_deps, params=q,
-                   tags={**tags, "phase": "optimizer", "rank": r})
+                   tags={**tags, "phase": Phase.OPTIMIZER, "rank": r})
             if pnv:
                 b.task(f"pw{k}.r{r}", "copy", f"cpu.owrite{r}", [f"adam{k}.r{r}"], src="cpu", dst="nvme",
                        bytes=q * db, allocs=[(f"pst{k}.r{r}", "cpu")], frees=[(f"pst{k}.r{r}", "cpu")],
-                       tags={**tags, "phase": "param-nvme-write", "rank": r})
+                       tags={**tags, "phase": Phase.PARAM_SWAP_OUT, "rank": r})
             if onv:
                 b.task(f"ow{k}.r{r}", "copy", f"cpu.owrite{r}", [f"adam{k}.r{r}"], src="cpu", dst="nvme",
                        bytes=q * states, frees=[(f"osb{k}.r{r}", "cpu")],
-                       tags={**tags, "phase": "optimizer-nvme-write", "rank": r})
+                       tags={**tags, "phase": Phase.OPTIMIZER_SWAP_OUT, "rank": r})
 
 
 POLICY = PolicyInfo(NAME, "ZeRO-3 with parameters and optimizer states offloaded to CPU or NVMe (ZeRO-Infinity)",

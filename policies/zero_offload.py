@@ -45,6 +45,7 @@ from policies.base import Job, KnobError, PlanInfeasible, PolicyInfo, gpu_pool, 
 from policies.builder import PlanBuilder
 from policies.dataparallel import Grads, Layout, check_tp, declare_streams, dtype_bytes, emit_microstep, workspace
 from simulator import Plan
+from simulator.phase import Phase
 
 NAME = "zero-offload"
 
@@ -126,19 +127,19 @@ def plan(job: Job, knobs: Knobs) -> Plan:
     for i, layer in enumerate(layers):
         for r, g in enumerate(lay.gpus()):
             b.task(f"adam{i}.r{r}", "optimizer", f"cpu.adam{r}", [f"d2h0.{g}"] if i == 0 else [],
-                   params=layer.params / n, tags={"layer": i, "phase": "optimizer", "rank": r})
+                   params=layer.params / n, tags={"layer": i, "phase": Phase.OPTIMIZER, "rank": r})
             b.task(f"up{i}.{g}", "copy", f"{g}.h2d", [f"adam{i}.r{r}"], src="cpu", dst=g,
                    bytes=layer.params / n * knobs.upload_bytes_per_param,
                    allocs=[(f"stage32_{i}.{g}", g)] if staged else [],
                    frees=[(f"stage32_{i}.{g}", g)] if staged and lay.dp == 1 else [],
-                   tags={"layer": i, "phase": "param-upload", "rank": r})
+                   tags={"layer": i, "phase": Phase.PARAM_UPLOAD, "rank": r})
         if lay.dp > 1:
             for j in range(tp):
                 grp = lay.dp_group(j)
                 b.task(f"ag{i}.d{j}", "collective", f"dp{j}.param", [f"up{i}.{g}" for g in grp],
                        coll="all_gather", bytes=layer.params / tp * db, ranks=tuple(grp),
                        frees=[(f"stage32_{i}.{g}", g) for g in grp] if staged else [],
-                       tags={"layer": i, "phase": "param-gather"})
+                       tags={"layer": i, "phase": Phase.PARAM_GATHER})
     notes = [f"ZeRO-2 + CPU optimizer over {lay.dp} data-parallel rank(s) x tp={tp}, {accum} micro-step(s) per "
              f"step; gradients offloaded every micro-step ({knobs.grad_offload_bytes_per_param:g} B/param), "
              f"parameters uploaded once per step ({knobs.upload_bytes_per_param:g} B/param)"]

@@ -7,8 +7,8 @@ The plan is unrolled with ``simulator.unroll.Unroller`` (every step in full). Ea
   be at its source — the same rules as the simulator's engine, so a replay doubles as a plan checker;
 - *runs* for real (``replay.store``): compute tasks tagged ``{"layer": i, "phase": fwd|recompute|bwd}``
   run module i; optimizer tasks run Adam on the layer's (``"layers": [...]``: those layers'; untagged:
-  every layer's) master parameters where the plan puts them; ``param-upload`` / ``fetch-fwd`` /
-  ``fetch-bwd`` (a pack of layers swapped in) and ``grad-offload`` copies move those tensors; other copies
+  every layer's) master parameters where the plan puts them; ``param-upload`` (a layer, or a pack of
+  layers swapped in) and ``grad-offload`` copies move those tensors; other copies
   move a real buffer of the plan's size (files under ``--nvme-dir`` for nvme); collectives over one rank
   are no-ops;
 - *ends*: its frees are applied.
@@ -44,12 +44,12 @@ from simulator.engine import RawRun, TaskRecord, task_gpus
 from simulator.errors import PlanError
 from simulator.flows import FlowNetwork
 from simulator.memory import MemoryTracker
+from simulator.phase import UPLOAD_PHASES, Phase
 from simulator.plan import Plan, validate_plan
 from simulator.result import Result, SimInfo, build_result, step_metrics
 from simulator.unroll import ConcreteTask, Unroller
 
 DEFAULT_SEED = 1234
-UPLOAD_PHASES = ("param-upload", "fetch-fwd", "fetch-bwd")  # copies of layers' parameters to the GPU
 
 
 def task_layers(tags: dict | object) -> list[int] | None:
@@ -179,7 +179,7 @@ class Runner:
                         raise ReplayError(f"task {t.id!r}: layer {x!r} is not a layer of this model "
                                           f"(0..{self.n_layers - 1})")
                 dev = self.streams[t.stream].device
-                if t.op == "compute" and t.tags.get("phase") == "recompute" and layer is not None:
+                if t.op == "compute" and t.tags.get("phase") == Phase.RECOMPUTE and layer is not None:
                     recompute.add(layer)
                 if t.op == "optimizer":
                     for i in (layers if layers is not None else range(self.n_layers)):
@@ -207,7 +207,7 @@ class Runner:
         _order_check(per_stream, {t.uid for t in tasks})
         self.accum: dict[int, int] = defaultdict(int)
         for t in tasks:
-            if t.spec.op == "compute" and t.spec.tags.get("phase") == "bwd":
+            if t.spec.op == "compute" and t.spec.tags.get("phase") == Phase.BWD:
                 self.accum[t.step] = max(self.accum[t.step], t.iteration + 1)
         self.pools = Pools(self.device, self.nvme_dir)
         self.store = Store(self.dims, build_layers(self.dims, self.seed), self.gpu, self.master_loc, self.pools,
@@ -363,11 +363,11 @@ class Runner:
             if layer is None:
                 return 0.0, ()
             key = (t.step, t.iteration, layer)
-            if phase == "fwd":
+            if phase == Phase.FWD:
                 self.store.forward(t.uid, key, self._version(t, layer), self.keep_graph[layer])
-            elif phase == "recompute":
+            elif phase == Phase.RECOMPUTE:
                 self.store.recompute(t.uid, key)
-            elif phase == "bwd":
+            elif phase == Phase.BWD:
                 self.store.backward(t.uid, key, self.accum[t.step], device)
             return 0.0, ()
         layers = task_layers(s.tags)
@@ -381,7 +381,7 @@ class Runner:
             nbytes = s.bytes if s.bytes > 0 else self.tensors[s.tensor.id].bytes if s.tensor else 0.0
             if phase in UPLOAD_PHASES and layers is not None:
                 real = sum(self.store.upload(t.uid, x, src, dst) for x in layers)
-            elif phase == "grad-offload" and layers is not None:
+            elif phase == Phase.GRAD_OFFLOAD and layers is not None:
                 real = sum(self.store.move_grads(t.uid, x, t.step, t.iteration, src, dst) for x in layers)
             else:
                 real = self.store.copy_buffer(t.tensor, src, dst, int(nbytes), s.free_src)

@@ -68,7 +68,7 @@ Findings (2-core CPU-only VM shared with other jobs, see ``CAUSES`` below; print
   3 (gd3) is still resident when bwd2 allocates its gradients (two layers' gradients at once: 22.8 vs 19.9
   MB; the same replay measured 19.9, 19.9 and 20.5 MB in three runs). Timing, not accounting.
 - Fixed (runner): tinypipe at budgets <= 50% of the no-offload peak swaps packs of layers; its pack-level
-  tasks now carry a ``layers`` tag (fetch-fwd / fetch-bwd, the pack's gradient offload and Adam) and the
+  tasks now carry a ``layers`` tag (param-upload, the pack's gradient offload and Adam) and the
   runner moves and updates each layer of the pack (it used to stop with 'gradients of layer 0 are not on
   cpu where this optimizer step runs', so a larger budget was used); tinypipe-small now replays at 40%.
 - Runner limitations met (not fixed): synergyscale with chunks/streams > 1 ('input of layer 1 is not

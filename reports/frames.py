@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from simulator import Result
+from simulator.phase import Phase
 from simulator.result import subtract, union
 
 POOL_KINDS = ("gpu", "cpu", "nvme")
@@ -187,15 +188,19 @@ def _kind_key(kind: str) -> tuple[int, str]:
 
 
 # -- figure 3: timeline ----------------------------------------------------------------------------
+COMPUTE_CATEGORY = {Phase.FWD: "forward", Phase.BWD: "backward", Phase.RECOMPUTE: "recompute"}
+
+
 def category(op: str, phase: str | None, device: str) -> str:
+    ph = Phase.parse(phase)
     if op == "compute":
-        return {"fwd": "forward", "bwd": "backward", "recompute": "recompute"}.get(phase or "", "other compute")
+        return COMPUTE_CATEGORY.get(ph, "other compute") if ph is not None else "other compute"
     if op == "optimizer":
         return "optimizer"
     if op == "collective":
         return "collective"
     if op == "copy":
-        return "NVMe I/O" if device.startswith("nvme") or "nvme" in (phase or "") else "copy"
+        return "NVMe I/O" if device.startswith("nvme") or (ph is not None and ph.group == "nvme") else "copy"
     return "other compute"
 
 

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from simulator.errors import PlanError
+from simulator.phase import Phase
 
 PLAN_SCHEMA = "tiersim.plan"
 PLAN_VERSION = 1
@@ -352,6 +353,8 @@ def validate_plan(plan: Plan, where: str = "plan", locations: Iterable[str] | No
             w = f"{where}: task {t.id!r}"
             if t.op not in OPS:
                 raise PlanError(f"{w}: op {t.op!r} is not one of {', '.join(OPS)}")
+            if "phase" in t.tags and Phase.parse(t.tags["phase"]) is None:
+                raise PlanError(f"{w}: tag 'phase' {t.tags['phase']!r} is not one of {', '.join(Phase)}")
             if t.stream not in streams:
                 raise PlanError(f"{w}: stream {t.stream!r} is not declared in 'streams'")
             for r in t.deps:

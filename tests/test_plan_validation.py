@@ -38,7 +38,7 @@ def _good() -> Plan:
     micro = [copy("h", "gpu0.h2d", "cpu", "gpu0", 1, deps=["c@1"], tags={"layer": 3, "phase": "fwd"}),
              compute("c", "gpu0.compute", 1e12, deps=["h"], hbm_gb=2, allocs=(place("act", "gpu0"),),
                      reads=(place("w", "cpu"),), frees=(place("act", "gpu0"),))]
-    opt = [TaskSpec("o", "optimizer", "cpu.optim", refs(["c"]), params=1e9, tags={"phase": "opt"}),
+    opt = [TaskSpec("o", "optimizer", "cpu.optim", refs(["c"]), params=1e9, tags={"phase": "optimizer"}),
            TaskSpec("m", "copy", "gpu0.h2d", refs(["o", "m^1"]), tensor=refs(["w"])[0], src="cpu", dst="gpu0",
                     alloc_dst=True),
            noop("f", "gpu0.h2d", deps=["m"], frees=(place("w", "gpu0"),)),
@@ -84,6 +84,7 @@ def test_the_reference_plan_is_valid_and_runs() -> None:
     (TaskSpec("t", "collective", "gpu0.comm", bytes=-GB, coll="all_reduce", ranks=("gpu0",)), ("'t'", "bytes")),
     (TaskSpec("t", "copy", "gpu0.h2d", bytes=float("nan"), src="cpu", dst="gpu0"), ("'t'", "bytes")),
     (compute("t", "gpu0.compute", float("nan")), ("'t'", "flops")),
+    (compute("t", "gpu0.compute", 1.0, tags={"phase": "act-offload"}), ("'t'", "tag 'phase'", "activation-offload")),
 ])
 def test_a_bad_task_is_named_with_its_missing_piece(task: TaskSpec, needles: tuple[str, ...]) -> None:
     msg = _error(_one(task, tensors=(tensor("x", 1),)))

@@ -176,7 +176,7 @@ def test_single_gpu_is_one_swapped_stage() -> None:
     assert stage["mode"] == "swap" and stage["layers"] == [0, len(job.trace.layers) - 1]
     tasks = [t for seg in plan.segments for t in seg.tasks]
     assert not [t for t in tasks if t.stream.endswith(("fsend", "bsend"))]   # no pipeline traffic
-    assert [t for t in tasks if t.tags.get("phase") == "fetch-fwd"]
+    assert [t for t in tasks if t.tags.get("phase") == "param-upload" and t.tags.get("use") == "fwd"]
     assert set(result.link_bytes) <= {"gpu0.pcie"}
     assert result.feasible and check_invariants(result) == []
     # at most prefetch + 1 packs of weights and two of gradients on the GPU: the plan's estimate holds

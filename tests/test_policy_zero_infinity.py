@@ -87,9 +87,9 @@ def test_optimizer_on_nvme_moves_32_bytes_per_param_per_step(global_batch: int) 
     assert len(result.simulated_plan.info["sub_groups"]) > 1
     assert result.link_bytes["nvme.io"] == pytest.approx(32 * p, rel=1e-9)
     phases = nvme_bytes_by_phase(result)
-    assert phases["optimizer-nvme-read"] == pytest.approx(16 * p, rel=1e-9)
-    assert phases["optimizer-nvme-write"] == pytest.approx(12 * p, rel=1e-9)
-    assert phases["grad-nvme-write"] == pytest.approx(4 * p, rel=1e-9)
+    assert phases["optimizer-swap-in"] == pytest.approx(16 * p, rel=1e-9)
+    assert phases["optimizer-swap-out"] == pytest.approx(12 * p, rel=1e-9)
+    assert phases["grad-swap-out"] == pytest.approx(4 * p, rel=1e-9)
     assert result.simulated_plan.info["nvme_bytes_per_step"] == pytest.approx({"read": 16 * p, "write": 16 * p})
     assert check_invariants(result) == []
 
@@ -100,8 +100,8 @@ def test_params_on_nvme_move_2_bytes_per_param_per_fetch() -> None:
     p = job.trace.params
     result = run(job, param_device="nvme")
     phases = nvme_bytes_by_phase(result)
-    assert phases["param-nvme-read"] == pytest.approx(2 * 2 * 2 * p, rel=1e-9)  # 2 micro-steps x 2 fetches
-    assert phases["param-nvme-write"] == pytest.approx(2 * p, rel=1e-9)
+    assert phases["param-swap-in"] == pytest.approx(2 * 2 * 2 * p, rel=1e-9)  # 2 micro-steps x 2 fetches
+    assert phases["param-swap-out"] == pytest.approx(2 * p, rel=1e-9)
     assert result.link_bytes["nvme.io"] == pytest.approx(10 * p, rel=1e-9)
     # every rank's PCIe link carries its 1/dp slice per fetch plus its gradient slice per micro-step
     assert result.link_bytes["gpu0.pcie"] == pytest.approx(2 * (2 * 2 + 2) * p / 8, rel=1e-9)

@@ -104,7 +104,7 @@ def test_cli_replay_json_trace_and_verify(tmp_path: Path, capsys: pytest.Capture
 
 
 def test_tinypipe_swapping_packs_replays_like_plain_training() -> None:
-    """At half the no-offload GPU peak tinypipe swaps packs of layers (fetch-fwd / fetch-bwd, a pack's
+    """At half the no-offload GPU peak tinypipe swaps packs of layers (param-upload for fwd and bwd, a pack's
     gradient offload and Adam tagged with its ``layers``): the runner moves each layer of the pack."""
     from simulator import simulate_plan
 
@@ -115,8 +115,8 @@ def test_tinypipe_swapping_packs_replays_like_plain_training() -> None:
     small, _ = make_job("a100", ModelSpec(**LLAMA), req,
                         hw_overrides=[f"gpu.memory={0.5 * full:.0f}", "gpu.reserved={}", "gpu.fragmentation=0"])
     plan = get_policy("tinypipe").plan(small, parse_knobs(get_policy("tinypipe"), {}))
-    phases = {t.tags.get("phase") for seg in plan.segments for t in seg.tasks}
-    assert {"fetch-fwd", "fetch-bwd"} <= phases  # it swaps
+    uses = {t.tags.get("use") for seg in plan.segments for t in seg.tasks if t.tags.get("phase") == "param-upload"}
+    assert {"fwd", "bwd"} <= uses  # it swaps
     meas, verdict = replay_and_verify(plan)
     assert verdict.ok, verdict
     assert meas.memory.pools["gpu0"].peak <= small.hw.gpu.memory_bytes
