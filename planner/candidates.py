@@ -1,13 +1,11 @@
 """The candidate space of a plan search: policy x knobs x micro-batch x checkpointing, in a fixed order.
 
-Knob grids: each policy's knobs that change how it runs (not the byte details that model a DeepSpeed
-version, which stay at their defaults). A knob with an ``auto`` value (0 or "auto") that the policy
-resolves itself is searched as auto *and* as a grid of explicit values. Policies without a grid here are
-searched with their default knobs. Every grid knob must be one of the policy's declared knobs
-(``check_grids``; tested).
-
-Tinypipe's own search (layer packing) makes its plans the dearest to build (seconds for 70b), so only
-its stage count is searched; its prefetch depth stays at the default.
+Knob grids live with each policy (``PolicyInfo.search_grid``): the knobs that change how it runs (not
+the byte details that model a DeepSpeed version, which stay at their defaults). A knob with an ``auto``
+value (0 or "auto") that the policy resolves itself is searched as auto *and* as a grid of explicit
+values. Every grid knob must be one of the policy's declared knobs (``check_grids``; tested). A policy
+that decides recomputation itself names the one checkpointing setting searched
+(``PolicyInfo.fixed_checkpointing``).
 
 Micro-batch: powers of two dividing the global batch per GPU (the largest data-parallel degree),
 at most MAX_MICRO_BATCH; a micro-batch that does not divide a policy's own per-rank batch is rejected
@@ -23,12 +21,10 @@ from itertools import product
 from typing import Any
 
 from policies import POLICIES, get_policy
+from policies.base import pow2_divisors
 
 CHECKPOINTING = ("none", "selective", "full")
 MAX_MICRO_BATCH = 16
-# policies whose plans do not depend on the workload's checkpointing setting (their own docstrings say
-# so: lazytrain's MILP decides recomputation per layer), so one value of it is searched
-IGNORES_CHECKPOINTING = {"lazytrain": "full"}
 
 
 @dataclass(frozen=True)
@@ -50,28 +46,9 @@ class Candidate:
         return f"{self.policy}[{k}] mb={self.micro_batch} ckpt={self.checkpointing}"
 
 
-def _divisors_pow2(n: int, cap: int | None = None) -> tuple[int, ...]:
-    out, d = [], 1
-    while d <= n and (cap is None or d <= cap):
-        if n % d == 0:
-            out.append(d)
-        d *= 2
-    return tuple(out)
-
-
 def knob_grid(policy: str, n_gpus: int) -> dict[str, tuple[Any, ...]]:
     """Values searched per knob of ``policy`` on ``n_gpus`` GPUs (knobs not named keep their defaults)."""
-    degrees = _divisors_pow2(n_gpus)
-    grids: dict[str, dict[str, tuple[Any, ...]]] = {
-        "none": {"stage": (0, 1, 2, 3), "tp": degrees},
-        "zero-offload": {"tp": (0, *degrees), "delayed_update": (False, True)},
-        "zero-infinity": {"param_device": ("cpu", "nvme"), "optimizer_device": ("cpu", "nvme"),
-                          "offload_checkpoints": (False, True)},
-        "tinypipe": {"stages": (0, *degrees)},
-        "lazytrain": {"strategy": ("milp",)},
-        "synergyscale": {"auto": (True,), "offload_activations": (False, True)},
-    }
-    return grids.get(policy, {})
+    return dict(get_policy(policy).search_grid(n_gpus))
 
 
 def check_grids(n_gpus: int = 8) -> list[str]:
@@ -85,7 +62,7 @@ def check_grids(n_gpus: int = 8) -> list[str]:
 
 def micro_batches(global_batch: int, n_gpus: int) -> tuple[int, ...]:
     per_gpu = global_batch // n_gpus if global_batch % n_gpus == 0 else global_batch
-    return _divisors_pow2(max(per_gpu, 1), MAX_MICRO_BATCH)
+    return pow2_divisors(max(per_gpu, 1), MAX_MICRO_BATCH)
 
 
 def enumerate_candidates(policies: Sequence[str], n_gpus: int, global_batch: int, *,
@@ -94,13 +71,13 @@ def enumerate_candidates(policies: Sequence[str], n_gpus: int, global_batch: int
     mbs = (micro_batch,) if micro_batch is not None else micro_batches(global_batch, n_gpus)
     i = 0
     for policy in policies:
-        get_policy(policy)  # KnobError for an unknown name
+        info = get_policy(policy)  # KnobError for an unknown name
         grid = knob_grid(policy, n_gpus)
         names = list(grid)
         if checkpointing is not None:
             ckpts: tuple[str, ...] = (checkpointing,)
-        elif policy in IGNORES_CHECKPOINTING:
-            ckpts = (IGNORES_CHECKPOINTING[policy],)
+        elif info.fixed_checkpointing is not None:
+            ckpts = (info.fixed_checkpointing,)
         else:
             ckpts = CHECKPOINTING
         for values in product(*(grid[n] for n in names)):

@@ -81,13 +81,38 @@ def unified(job: Job) -> bool:
     return topo.pool_of["gpu0"] == topo.pool_of["cpu"]
 
 
+def pow2_divisors(n: int, cap: int | None = None) -> tuple[int, ...]:
+    """Powers of two that divide ``n`` (at most ``cap``): the parallel degrees a search tries."""
+    out, d = [], 1
+    while d <= n and (cap is None or d <= cap):
+        if n % d == 0:
+            out.append(d)
+        d *= 2
+    return tuple(out)
+
+
+def no_grid(n_gpus: int) -> dict[str, tuple[Any, ...]]:
+    """A policy searched with its default knobs only."""
+    return {}
+
+
 @dataclass(frozen=True)
 class PolicyInfo:
+    """A policy's registration: its plan function and the facts about it that other packages need.
+
+    - ``search_grid(n_gpus)``: the knob values a plan search tries (knobs not named keep their defaults;
+      an ``auto`` knob is searched as auto *and* as explicit values);
+    - ``fixed_checkpointing``: the one checkpointing setting searched when the policy's plans do not
+      depend on the workload's setting (it decides recomputation itself), else None.
+    """
+
     name: str
     summary: str
     knobs_type: type
     plan: Callable[[Job, Any], Plan]
     doc: str
+    search_grid: Callable[[int], dict[str, tuple[Any, ...]]] = no_grid
+    fixed_checkpointing: str | None = None
 
 
 def knob_help(info: PolicyInfo) -> list[tuple[str, str, str]]:

@@ -541,4 +541,6 @@ def _info(job: Job, knobs: Knobs, s: Schedule, opts: list[Any]) -> dict[str, Any
 
 
 POLICY = PolicyInfo(NAME, "MILP over per-layer checkpointing and GPU/CPU/NVMe activation placement on a "
-                          "layer-streaming data-parallel executor", Knobs, plan, __doc__ or "")
+                          "layer-streaming data-parallel executor", Knobs, plan, __doc__ or "",
+                    search_grid=lambda n: {"strategy": ("milp",)},
+                    fixed_checkpointing="full")

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from policies.base import Job, KnobError, PlanInfeasible, PolicyInfo, gpu_pool
+from policies.base import Job, KnobError, PlanInfeasible, PolicyInfo, gpu_pool, pow2_divisors
 from policies.builder import PlanBuilder
 from policies.dataparallel import Grads, Layout, check_tp, declare_streams, dtype_bytes, emit_microstep, workspace
 from simulator import Plan
@@ -107,4 +107,5 @@ def plan(job: Job, knobs: Knobs) -> Plan:
                                                 "model_state_bytes_per_gpu": states})
 
 
-POLICY = PolicyInfo(NAME, "everything on the GPUs: data parallel, ZeRO stage 0-3 (knob)", Knobs, plan, __doc__ or "")
+POLICY = PolicyInfo(NAME, "everything on the GPUs: data parallel, ZeRO stage 0-3 (knob)", Knobs, plan, __doc__ or "",
+                    search_grid=lambda n: {"stage": (0, 1, 2, 3), "tp": pow2_divisors(n)})

@@ -641,4 +641,5 @@ def build(ctx: Ctx, knobs: Knobs, ch: Choice, info: dict[str, Any]) -> Plan:
 
 
 POLICY = PolicyInfo(NAME, "hierarchical offloading over peer GPUs, CPU and NVMe with multi-stream chunking and "
-                          "an automatic parameter search", Knobs, plan, __doc__ or "")
+                          "an automatic parameter search", Knobs, plan, __doc__ or "",
+                    search_grid=lambda n: {"auto": (True,), "offload_activations": (False, True)})

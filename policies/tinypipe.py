@@ -80,7 +80,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from hardware_models import build_topology
-from policies.base import Job, KnobError, PlanInfeasible, PolicyInfo, gpu_pool, unified
+from policies.base import Job, KnobError, PlanInfeasible, PolicyInfo, gpu_pool, pow2_divisors, unified
 from policies.builder import PlanBuilder
 from policies.dataparallel import dtype_bytes
 from policies.tinypipe_emit import Ctx, Emitter, gpipe, one_f_one_b
@@ -354,4 +354,5 @@ def plan(job: Job, knobs: Knobs) -> Plan:
 
 
 POLICY = PolicyInfo(NAME, "pipeline over GPUs with layer packs swapped from CPU DRAM (Tiny-Pipe)", Knobs, plan,
-                    __doc__ or "")
+                    __doc__ or "",
+                    search_grid=lambda n: {"stages": (0, *pow2_divisors(n))})

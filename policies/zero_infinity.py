@@ -529,4 +529,6 @@ def _emit_optimizer(b: PlanBuilder, job: Job, knobs: Knobs, n: int, groups: list
 
 
 POLICY = PolicyInfo(NAME, "ZeRO-3 with parameters and optimizer states offloaded to CPU or NVMe (ZeRO-Infinity)",
-                    Knobs, plan, __doc__ or "")
+                    Knobs, plan, __doc__ or "",
+                    search_grid=lambda n: {"param_device": ("cpu", "nvme"), "optimizer_device": ("cpu", "nvme"),
+                                 "offload_checkpoints": (False, True)})

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from policies.base import Job, KnobError, PlanInfeasible, PolicyInfo, gpu_pool, unified
+from policies.base import Job, KnobError, PlanInfeasible, PolicyInfo, gpu_pool, pow2_divisors, unified
 from policies.builder import PlanBuilder
 from policies.dataparallel import Grads, Layout, check_tp, declare_streams, dtype_bytes, emit_microstep, workspace
 from simulator import Plan
@@ -157,4 +157,5 @@ def plan(job: Job, knobs: Knobs) -> Plan:
 
 
 POLICY = PolicyInfo(NAME, "ZeRO-2 with optimizer states, gradients and Adam on the CPU", Knobs, plan,
-                    __doc__ or "")
+                    __doc__ or "",
+                    search_grid=lambda n: {"tp": (0, *pow2_divisors(n)), "delayed_update": (False, True)})

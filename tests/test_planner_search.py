@@ -9,10 +9,11 @@ import pytest
 
 import planner.search as search_mod
 from planner.cache import EvalCache
-from planner.candidates import IGNORES_CHECKPOINTING, check_grids, enumerate_candidates
+from planner.candidates import check_grids, enumerate_candidates
 from planner.job import JobRequest
 from planner.pareto import dominates, pareto_front
 from planner.search import GPU_KINDS, search
+from policies import get_policy
 from simulator import Plan
 from tiersim.cli import main, simulate_main
 
@@ -43,7 +44,7 @@ def test_enumeration_is_deterministic_and_honours_fixed_flags() -> None:
     assert a == list(enumerate_candidates(["none", "lazytrain"], 8, 64))
     assert [c.index for c in a] == list(range(len(a)))
     assert {c.micro_batch for c in a} == {1, 2, 4, 8}
-    assert {c.checkpointing for c in a if c.policy == "lazytrain"} == {IGNORES_CHECKPOINTING["lazytrain"]}
+    assert {c.checkpointing for c in a if c.policy == "lazytrain"} == {get_policy("lazytrain").fixed_checkpointing}
     fixed = list(enumerate_candidates(["none"], 8, 64, micro_batch=2, checkpointing="selective"))
     assert {(c.micro_batch, c.checkpointing) for c in fixed} == {(2, "selective")}
     assert len({(c.policy, c.knobs, c.micro_batch, c.checkpointing) for c in a}) == len(a)
