@@ -5,6 +5,7 @@ Shared by the CLI, the public API (``tiersim.api`` re-exports it), the planner a
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -75,5 +76,18 @@ def make_job(hw: str | HardwareSpec, model: str | ModelSpec, request: JobRequest
 
 
 def make_plan(job: Job, policy: str, knobs: Sequence[str] | Mapping[str, Any] = ()) -> Plan:
+    """The policy's plan for ``job``, refined by the policy's ``refine`` hook (if any) with simulated prices."""
     info = get_policy(policy)
-    return info.plan(job, parse_knobs(info, knobs))
+    k = parse_knobs(info, knobs)
+    plan = info.plan(job, k)
+    if info.refine is None:
+        return plan
+    return info.refine(job, k, plan, lambda p: step_seconds(p, job.hw))
+
+
+def step_seconds(plan: Plan, hw: HardwareSpec) -> float:
+    """Simulated seconds per step of ``plan`` on ``hw``; ``inf`` when it does not fit."""
+    from simulator import simulate_plan
+
+    res = simulate_plan(plan, hw)
+    return res.step_time_s if res.feasible else math.inf

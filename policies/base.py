@@ -81,6 +81,10 @@ def unified(job: Job) -> bool:
     return topo.pool_of["gpu0"] == topo.pool_of["cpu"]
 
 
+#: seconds per training step of a plan as the simulator prices it (``inf`` when the plan does not fit)
+StepSeconds = Callable[[Plan], float]
+
+
 def pow2_divisors(n: int, cap: int | None = None) -> tuple[int, ...]:
     """Powers of two that divide ``n`` (at most ``cap``): the parallel degrees a search tries."""
     out, d = [], 1
@@ -103,7 +107,10 @@ class PolicyInfo:
     - ``search_grid(n_gpus)``: the knob values a plan search tries (knobs not named keep their defaults;
       an ``auto`` knob is searched as auto *and* as explicit values);
     - ``fixed_checkpointing``: the one checkpointing setting searched when the policy's plans do not
-      depend on the workload's setting (it decides recomputation itself), else None.
+      depend on the workload's setting (it decides recomputation itself), else None;
+    - ``refine(job, knobs, plan, step_seconds)``: an optional second pass that may replace ``plan`` after
+      pricing alternatives with ``step_seconds`` (the simulator's seconds per step of a plan, ``inf`` when
+      it does not fit). The policy never runs the simulator itself; ``planner.job.make_plan`` hands it in.
     """
 
     name: str
@@ -113,6 +120,7 @@ class PolicyInfo:
     doc: str
     search_grid: Callable[[int], dict[str, tuple[Any, ...]]] = no_grid
     fixed_checkpointing: str | None = None
+    refine: Callable[[Job, Any, Plan, StepSeconds], Plan] | None = None
 
 
 def knob_help(info: PolicyInfo) -> list[tuple[str, str, str]]:
