@@ -1,9 +1,13 @@
 # tiersim: two commands on a fresh machine (Python 3.11 + pip):
 #   make demo   -> creates .venv, installs tiersim, simulates 70b on a100x8 with zero-offload
 #   make test   -> creates .venv with the dev extras, runs the whole test suite
+#   make lint   -> ruff (complexity bound 20 in policies/ and planner/) and mypy over every package
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# Every top-level package of the source tree (a folder holding an __init__.py): mypy checks them all, so a
+# package that lands later (costs/) is checked from the commit that adds it, and none can be forgotten.
+PACKAGES := $(sort $(patsubst %/__init__.py,%,$(wildcard */__init__.py)))
 
 .PHONY: demo test bench validate lint clean
 
@@ -33,6 +37,7 @@ validate: $(VENV)/.installed
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/python -m ruff check .
+	$(BIN)/python -m mypy $(PACKAGES)
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache

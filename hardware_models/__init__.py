@@ -12,6 +12,7 @@ Example::
 from hardware_models.curve import Curve
 from hardware_models.errors import HardwareInputError
 from hardware_models.loader import describe, list_presets, load_hardware, spec_from_dict
+from hardware_models.sources import reference_source_keys, reference_specs
 from hardware_models.spec import (
     PCIE_X16_PER_DIRECTION,
     C2CSpec,
@@ -65,5 +66,7 @@ __all__ = [
     "parse_bytes",
     "parse_flops",
     "parse_time",
+    "reference_source_keys",
+    "reference_specs",
     "spec_from_dict",
 ]

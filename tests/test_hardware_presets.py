@@ -7,15 +7,23 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 import hardware_models
-from hardware_models import GIB, describe, list_presets, load_hardware, spec_from_dict
+from hardware_models import (
+    GIB,
+    describe,
+    list_presets,
+    load_hardware,
+    reference_source_keys,
+    reference_specs,
+    spec_from_dict,
+)
 
 PRESETS = list_presets()
-REFERENCE = Path("/work/shared/reference/hardware_specs.yaml")
 # Citations that are not reference keys must say what they are.
 _FREE_PREFIXES = ("derived", "assumed", "NVIDIA V100 datasheet", "NVIDIA DGX-2", "ZeRO-Offload paper")
 
@@ -62,15 +70,15 @@ def test_every_numeric_field_has_a_source(name: str) -> None:
     assert len(spec.field_paths(numeric_only=True)) >= 30
 
 
-def _reference_keys() -> set[str]:
-    if not REFERENCE.is_file():
-        pytest.skip(f"{REFERENCE} not available")
-    return set(yaml.safe_load(REFERENCE.read_text())["sources"])
+def test_the_reference_ships_inside_the_package() -> None:
+    keys = reference_source_keys()
+    assert {"klockwood_a100", "nvbw_53", "dgx_a100_learn", "gb10_hf_kernels_283"} <= keys
+    assert {"sources", "gpus", "systems", "models"} <= set(reference_specs())
 
 
 @pytest.mark.parametrize("name", PRESETS)
 def test_citations_are_reference_keys_or_say_what_they_are(name: str) -> None:
-    keys = _reference_keys()
+    keys = reference_source_keys()
     for path, citation in load_hardware(name).sources.items():
         if citation.startswith(_FREE_PREFIXES):
             continue
@@ -91,7 +99,8 @@ def test_describe_shows_every_source(name: str) -> None:
     assert "fields without a source" not in text
 
 
-# Figures from /work/shared/reference/hardware_specs.yaml (and the task brief), with their units.
+# Figures from hardware_models/reference/hardware_specs.yaml (and the task brief), with their units;
+# the ones the reference records are also read from it below (test_figures_are_the_reference_figures).
 EXPECTED = {
     "a100x8": {
         "gpu.count": 8,
@@ -143,6 +152,69 @@ def test_figures_match_the_reference(name: str, key: str) -> None:
         assert actual == pytest.approx(expected, rel=1e-3)
     else:
         assert actual == expected
+
+
+# (preset, figure) -> (dotted path in the reference, factor to our units). A preset figure that the
+# reference records must be the reference's figure; the rest are derived or assumed (see each source).
+TB, GBS, TFLOPS = 1e12, 1e9, 1e12
+REFERENCE_FIGURES: dict[tuple[str, str], tuple[str, float]] = {
+    ("a100x8", "peak.bf16"): ("gpus.a100_sxm4_80gb.bf16_tflops", TFLOPS),
+    ("a100x8", "peak.fp32"): ("gpus.a100_sxm4_80gb.fp32_tflops", TFLOPS),
+    ("a100x8", "gpu.hbm_bw"): ("gpus.a100_sxm4_80gb.mem_bw_gbps", GBS),
+    ("a100x8", "nvlink"): ("gpus.a100_sxm4_80gb.nvlink.per_direction_gbps", GBS),
+    ("a100x8", "pcie.gen"): ("gpus.a100_sxm4_80gb.pcie.gen", 1),
+    ("a100x8", "host.dram_bytes"): ("systems.dgx_a100.dram.640gb_model.capacity_tb", TB),
+    ("a100x8", "host.dram_bw"): ("systems.dgx_a100.dram.bw_total_gbps_theoretical", GBS),
+    ("a100x8", "pcie.gpus_per_switch"): ("systems.dgx_a100.pcie_topology.gpus_per_switch", 1),
+    ("a100x8", "nvme.count"): ("systems.dgx_a100.nvme.data_drives_640gb_model.count", 1),
+    ("a100x8", "nvme.capacity_bytes_each"): ("systems.dgx_a100.nvme.data_drives_640gb_model.capacity_tb_each", TB),
+    ("a100x8", "nvme.read_bw_each"): ("systems.dgx_a100.nvme.per_drive_seq_read_gbps", GBS),
+    ("a100x8", "nvme.write_bw_each"): ("storage.gen4_drives.samsung_pm1733.seq_write_gbps", GBS),
+    ("a100", "peak.bf16"): ("gpus.a100_sxm4_80gb.bf16_tflops", TFLOPS),
+    ("a100", "gpu.hbm_bw"): ("gpus.a100_sxm4_80gb.mem_bw_gbps", GBS),
+    ("a100-40g", "peak.bf16"): ("gpus.a100_sxm4_40gb.bf16_tflops", TFLOPS),
+    ("a100-40g", "gpu.hbm_bw"): ("gpus.a100_sxm4_40gb.mem_bw_gbps", GBS),
+    ("h800", "peak.bf16"): ("gpus.h800_sxm5_80gb.bf16_tflops", TFLOPS),
+    ("h800", "gpu.hbm_bw"): ("gpus.h800_sxm5_80gb.mem_bw_gbps", GBS),
+    ("h800", "pcie.gen"): ("gpus.h800_sxm5_80gb.pcie.gen", 1),
+    ("h800x8", "peak.bf16"): ("gpus.h800_sxm5_80gb.bf16_tflops", TFLOPS),
+    ("h800x8", "peak.fp8"): ("gpus.h800_sxm5_80gb.fp8_tflops", TFLOPS),
+    ("h800x8", "nvlink"): ("gpus.h800_sxm5_80gb.nvlink.per_direction_gbps", GBS),
+    ("h200", "peak.bf16"): ("gpus.h200_sxm_141gb.bf16_tflops", TFLOPS),
+    ("h200", "gpu.hbm_bw"): ("gpus.h200_sxm_141gb.mem_bw_gbps", GBS),
+    ("h200", "pcie.gen"): ("gpus.h200_sxm_141gb.pcie.gen", 1),
+    ("h200x8", "nvlink"): ("gpus.h200_sxm_141gb.nvlink.per_direction_gbps", GBS),
+    ("h200x8", "pcie.gen"): ("gpus.h200_sxm_141gb.pcie.gen", 1),
+    ("dgx-spark", "peak.bf16"): ("gpus.gb10_dgx_spark_gpu.bf16_tflops", TFLOPS),
+    ("dgx-spark", "c2c"): ("gpus.gb10_dgx_spark_gpu.cpu_gpu_link.per_direction_gbps", GBS),
+    ("dgx-spark", "host.dram_bw"): ("systems.dgx_spark.memory.bw_gbps", GBS),
+    ("dgx-spark", "host.cores"): ("systems.dgx_spark.cpu.cores", 1),
+    ("dgx-spark", "nvme.capacity_bytes_each"): ("systems.dgx_spark.storage.capacity_tb", TB),
+    ("dgx2", "host.dram_bytes"): ("offload_reference_zero_infinity.host_memory_dgx2_tb", TB),
+}  # fmt: skip
+
+
+def _reference_figure(dotted: str) -> Any:
+    node: Any = reference_specs()
+    for part in dotted.split("."):
+        assert isinstance(node, dict) and part in node, f"reference has no {dotted!r} (missing {part!r})"
+        node = node[part]
+    return node
+
+
+@pytest.mark.parametrize(("name", "key"), sorted(REFERENCE_FIGURES))
+def test_figures_are_the_reference_figures(name: str, key: str) -> None:
+    path, factor = REFERENCE_FIGURES[(name, key)]
+    recorded = _reference_figure(path)
+    assert isinstance(recorded, int | float), f"{path} is {recorded!r}, not a number"
+    assert _figure(name, key) == pytest.approx(recorded * factor, rel=1e-9), path
+
+
+def test_every_pinned_figure_the_reference_records_is_read_from_it() -> None:
+    # The hand-typed EXPECTED table and the reference agree wherever both speak.
+    for (name, key), (path, factor) in REFERENCE_FIGURES.items():
+        if key in EXPECTED.get(name, {}):
+            assert EXPECTED[name][key] == pytest.approx(_reference_figure(path) * factor, rel=1e-9), (name, key)
 
 
 def test_a100x8_pcie_gen4_per_direction_is_the_measured_25_gbs() -> None:

@@ -23,3 +23,23 @@ def test_every_package_is_in_the_distribution() -> None:
         assert top in shipped
     assert {"tiersim.commands", "planner.sweep", "reports.figures"} <= shipped
     assert not [p for p in shipped if fnmatch.fnmatch(p, "tests*")]
+
+
+def test_every_data_file_of_a_package_is_package_data() -> None:
+    # Presets and the hardware reference are read through importlib.resources: a (non-editable) install
+    # must carry them, so each non-Python file inside a shipped package matches its package-data patterns.
+    setuptools_conf = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    data = setuptools_conf["package-data"]
+    shipped = set(find_packages(str(ROOT), include=setuptools_conf["packages"]["find"]["include"]))
+    tops = sorted({p.split(".")[0] for p in shipped})
+    uncovered = []
+    for top in tops:
+        for path in sorted((ROOT / top).rglob("*")):
+            if not path.is_file() or path.suffix in (".py", ".pyc") or "__pycache__" in path.parts:
+                continue
+            rel = path.relative_to(ROOT / top).as_posix()
+            if not any(fnmatch.fnmatch(rel, pattern) for pattern in data.get(top, [])):
+                uncovered.append(f"{top}/{rel}")
+    assert uncovered == []
+    assert "reference/*.yaml" in data["hardware_models"]
+    assert (ROOT / "hardware_models" / "reference" / "hardware_specs.yaml").is_file()

@@ -1,16 +1,14 @@
-"""Parameter counts of every preset against the published totals of reference/hardware_specs.yaml."""
+"""Parameter counts of every preset against the published totals of hardware_models/reference/hardware_specs.yaml."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-import yaml
 
+from hardware_models import reference_specs
 from workloads import WorkloadConfig, build_trace, list_models, load_model
 from workloads.presets import published_params
 
-# Copied from /work/shared/reference/hardware_specs.yaml `models:` (reference key in the comment).
+# Copied from hardware_models/reference/hardware_specs.yaml `models:` (reference key in the comment).
 REFERENCE_TOTALS = {
     "gpt2": 124_439_808,             # gpt2_124m
     "gpt2-xl": 1_557_611_200,        # gpt2_xl_1_5b
@@ -38,7 +36,6 @@ REFERENCE_KEYS = {
     "llama2-70b": "llama2_70b", "llama3-8b": "llama3_8b", "llama3-70b": "llama3_70b",
     "llama3.1-405b": "llama3_1_405b", "mistral-7b": "mistral_7b", "mixtral-8x7b": "mixtral_8x7b",
 }
-REFERENCE_FILE = Path("/work/shared/reference/hardware_specs.yaml")
 
 
 def test_every_preset_has_a_reference_total() -> None:
@@ -77,9 +74,8 @@ def test_preset_file_totals_agree_with_the_table() -> None:
     assert published["mixtral-8x7b"][1] == MIXTRAL_ACTIVE
 
 
-@pytest.mark.skipif(not REFERENCE_FILE.is_file(), reason="shared reference file not present")
 def test_table_agrees_with_reference_file() -> None:
-    ref = yaml.safe_load(REFERENCE_FILE.read_text())["models"]
+    ref = reference_specs()["models"]
     for name, key in REFERENCE_KEYS.items():
         entry = ref[key]
         assert entry.get("params", entry.get("params_total")) == REFERENCE_TOTALS[name], name

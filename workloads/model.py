@@ -11,8 +11,8 @@ Parameter counts are exact sums over the weight tensors of the reference impleme
 
 plus the token embedding V*h, learned position embeddings (``max_pos`` rows; OPT keeps 2 extra
 offset rows, so ``max_pos + 2``), the final norm, and an LM head V*h when the embeddings are untied.
-These reproduce the reference totals of ``reference/hardware_specs.yaml`` exactly for all presets
-(tests/test_workload_params.py); the GPT-2 linear/LayerNorm biases and OPT's 2 offset rows are part
+These reproduce the reference totals of ``hardware_models/reference/hardware_specs.yaml`` exactly for
+all presets (tests/test_workload_params.py); the GPT-2 linear/LayerNorm biases and OPT's 2 offset rows are part
 of the exact count, not a residual.
 """
 

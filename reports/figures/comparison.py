@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from reports.figures.style import CAPACITY, GREY, OKABE_ITO, new_figure, style, suptitle
+
+if TYPE_CHECKING:
+    from matplotlib.typing import HashableList
 
 FEASIBLE, OVER = OKABE_ITO[4], OKABE_ITO[5]  # blue; vermillion (hatched)
 POOL_TITLES = {"gpu": "Peak GPU memory (busiest GPU)", "cpu": "Peak CPU DRAM", "nvme": "Peak NVMe"}
@@ -95,8 +99,9 @@ def draw(df: pd.DataFrame, title: str) -> Figure:
     n = max(len(df), 1)
     with style():
         fig = new_figure(11.0, 2.2 + 0.55 * n * 2)
-        axes = fig.subplot_mosaic([["tok"] * 3 + ["tfl"] * 3, ["gpu"] * 2 + ["cpu"] * 2 + ["nvme"] * 2],
-                                  height_ratios=[1, 1])
+        mosaic: list[HashableList[str]] = [["tok", "tok", "tok", "tfl", "tfl", "tfl"],
+                                           ["gpu", "gpu", "cpu", "cpu", "nvme", "nvme"]]
+        axes = fig.subplot_mosaic(mosaic, height_ratios=[1, 1])
         _throughput(axes["tok"], df, "tokens_per_s", "tokens/s (whole job)", "{:,.0f}")
         axes["tok"].set_title("Throughput", loc="left", fontsize=9)
         _throughput(axes["tfl"], df, "tflops_per_gpu", "TFLOP/s per GPU", "{:,.1f}")

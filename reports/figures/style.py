@@ -13,10 +13,14 @@ import textwrap
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import matplotlib
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+
+if TYPE_CHECKING:
+    from matplotlib.typing import RcKeyType
 
 # Okabe-Ito: orange, sky blue, bluish green, yellow, blue, vermillion, reddish purple, black
 OKABE_ITO = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7", "#000000")
@@ -24,10 +28,10 @@ GREY = "#999999"
 HATCHES = ("", "//", "..", "xx", "\\\\", "++", "oo", "--")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 LINESTYLES = ("-", "--", ":", "-.")
-CAPACITY = {"color": "#000000", "linestyle": "--", "linewidth": 1.4}
+CAPACITY: dict[str, Any] = {"color": "#000000", "linestyle": "--", "linewidth": 1.4}
 DPI = 100
 
-RC = {
+RC: dict[RcKeyType, Any] = {
     "font.size": 9,
     "axes.titlesize": 10,
     "axes.labelsize": 9,

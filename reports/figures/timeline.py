@@ -79,6 +79,6 @@ def draw(df: pd.DataFrame, title: str, notes: str = "") -> Figure:
                          label=c) for c in present]
         fig.legend(handles=handles, loc="lower center", ncol=min(5, len(handles)), frameon=False)
         heading = suptitle(fig, title, notes)
-        rows = -(-len(handles) // 5)
-        fixed_margins(fig, left=label_width(labels) + 0.25, bottom=0.55 + 0.22 * rows, top=0.3 + 0.2 * heading)
+        legend_rows = -(-len(handles) // 5)
+        fixed_margins(fig, left=label_width(labels) + 0.25, bottom=0.55 + 0.22 * legend_rows, top=0.3 + 0.2 * heading)
     return fig

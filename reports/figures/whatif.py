@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import pandas as pd
 from matplotlib.figure import Figure
@@ -14,6 +15,25 @@ from reports.figures.style import OKABE_ITO, new_figure, style, suptitle
 GAIN, LOSS = (OKABE_ITO[2], ""), (OKABE_ITO[5], "//")
 
 
+@dataclass(frozen=True)
+class _Bar:
+    """One row of the what-if table, as the figure reads it."""
+
+    base: float
+    delta: float
+    tokens: float
+    relative: float
+    makes_feasible: bool
+
+
+def _bars(df: pd.DataFrame) -> list[_Bar]:
+    columns = ("base_tokens_per_s", "delta_tokens_per_s", "tokens_per_s", "relative", "makes_feasible")
+    return [
+        _Bar(float(base), float(delta), float(tokens), float(relative), bool(fits))
+        for base, delta, tokens, relative, fits in zip(*(df[c].tolist() for c in columns), strict=True)
+    ]
+
+
 def draw(df: pd.DataFrame, title: str) -> Figure:
     n = max(len(df), 1)
     base = float(df["base_tokens_per_s"].iloc[0]) if len(df) else 0.0
@@ -23,17 +43,16 @@ def draw(df: pd.DataFrame, title: str) -> Figure:
     with style():
         fig = new_figure(9.0, 1.6 + 0.42 * n)
         ax = fig.subplots()
-        for i, r in enumerate(df.itertuples()):
-            face, hatch = GAIN if r.delta_tokens_per_s >= 0 else LOSS
-            b = float(r.base_tokens_per_s)
-            ax.barh(i, r.delta_tokens_per_s, left=b, height=0.6, color=face, hatch=hatch, edgecolor="#333333",
+        for i, r in enumerate(_bars(df)):
+            face, hatch = GAIN if r.delta >= 0 else LOSS
+            ax.barh(i, r.delta, left=r.base, height=0.6, color=face, hatch=hatch, edgecolor="#333333",
                     linewidth=0)
             rel = f"{r.relative * 100:+.1f}%" if math.isfinite(r.relative) else "from infeasible"
             if math.isfinite(r.relative) and abs(r.relative) < 5e-4:
                 rel = "no change"
-            text = f"{r.tokens_per_s:,.0f} ({rel})" + (", makes it fit" if r.makes_feasible else "")
-            right = r.delta_tokens_per_s >= 0
-            ax.text(r.tokens_per_s + (pad * 0.04 if right else -pad * 0.04), i, text, va="center",
+            text = f"{r.tokens:,.0f} ({rel})" + (", makes it fit" if r.makes_feasible else "")
+            right = r.delta >= 0
+            ax.text(r.tokens + (pad * 0.04 if right else -pad * 0.04), i, text, va="center",
                     ha="left" if right else "right", fontsize=8)
         ax.axvline(base, color="black", linewidth=1.2)
         ax.text(base, -0.75, f"base {base:,.0f} tokens/s", ha="center", va="bottom", fontsize=8,
