@@ -3,7 +3,7 @@
     python -m replay.validation [--quick] [--out table.md] [--recalibrate]
 
 Calibrates this machine once in-process (``replay.calibrate``; the spec is cached in the temp dir), then
-for every case plans a job in-process (``tiersim.api.make_job`` / ``make_plan`` with the calibrated
+for every case plans a job in-process (``policies.job.make_job`` / ``make_plan`` with the calibrated
 HardwareSpec and a small ``gpu.memory`` budget so that each offloading policy really offloads), simulates
 the plan, replays it for real with ``replay.runner`` (as ``tiersim replay`` does) and prints one table:
 simulated step, measured step (median of the replayed steps after the first: the machine is noisy; the
@@ -91,7 +91,9 @@ from pathlib import Path
 from typing import Any
 
 from hardware_models import HardwareSpec, spec_from_dict
+from policies.job import JobRequest, make_job, make_plan
 from simulator import Plan, Result, simulate_plan
+from simulator.simulate import step_seconds
 
 STEP_MEDIAN_TARGET = 0.15
 STEP_MAX_TARGET = 0.30
@@ -352,13 +354,11 @@ def _model_file(m: ModelDims, folder: Path) -> str:
 
 
 def _plan(hw: HardwareSpec, model: str, case: Case, budget: float | None) -> tuple[Plan, HardwareSpec]:
-    from tiersim.api import JobRequest, make_job, make_plan
-
     req = JobRequest(micro_batch=case.micro_batch, seq_len=case.seq_len, global_batch=case.global_batch,
                      precision="fp32")  # the replay computes in fp32: plan and simulate fp32 too
     overrides = [f"gpu.memory={budget:.0f}"] if budget is not None else []
     job, _ = make_job(hw, model, req, hw_overrides=overrides)
-    return make_plan(job, case.policy, case.knobs), job.hw
+    return make_plan(job, case.policy, case.knobs, lambda p: step_seconds(p, job.hw)), job.hw
 
 
 def _offloads(r: Result) -> bool:

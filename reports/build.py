@@ -1,83 +1,30 @@
 """A comparison report: figures (PNG + SVG), the data behind each (CSV), ``report.html`` and ``report.md``.
 
 ``build_charts(inputs)`` turns results, result dicts, coverage / what-if documents and replay comparisons
-into ``Chart`` objects (a figure and its DataFrame); ``write_report(out_dir, inputs)`` writes them all.
+(``reports.contents.ReportInputs``) into ``Chart`` objects (a figure and its DataFrame, ``reports.charts``);
+``write_report(out_dir, inputs)`` draws them all and writes the pages (``reports.html``, ``reports.markdown``).
 Figures 2-4 need the time series of an in-process ``simulator.Result``; a ``simulate --json`` object only
 feeds figure 1.
 """
 
 from __future__ import annotations
 
-import os
 import re
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from matplotlib.figure import Figure
 
 from reports import frames
-from reports.figures import comparison, coverage, links, memory, replay, timeline, whatif
-from reports.figures.style import save
+from reports.charts import Chart, Written, render_all
+from reports.contents import ReportInputs
+from reports.html import write_html
+from reports.markdown import write_markdown
 from simulator import Result
 
-
-@dataclass(frozen=True)
-class Chart:
-    """One figure to draw: plain data (picklable, so charts render in worker processes)."""
-
-    name: str            # file stem, e.g. "fig2-memory-zero-offload"
-    number: int          # which of the seven figures
-    title: str
-    caption: str
-    data: pd.DataFrame
-    note: str = ""       # a second title line (what the one-step figures show)
-
-    def draw(self) -> Figure:
-        if self.number in (2, 3, 4):
-            return DRAW[self.number](self.data, self.title, self.note)
-        return DRAW[self.number](self.data, self.title)
-
-
-DRAW: dict[int, Callable[..., Figure]] = {1: comparison.draw, 2: memory.draw, 3: timeline.draw, 4: links.draw,
-                                          5: coverage.draw, 6: whatif.draw, 7: replay.draw}
-
-
-@dataclass
-class ReportInputs:
-    # figure 1, in this order: Results simulated in this process (also figures 2-4) and result dicts
-    # (``simulate --json`` objects, a policy's up-front infeasible verdict included)
-    items: list[Result | Mapping[str, Any]] = field(default_factory=list)
-    item_sources: list[str] = field(default_factory=list)  # the file each item came from (labels duplicates)
-    coverage: list[Mapping[str, Any]] = field(default_factory=list)  # tiersim coverage --json: figure 5
-    whatif: list[Mapping[str, Any]] = field(default_factory=list)    # tiersim whatif --json: figure 6
-    replay: list[tuple[str | None, Mapping[str, Any]]] = field(default_factory=list)  # (case, doc): figure 7
-    title: str = "tiersim report"
-    sources: list[str] = field(default_factory=list)
-
-    @property
-    def results(self) -> list[Result]:
-        return [x for x in self.items if isinstance(x, Result)]
-
-    def comparison_rows(self) -> list[Mapping[str, Any]]:
-        rows = [x.to_dict() if isinstance(x, Result) else x for x in self.items]
-        if len(self.item_sources) == len(rows):
-            rows = [{**r, "source": s} for r, s in zip(rows, self.item_sources, strict=True)]
-        return rows
-
-    def empty(self) -> bool:
-        return not (self.items or self.coverage or self.whatif or self.replay)
-
-
-@dataclass(frozen=True)
-class Written:
-    chart: Chart
-    png: Path
-    svg: Path
-    csv: Path
-    png_bytes: bytes
+# ReportInputs is defined in reports.contents and Chart/Written in reports.charts; callers may import them here
+__all__ = ["Chart", "ReportInputs", "Written", "build_charts", "summary_tables", "write_report"]
 
 
 def slug(text: str) -> str:
@@ -187,35 +134,10 @@ def build_charts(inputs: ReportInputs) -> list[Chart]:
     return charts
 
 
-def render(chart: Chart, out: Path) -> Written:
-    fig = chart.draw()
-    png, svg, data = save(fig, out / chart.name)
-    csv = out / f"{chart.name}.csv"
-    chart.data.to_csv(csv, index=False)
-    return Written(chart, png, svg, csv, data)
-
-
-def render_all(charts: Sequence[Chart], out: Path, workers: int | None = None) -> list[Written]:
-    """Render the charts, in ``workers`` processes (default: one per CPU) when there are several."""
-    n = min(len(charts), workers if workers is not None else os.cpu_count() or 1)
-    if n <= 1:
-        return [render(c, out) for c in charts]
-    from concurrent.futures import ProcessPoolExecutor
-
-    # the slowest (most tasks to draw) first, so that no long one starts last
-    order = sorted(range(len(charts)), key=lambda i: -len(charts[i].data))
-    with ProcessPoolExecutor(max_workers=n) as pool:
-        futures = {i: pool.submit(render, charts[i], out) for i in order}
-        return [futures[i].result() for i in range(len(charts))]
-
-
 def write_report(out_dir: str | Path, inputs: ReportInputs, workers: int | None = None) -> list[Path]:
     """Write every figure (PNG, SVG, CSV), ``report.html`` and ``report.md`` into ``out_dir`` (created
     if missing); returns the paths written. ``workers``: processes that render figures (default: one per
     CPU; 1 renders here)."""
-    from reports.html import write_html
-    from reports.markdown import write_markdown
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = render_all(build_charts(inputs), out, workers)

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 if TYPE_CHECKING:
-    from reports.build import ReportInputs, Written
+    from reports.charts import Written
+    from reports.contents import ReportInputs
 
 CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2em auto; max-width: 1200px;

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 if TYPE_CHECKING:
-    from reports.build import ReportInputs, Written
+    from reports.charts import Written
+    from reports.contents import ReportInputs
 
 
 def table_markdown(df: pd.DataFrame) -> str:

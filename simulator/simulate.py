@@ -26,6 +26,7 @@ otherwise grind through one by one. Two devices keep that cheap, and the result 
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import replace
 
@@ -216,6 +217,13 @@ def simulate_plan(plan: Plan, hw: HardwareSpec, *, extrapolate: bool = True,
         if bad:
             raise AssertionError(f"simulator invariants violated ({CHECK_ENV}=1): " + "; ".join(bad[:5]))
     return result
+
+
+def step_seconds(plan: Plan, hw: HardwareSpec) -> float:
+    """Simulated seconds per step of ``plan`` on ``hw``; ``inf`` when it does not fit (what a policy's
+    ``refine`` hook prices alternatives with: ``policies.job.make_plan``)."""
+    res = simulate_plan(plan, hw)
+    return res.step_time_s if res.feasible else math.inf
 
 
 def _settled(plan: Plan, hw: HardwareSpec, extrapolate: bool, topology: Topology | None) -> Result:

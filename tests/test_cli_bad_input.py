@@ -61,8 +61,10 @@ SIMULATE_CASES = {
     "malformed plan JSON": (["--plan", "truncated_plan.json"], ["truncated_plan.json", "line 2", "JSON"]),
     "plan not an object": (["--plan", "list_plan.json"], ["list_plan.json", "JSON object"]),
     "plan file missing": (["--plan", "nowhere.json"], ["nowhere.json", "No such file"]),
-    "zero micro-batch": ([*SMALL, "--micro-batch", "0"], ["micro_batch", ">= 1"]),
-    "negative micro-batch": ([*SMALL, "--micro-batch", "-2"], ["micro_batch", ">= 1"]),
+    "zero micro-batch": ([*SMALL, "--micro-batch", "0"], ["--micro-batch", ">= 1", "'0'"]),
+    "negative micro-batch": ([*SMALL, "--micro-batch", "-2"], ["--micro-batch", ">= 1", "'-2'"]),
+    "zero global batch": ([*SMALL, "--global-batch", "0"], ["--global-batch", ">= 1"]),
+    "negative sequence length": ([*SMALL, "--seq-len", "-3"], ["--seq-len", ">= 1"]),
     "micro-batch not a number": ([*SMALL, "--micro-batch", "two"], ["--micro-batch", "int"]),
     "global batch not divisible": (["--hw", "a100x8", "--model", "gpt2", "--policy", "none",
                                     "--global-batch", "12"], ["global batch 12", "multiple of 8"]),
@@ -178,6 +180,39 @@ def test_tiersim_bad_input(case: str, capsys: pytest.CaptureFixture[str]) -> Non
     assert len(err.splitlines()) == 1 and err.startswith("tiersim") and "Traceback" not in err
     for w in words:
         assert w in err, (w, err)
+
+
+# the job flags are declared once (tiersim.job_flags) with their checks: every command that takes them
+# refuses a non-positive size the same way, before any work
+JOB_FLAG_COMMANDS = {
+    "simulate": ["simulate", "--hw", "a100", "--model", "gpt2"],
+    "plan": ["plan", "--hw", "a100", "--model", "gpt2", "--no-cache"],
+    "whatif": ["whatif", "--hw", "a100", "--model", "gpt2", "--no-cache"],
+    "coverage": ["coverage", "--hw", "a100", "--models", "gpt2", "--no-cache"],
+    "max-model": ["max-model", "--hw", "a100", "--shape", "gpt", "--hidden", "1024", "--no-cache"],
+}
+
+
+@pytest.mark.parametrize("command", list(JOB_FLAG_COMMANDS))
+@pytest.mark.parametrize("flag", ["--micro-batch", "--seq-len", "--global-batch"])
+@pytest.mark.parametrize("value", ["0", "-1", "two"])
+def test_every_command_checks_the_job_flags_alike(command: str, flag: str, value: str,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main([*JOB_FLAG_COMMANDS[command], flag, value])
+    out, err = capsys.readouterr()
+    assert (rc, out) == (2, ""), (out, err)
+    assert err == (f"tiersim {command}: error: argument {flag}: expected a positive int (a whole number >= 1), "
+                   f"got '{value}' (see --help)\n")
+
+
+@pytest.mark.parametrize("command", list(JOB_FLAG_COMMANDS))
+def test_every_command_refuses_an_empty_hw(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [*JOB_FLAG_COMMANDS[command]]
+    argv[argv.index("--hw") + 1] = " "
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    assert (rc, out) == (2, "")
+    assert len(err.splitlines()) == 1 and "--hw" in err and "empty value" in err and "tiersim hardware list" in err
 
 
 def test_tiersim_simulate_reports_bad_input_the_same_way(capsys: pytest.CaptureFixture[str]) -> None:

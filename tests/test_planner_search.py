@@ -233,6 +233,6 @@ def test_cli_bad_input_is_one_line(extra: list[str], needle: str, capsys: pytest
 
 
 def test_cli_budget_parser_accepts_units() -> None:
-    from tiersim.commands.plan import parse_duration
+    from tiersim.search_flags import parse_duration
 
     assert parse_duration("60s") == 60 and parse_duration("2m") == 120 and parse_duration("90") == 90

@@ -13,7 +13,7 @@ import pytest
 from policies import POLICIES
 from reports.build import ReportInputs, write_report
 from tiersim.api import make_job
-from tiersim.commands.compare import _one
+from tiersim.compare_policies import _one
 
 pytestmark = pytest.mark.benchmark
 

@@ -22,9 +22,20 @@ from pathlib import Path
 from typing import Any
 
 from hardware_models import HardwareSpec, fmt_bandwidth, fmt_bytes, fmt_flops, load_hardware, spec_from_dict
-from tiersim.cli import UsageError
+from tiersim.command import Command
+from tiersim.errors import UsageError
+from tiersim.exit_codes import EXIT_OK
+from tiersim.output_files import check_output_path
 
-__all__ = ["check_calibrate_args", "run_calibrate", "write_spec"]
+__all__ = ["COMMAND", "add_args", "check_calibrate_args", "run", "write_spec"]
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-o", "--output", required=True, help="the hardware YAML file to write")
+    p.add_argument("--dir", default=None, help="directory whose disk is measured (default: a temporary one)")
+    p.add_argument("--base", default=None,
+                   help="preset whose unmeasured fields (prices of links this machine lacks) are kept")
+    p.add_argument("--json", action="store_true", help="also print the measurements as one JSON object")
 
 
 def _progress(line: str) -> None:
@@ -33,8 +44,6 @@ def _progress(line: str) -> None:
 
 def check_calibrate_args(args: argparse.Namespace) -> HardwareSpec | None:
     """Fail before measuring: output path writable, --dir an existing writable directory, --base known."""
-    from tiersim.commands.simulate import check_output_path
-
     out = str(args.output or "")
     check_output_path("calibrate -o", out)
     p = Path(out)
@@ -82,7 +91,7 @@ def _rounded(value: Any, key: str = "") -> Any:
     return value
 
 
-def run_calibrate(args: argparse.Namespace, sizes: Any = None) -> int:
+def run(args: argparse.Namespace, sizes: Any = None) -> int:
     """The command; `sizes` (a replay.calibrate.CalibrationSizes) lets tests measure tiny sizes."""
     base = check_calibrate_args(args)
     if importlib.util.find_spec("torch") is None:
@@ -98,7 +107,7 @@ def run_calibrate(args: argparse.Namespace, sizes: Any = None) -> int:
     if args.json:
         print(json.dumps({"output": str(args.output), "measurements": cal.to_dict(), "spec": spec.to_dict()},
                          indent=1))
-        return 0
+        return EXIT_OK
     g, h, pc, nv = spec.gpu, spec.host, spec.pcie, spec.nvme
     peaks = ", ".join(f"{k} {fmt_flops(v)}" for k, v in g.peak_flops.items())
     lines = [
@@ -123,4 +132,7 @@ def run_calibrate(args: argparse.Namespace, sizes: Any = None) -> int:
                      f"write {fmt_bandwidth(nv.write_bw)}, free {fmt_bytes(nv.capacity_bytes)}")
     lines.extend(f"  note: {n}" for n in cal.notes)
     print("\n".join(lines))
-    return 0
+    return EXIT_OK
+
+
+COMMAND = Command("calibrate", "measure this machine and write a hardware spec (torch)", add_args, run)

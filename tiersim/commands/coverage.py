@@ -8,19 +8,17 @@ from __future__ import annotations
 import argparse
 import sys
 
+from planner.result_json import dumps
 from policies import POLICIES
-from tiersim.cli import UsageError
-from tiersim.commands.whatif import (
-    EXIT_INFEASIBLE,
-    EXIT_OK,
-    add_hardware_args,
-    add_request_args,
+from tiersim.command import Command
+from tiersim.errors import UsageError
+from tiersim.exit_codes import EXIT_INFEASIBLE, EXIT_OK
+from tiersim.job_flags import SEARCH, add_hardware_flags, add_workload_flags, request_from_args
+from tiersim.search_flags import (
     add_search_args,
-    dumps,
     fmt_rate,
     parse_budget,
     progress_printer,
-    request_from_args,
     search_options,
     split_names,
 )
@@ -30,14 +28,14 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.description = ("Training coverage: for each policy and model, the best plan the search finds (tokens/s) "
                      "or infeasible with the pool that binds (the comparison of the Tiny-Pipe paper).")
     p.epilog = "exit codes: 0 some cell is feasible, 2 bad input, 3 no cell is feasible"
-    add_hardware_args(p)
+    add_hardware_flags(p, SEARCH)
     p.add_argument("--models", required=True, metavar="M1,M2,...",
                    help="comma-separated model presets, shorthands or files, e.g. 7b,13b,70b,175b,405b")
     p.add_argument("--policies", default=None, metavar="P1,P2,...",
                    help="comma-separated policies (default: every policy)")
     p.add_argument("--total-budget", default=None, metavar="TIME",
                    help="bound the whole matrix: each cell gets an equal share of the time left (e.g. 10m)")
-    add_request_args(p)
+    add_workload_flags(p, SEARCH)
     add_search_args(p, "bound each cell's search by wall time, e.g. 30s")
 
 
@@ -85,3 +83,6 @@ def run(args: argparse.Namespace) -> int:
         print("? (budget): the bounds cut the search before it found a plan or proved that none fits; "
               "give more --budget / --max-candidates")
     return rc
+
+
+COMMAND = Command("coverage", "policy x model matrix: feasible with throughput, or the binding pool", add_args, run)

@@ -10,20 +10,13 @@ import argparse
 import sys
 
 from hardware_models.units import parse_time
+from planner.result_json import dumps
 from policies import POLICIES
-from tiersim.cli import UsageError
-from tiersim.commands.whatif import (
-    EXIT_INFEASIBLE,
-    EXIT_OK,
-    add_hardware_args,
-    add_request_args,
-    add_search_args,
-    dumps,
-    fmt_rate,
-    progress_printer,
-    request_from_args,
-    search_options,
-)
+from tiersim.command import Command
+from tiersim.errors import UsageError
+from tiersim.exit_codes import EXIT_INFEASIBLE, EXIT_OK
+from tiersim.job_flags import SEARCH, add_hardware_flags, add_workload_flags, request_from_args
+from tiersim.search_flags import add_search_args, fmt_rate, progress_printer, search_options
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -34,7 +27,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
         "(a model preset, shorthand or family prefix such as llama3, scaled by --scale).")
     p.epilog = ("exit codes: 0 some policy trains at least the smallest model, 2 bad input, "
                 "3 no policy trains even the smallest model")
-    add_hardware_args(p)
+    add_hardware_flags(p, SEARCH)
     p.add_argument("--policy", default="all",
                    help="a policy (tiersim policies list) or 'all' for each one (default: all)")
     fam = p.add_mutually_exclusive_group(required=True)
@@ -57,7 +50,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-step-time", metavar="TIME",
                    help="also require a step time at most this long (e.g. 30s); 'time' is then a binding "
                         "constraint (and each check is a full search, slower)")
-    add_request_args(p)
+    add_workload_flags(p, SEARCH)
     add_search_args(p, "bound each feasibility check's search by wall time, e.g. 20s (a check cut short "
                        "counts as not feasible, binding 'budget')", objective=False)
 
@@ -137,3 +130,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"tokens/s, step s: the fastest plan found (each check is a full search for step time <= {limit:g} s)")
     return rc
+
+
+COMMAND = Command("max-model", "the largest model each policy can train (bisection over layers or width)",
+                  add_args, run)

@@ -19,17 +19,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 from typing import Any
 
-from planner.cache import EvalCache, default_cache_dir
 from planner.search import CPU_KINDS, GPU_KINDS, OBJECTIVES, Evaluated, SearchOutcome, search
 from reports.units import table
-from tiersim.cli import DEFAULT_HW, DEFAULT_MODEL, UsageError, _add_job_args
-
-EXIT_OK, EXIT_INFEASIBLE = 0, 3
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h)?\s*$")
+from tiersim.command import Command
+from tiersim.errors import UsageError
+from tiersim.exit_codes import EXIT_INFEASIBLE, EXIT_OK
+from tiersim.job_flags import DEFAULT_HW, DEFAULT_MODEL, PLAN, add_job_flags, request_from_args
+from tiersim.output_files import check_output_path, write_or_fail
+from tiersim.search_flags import cache_from_args, check_search_bounds, parse_budget, split_names
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -38,7 +38,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
                      "fixed; micro-batch and checkpointing are searched unless --micro-batch / --checkpointing "
                      "fix them.")
     p.epilog = "exit codes: 0 a feasible plan was found, 2 bad input, 3 no candidate is feasible"
-    _add_job_args(p, searched=True)
+    add_job_flags(p, PLAN)
     p.add_argument("--objective", choices=OBJECTIVES, default="tokens_per_s",
                    help="what to optimise: tokens_per_s or tflops (highest), gpu_memory or cpu_memory (lowest "
                         "peak); default tokens_per_s")
@@ -56,16 +56,6 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="processes building plans and simulating in parallel (default: 2, or 1 on one core); "
                         "the answer does not depend on it")
     p.add_argument("--progress", action="store_true", help="progress on stderr even when it is not a terminal")
-
-
-def parse_duration(text: str) -> float:
-    m = _DURATION.match(text)
-    if not m:
-        raise UsageError(f"--budget {text!r}: expected a duration such as 60s, 90, 2m or 1h")
-    value = float(m[1]) * {"s": 1, "sec": 1, None: 1, "m": 60, "min": 60, "h": 3600}[m[2]]
-    if value <= 0:
-        raise UsageError(f"--budget {text!r}: must be more than zero")
-    return value
 
 
 def _knobs_text(knobs: dict[str, Any]) -> str:
@@ -132,23 +122,13 @@ def format_outcome(o: SearchOutcome, top: int, fixed: list[str], hw_arg: str | N
 
 
 def run(args: argparse.Namespace) -> int:
-    from tiersim.commands.simulate import _check_not_empty, check_output_path, request_from_args
-
-    _check_not_empty(args)
     check_output_path("--plan-out", args.plan_out)
     if args.top < 1:
         raise UsageError(f"--top {args.top}: must be at least 1")
-    if args.workers < 1:
-        raise UsageError(f"--workers {args.workers}: must be at least 1")
-    if args.max_candidates is not None and args.max_candidates < 1:
-        raise UsageError(f"--max-candidates {args.max_candidates}: must be at least 1")
-    budget = parse_duration(args.budget) if args.budget is not None else None
-    policies = None
-    if args.policies is not None:
-        policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-        if not policies:
-            raise UsageError("--policies: empty list; give names from `tiersim policies list`, e.g. none,tinypipe")
-    cache = None if args.no_cache else EvalCache(args.cache_dir or default_cache_dir())
+    check_search_bounds(args)
+    budget = parse_budget(args.budget)
+    policies = split_names(args.policies, "--policies", "none,tinypipe") if args.policies is not None else None
+    cache = cache_from_args(args)
     show = args.progress or sys.stderr.isatty()
 
     def progress(msg: str) -> None:
@@ -160,10 +140,7 @@ def run(args: argparse.Namespace) -> int:
                      max_candidates=args.max_candidates, progress=progress if show else None, cache=cache,
                      workers=args.workers, keep_best_plan=bool(args.plan_out))
     if args.plan_out and outcome.best is not None and outcome.best.plan is not None:
-        try:
-            outcome.best.plan.save(args.plan_out)
-        except OSError as e:
-            raise UsageError(f"--plan-out {args.plan_out}: cannot write ({e.strerror or e})") from None
+        write_or_fail("--plan-out", args.plan_out, outcome.best.plan.save)
     fixed = []
     if request.micro_batch is not None or request.checkpointing is not None:
         fixed.append("fixed by flags: " + ", ".join(
@@ -185,3 +162,7 @@ def run(args: argparse.Namespace) -> int:
           + (f"; plan written to {args.plan_out}" if args.plan_out and outcome.best is not None else ""),
           file=sys.stderr)
     return EXIT_OK if outcome.best is not None else EXIT_INFEASIBLE
+
+
+COMMAND = Command("plan", "search every policy, its knobs, micro-batch and checkpointing for the best plan",
+                  add_args, run)

@@ -14,13 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from hardware_models import spec_from_dict
+from planner.result_json import dumps
 from simulator import Plan, simulate_plan
-from tiersim.cli import UsageError
+from tiersim.command import Command
+from tiersim.errors import UsageError
+from tiersim.exit_codes import EXIT_INFEASIBLE, EXIT_MISMATCH, EXIT_OK
+from tiersim.output_files import check_output_path, write_or_fail
 
-EXIT_OK, EXIT_MISMATCH, EXIT_INFEASIBLE = 0, 1, 3
 
-
-def add_replay_args(p: argparse.ArgumentParser) -> None:
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.epilog = "exit codes: 0 replayed (and verified), 1 --verify mismatch, 2 bad input, 3 over a pool's capacity"
     p.add_argument("plan", help="a plan file written by `simulate --plan-out`")
     p.add_argument("--steps", type=int, help="training steps to run (default: the plan's; the last is measured)")
     p.add_argument("--nvme-dir", help="directory for the nvme pool's files (default: a temporary directory)")
@@ -33,9 +36,7 @@ def add_replay_args(p: argparse.ArgumentParser) -> None:
                    help="compute device for the plan's GPU (default: cuda when available)")
 
 
-def run_replay(args: argparse.Namespace) -> int:
-    from tiersim.commands.simulate import _dumps, check_output_path
-
+def run(args: argparse.Namespace) -> int:
     if not str(args.plan).strip():
         raise UsageError("replay: empty plan path; give a plan file written by --plan-out")
     check_output_path("--trace", args.trace)
@@ -82,11 +83,11 @@ def run_replay(args: argparse.Namespace) -> int:
     if args.trace:
         from reports import write_trace
 
-        try:
-            write_trace(measured, args.trace)
-        except OSError as e:
-            raise UsageError(f"--trace {args.trace}: cannot write ({e.strerror or e})") from None
-    print(_dumps(d) if args.json else format_comparison(d))
+        write_or_fail("--trace", args.trace, lambda path: write_trace(measured, path))
+    print(dumps(d) if args.json else format_comparison(d))
     if d["verify"] is not None and not d["verify"]["ok"]:
         return EXIT_MISMATCH
     return EXIT_OK
+
+
+COMMAND = Command("replay", "execute a plan for real with torch; compare with its simulation", add_args, run)

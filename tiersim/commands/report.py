@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
-from pathlib import Path
 
-from tiersim.cli import UsageError
-
-EXIT_OK = 0
+from tiersim.command import Command
+from tiersim.errors import UsageError
+from tiersim.exit_codes import EXIT_OK
+from tiersim.output_files import check_output_dir
+from tiersim.report_files import write
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -31,40 +31,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--progress", action="store_true", help="report progress on stderr even when it is not a terminal")
 
 
-def check_report_dir(flag: str, path: str) -> Path:
-    """Fail before any work when ``path`` cannot become the report folder."""
-    if not path or not path.strip():
-        raise UsageError(f"{flag}: empty path; give a folder, e.g. {flag} report/")
-    p = Path(path)
-    if p.exists() and not p.is_dir():
-        raise UsageError(f"{flag} {path}: is a file; give a folder (it is created if missing)")
-    if not p.exists() and not p.parent.is_dir():
-        raise UsageError(f"{flag} {path}: its parent '{p.parent}' does not exist; create it first or pick another "
-                         "folder")
-    return p
-
-
-def write(out: Path, inputs: object, show: bool) -> list[Path]:
-    """Write the report; progress on stderr when ``show``; a bad folder is one UsageError line."""
-    from reports.build import ReportInputs, write_report
-
-    assert isinstance(inputs, ReportInputs)
-    t0 = time.perf_counter()
-    if show:
-        print(f"report: drawing figures into {out} ...", file=sys.stderr)
-    try:
-        paths = write_report(out, inputs)
-    except OSError as e:
-        raise UsageError(f"report folder {out}: cannot write ({e.strerror or e})") from None
-    if show:
-        print(f"report: {len(paths)} files in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-    return paths
-
-
 def run(args: argparse.Namespace) -> int:
     from reports.inputs import ReportInputError, load_inputs
 
-    out = check_report_dir("-o", args.output)
+    out = check_output_dir("-o", args.output)
     show = args.progress or sys.stderr.isatty()
 
     def progress(msg: str) -> None:
@@ -80,3 +50,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"report: {out / 'report.html'} ({figures} figure{'s' if figures != 1 else ''}; also report.md, "
           f"PNG, SVG and CSV in {out})")
     return EXIT_OK
+
+
+COMMAND = Command("report", "write a comparison report (HTML, Markdown, PNG/SVG figures, CSV) from result files",
+                  add_args, run)

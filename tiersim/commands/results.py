@@ -18,7 +18,10 @@ import json
 import math
 from typing import Any
 
-from tiersim.cli import UsageError
+from tiersim.command import Command
+from tiersim.errors import UsageError
+from tiersim.exit_codes import EXIT_OK
+from tiersim.output_files import check_output_path, write_or_fail
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -54,15 +57,10 @@ def select(store: str, where: list[str], status: str) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tiersim.commands.simulate import check_output_path
-
     check_output_path("--csv", args.csv)
     frame = select(args.store, args.where, args.status)
     if args.csv:
-        try:
-            frame.to_csv(args.csv, index=False)
-        except OSError as e:
-            raise UsageError(f"--csv {args.csv}: cannot write ({e.strerror or e})") from None
+        write_or_fail("--csv", args.csv, lambda path: frame.to_csv(path, index=False))
     if args.json:
         rows = [{k: _plain(v) for k, v in r.items()} for r in frame.to_dict(orient="records")]
         print(json.dumps({"kind": "tiersim.results", "store": args.store, "count": len(rows), "rows": rows},
@@ -71,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{len(frame)} run{'s' if len(frame) != 1 else ''} written to {args.csv}")
     else:
         print(format_table(frame, args.store))
-    return 0
+    return EXIT_OK
 
 
 def _plain(v: Any) -> Any:
@@ -136,3 +134,6 @@ def _int(v: Any) -> str:
 def _text(v: Any) -> str:
     v = _plain(v)
     return "-" if v is None else str(v)
+
+
+COMMAND = Command("results", "list, filter or export the runs of a sweep store (table, --csv, --json)", add_args, run)

@@ -16,9 +16,10 @@ import json
 import sys
 from pathlib import Path
 
-from tiersim.cli import UsageError
+from tiersim.command import Command
+from tiersim.errors import UsageError
+from tiersim.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 
-EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 SHOW_FAILURES = 10
 
 
@@ -95,3 +96,7 @@ def _point_text(point: dict) -> str:
     work = "".join(f" --{k.replace('_', '-')} {v}" if k != "flash_attention" else
                    ("" if v else " --no-flash-attention") for k, v in point.get("workload", {}).items())
     return f"--hw {point['hardware']}{sets} --model {point['model']} --policy {point['policy']}{knobs}{work}"
+
+
+COMMAND = Command("sweep", "simulate a grid (YAML) on a process pool or Dask into a resumable SQLite store",
+                  add_args, run)

@@ -7,10 +7,16 @@ import json
 import statistics
 
 from reports.units import table
+from tiersim.command import Command
+from tiersim.exit_codes import EXIT_FAILED, EXIT_OK
 from tiersim.validate import run_cases
 
 
-def run_validate(args: argparse.Namespace) -> int:
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
     outcomes = run_cases()
     errors = [abs(o.error) for o in outcomes]
     failed = [o for o in outcomes if not o.ok]
@@ -32,4 +38,7 @@ def run_validate(args: argparse.Namespace) -> int:
         print()
         print(f"mean |error| {statistics.fmean(errors) * 100:.1f}%, max |error| {max(errors) * 100:.1f}%, "
               f"{len(failed)} of {len(outcomes)} outside tolerance")
-    return 1 if failed else 0
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+COMMAND = Command("validate", "compare the simulator with published figures", add_args, run)

@@ -16,10 +16,21 @@ import importlib.util
 import json
 from typing import Any
 
-from tiersim.cli import UsageError
+from policies.job import DEFAULT_SEQ_CAP
+from tiersim.command import Command
+from tiersim.errors import UsageError
+from tiersim.exit_codes import EXIT_OK
+from tiersim.job_flags import positive_int
 from workloads import load_model
 
-DEFAULT_SEQ_CAP = 4096
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("action", choices=["check"])
+    p.add_argument("--model", required=True, help="model preset/shorthand, config.json or YAML")
+    p.add_argument("--micro-batch", type=positive_int, default=1)
+    p.add_argument("--seq-len", type=positive_int, default=None,
+                   help=f"default: the model's context, capped at {DEFAULT_SEQ_CAP}")
+    p.add_argument("--json", action="store_true")
 
 
 def _fmt(value: float) -> str:
@@ -59,13 +70,9 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run_workload(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     model = load_model(args.model)
-    if args.micro_batch is None or args.micro_batch < 1:
-        raise UsageError(f"--micro-batch must be >= 1, got {args.micro_batch}")
     seq = args.seq_len if args.seq_len is not None else min(model.max_pos, DEFAULT_SEQ_CAP)
-    if seq < 1:
-        raise UsageError(f"--seq-len must be >= 1, got {seq}")
     if importlib.util.find_spec("torch") is None:
         raise UsageError("workload check needs torch: pip install 'tiersim[replay]' (torch==2.13.0)")
     from replay.meta_check import dims_of, meta_check
@@ -79,4 +86,7 @@ def run_workload(args: argparse.Namespace) -> int:
         print(json.dumps(result, indent=1))
     else:
         print(render(result))
-    return 0
+    return EXIT_OK
+
+
+COMMAND = Command("workload", "check the workload formulas against torch on the meta device", add_args, run)

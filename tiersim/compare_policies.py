@@ -10,34 +10,32 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any
 
+from planner.job import make_plan
+from planner.result_json import dumps, infeasible_json, simulated_json
 from policies import POLICIES, Job, PlanInfeasible, parse_knobs
 from simulator import Result, simulate_plan
-from tiersim.cli import UsageError
-
-EXIT_OK, EXIT_INFEASIBLE = 0, 3
+from tiersim.errors import UsageError
+from tiersim.exit_codes import EXIT_INFEASIBLE, EXIT_OK
+from tiersim.report_files import write_report_for
 
 
 def _one(name: str, job: Job, extrapolate: bool, keep: bool = False) -> tuple[dict[str, Any], Result | None]:
     """Plan and simulate one policy with its default knobs: the JSON-shaped result (picklable, small) and,
     when ``keep`` (for a report), the Result itself without its plan (the figures need its time series)."""
-    from tiersim.commands.simulate import plan_infeasible_dict, result_dict
-
-    info = POLICIES[name]
-    knobs = parse_knobs(info, [])
+    knobs = parse_knobs(POLICIES[name], [])
     t0 = time.perf_counter()
     try:
-        plan = info.plan(job, knobs)
+        plan = make_plan(job, name)
     except PlanInfeasible as e:
-        d = plan_infeasible_dict(e, job, knobs)
+        d = infeasible_json(e, job, knobs)
         d["sim"]["wall_s"] = time.perf_counter() - t0
         return d, None
     result = simulate_plan(plan, job.hw, extrapolate=extrapolate)
-    return result_dict(result), dataclasses.replace(result, simulated_plan=None) if keep else None
+    return simulated_json(result), dataclasses.replace(result, simulated_plan=None) if keep else None
 
 
 def run_all(args: argparse.Namespace, job: Job) -> int:
     from reports.compare import format_comparison
-    from tiersim.commands.simulate import _dumps
 
     if args.knobs:
         raise UsageError("--knob cannot be combined with --policy all (knobs belong to one policy); "
@@ -67,7 +65,7 @@ def run_all(args: argparse.Namespace, job: Job) -> int:
             progress(name)
     rows = [done[name][0] for name in names]
     if args.json:
-        print(_dumps({"job": {"hardware": job.hw.name, "model": job.model.name,
+        print(dumps({"job": {"hardware": job.hw.name, "model": job.model.name,
                               "workload": job.config.to_dict(), "assumed": list(job.assumed)},
                       "results": rows}))
     else:
@@ -81,8 +79,6 @@ def run_all(args: argparse.Namespace, job: Job) -> int:
             print(f"  default picked: {a}")
         print("GPU/CPU/NVMe GB: peak of the busiest pool of that kind; exposed s: transfer time not hidden by compute")
     if keep:
-        from tiersim.commands.simulate import write_report_for
-
         c = job.config
         title = (f"Every policy: {job.model.name} ({job.model.params() / 1e9:.2f}B) on {job.hw.name}, global batch "
                  f"{c.global_batch}, micro-batch {c.micro_batch}, seq {c.seq_len}, {c.precision}")

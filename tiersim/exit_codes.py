@@ -1,0 +1,23 @@
+"""The process exit codes of every tiersim command, in one place.
+
+    0    success (``simulate``: the job fits; ``plan``/``whatif``/``coverage``/``max-model``: something fits)
+    1    a check failed: ``simulate --check`` found a violated simulator invariant, ``replay --verify`` a
+         mismatch with plain training, ``validate`` a case outside its tolerance, ``sweep`` a failed point
+         (each a finding about tiersim or the run, not about the input)
+    2    bad input: exactly one line on stderr naming the field or file and the fix, nothing on stdout
+    3    infeasible: printed on stdout as an answer (which pool overflows, by how much)
+    130  ``sweep`` interrupted (Ctrl-C); what finished is stored
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_INVARIANT = 1   # simulate --check: a violated simulator invariant
+EXIT_MISMATCH = 1    # replay --verify: the replayed training differs from plain training
+EXIT_FAILED = 1      # validate: a case outside its tolerance; sweep: a point failed or the executor broke down
+EXIT_BAD_INPUT = 2
+EXIT_INFEASIBLE = 3
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
+
+__all__ = ["EXIT_BAD_INPUT", "EXIT_FAILED", "EXIT_INFEASIBLE", "EXIT_INTERRUPTED", "EXIT_INVARIANT",
+           "EXIT_MISMATCH", "EXIT_OK"]
