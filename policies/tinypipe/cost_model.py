@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import math
 
+from costs import compute_seconds
 from hardware_models import build_topology
 from policies.base import Job
 from policies.dataparallel import dtype_bytes
 from policies.tinypipe.packing import LayerCost
 from policies.tinypipe.pipeline import Pipeline
-from simulator.engine import compute_seconds
 
 GRAD32_BYTES = 4.0      # CPU-side fp32 gradient accumulator per parameter
 ADAM_BYTES = 8.0        # Adam m and v, fp32
