@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from policies import KnobError, PlanInfeasible, parse_knobs
 from policies import tinypipe as tp
-from policies.tinypipe_search import MODES, LayerCost, Model, Problem, solve
+from policies.tinypipe.packing import MODES, LayerCost, Model, Problem, solve
 from simulator import simulate_plan
 from simulator.invariants import check_invariants
 from tiersim.api import JobRequest, make_job, make_plan
@@ -301,10 +301,10 @@ def test_1f1b_holds_fewer_activations_than_gpipe() -> None:
 # -- (6) the auto stage count's shortcut: a lower bound, never above what an all-gpu partition keeps ------------
 @pytest.mark.parametrize("model", ["gpt2", "opt-1.3b", "gpt2-xl"])
 def test_all_gpu_need_is_a_lower_bound_of_every_all_gpu_partition(model: str) -> None:
-    """``_all_gpu_need / d`` lets auto skip probing d stages; it must not exceed the largest all-gpu stage's
+    """``all_gpu_need / d`` lets auto skip probing d stages; it must not exceed the largest all-gpu stage's
     weights, gradients and states, or auto would pick another stage count than the full probe."""
     job = job_for("a100x8", model, ("gpu.memory=2TB",), micro_batch=1, global_batch=8)
-    need = tp._all_gpu_need(job)
+    need = tp.all_gpu_need(job)
     for d in (1, 2, 4, 8):
         prob, sol = tp.search(job, tp.Knobs(stages=d))
         assert {st.mode for st in sol.stages} == {"gpu"}

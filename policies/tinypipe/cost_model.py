@@ -1,0 +1,94 @@
+"""``tinypipe``'s cost model: what the packing search knows of each layer, and per-parameter state bytes.
+
+A layer's time per micro-batch is its compute (forward, recompute, backward, a launch each) and, when
+swapped, its transfers over gpu0's DRAM route: two fetches of its 16-bit weights (forward and backward)
+one way and its gradient the other, ``max(2 w / one-way, 3 w / both-ways)``. A pack adds the route's copy
+latency three times (``pack_overhead_s``). The tied embedding table counts in the head's figures too.
+"""
+
+from __future__ import annotations
+
+import math
+
+from costs import compute_seconds
+from hardware_models import build_topology
+from policies.base import Job
+from policies.dataparallel import dtype_bytes
+from policies.tinypipe.packing import LayerCost
+from policies.tinypipe.pipeline import Pipeline
+
+GRAD32_BYTES = 4.0      # CPU-side fp32 gradient accumulator per parameter
+ADAM_BYTES = 8.0        # Adam m and v, fp32
+BOUNCE_BUFFERS = 2      # pinned upload buffers per GPU (resident stages)
+
+
+def master_bytes(job: Job) -> float:
+    """fp32 master weights per parameter: none when training in fp32."""
+    return 0.0 if job.config.precision == "fp32" else 4.0
+
+
+def table_params(job: Job) -> float:
+    """Parameters of the tied embedding table (0 when the head has its own)."""
+    return float(job.model.vocab * job.model.hidden) if job.model.tied_embeddings else 0.0
+
+
+def swap_link(job: Job) -> tuple[float, float, float]:
+    """(one-way bytes/s, both-ways bytes/s, latency) of gpu0's DRAM route, shared links split evenly."""
+    topo = build_topology(job.hw)
+    gpus = topo.gpu_locations()
+    users: dict[str, int] = {}
+    for g in gpus:
+        for h in topo.route("cpu", g):
+            users[h.link] = users.get(h.link, 0) + 1
+    one, both = math.inf, math.inf
+    for h in topo.route("cpu", "gpu0"):
+        ln = topo.links[h.link]
+        one = min(one, ln.bw(h.forward) / users[h.link])
+        both = min(both, (ln.duplex_bw or ln.bw_fwd + ln.bw_rev) / users[h.link])
+    return one, both, topo.route_latency("cpu", "gpu0")
+
+
+def layer_costs(job: Job) -> tuple[list[LayerCost], float]:
+    """Per-layer costs for the search, and the per-pack overhead (seconds per micro-batch)."""
+    hw, dtype = job.hw, job.config.precision
+    launch = hw.gpu.launch_overhead_s
+    one, both, lat = swap_link(job)
+    db = dtype_bytes(job)
+    master = master_bytes(job)
+    table = table_params(job)
+    last = len(job.trace.layers) - 1
+    out = []
+    for i, ly in enumerate(job.trace.layers):
+        c = compute_seconds(hw, ly.fwd_flops, ly.fwd_hbm_bytes, dtype) + launch
+        if ly.recompute_flops > 0:
+            c += compute_seconds(hw, ly.recompute_flops, ly.fwd_hbm_bytes, dtype) + launch
+        c += compute_seconds(hw, ly.bwd_flops, ly.bwd_hbm_bytes, dtype) + launch
+        extra = table if i == last else 0.0
+        w = float(ly.param_bytes) + extra * db
+        x = max(2 * w / one, 3 * w / both)
+        st = float(ly.master_bytes + ly.optimizer_bytes) + extra * (master + ADAM_BYTES)
+        out.append(LayerCost(c, x, w, st, float(ly.activation_bytes), float(ly.peak_transient_bytes)))
+    return out, 3 * lat
+
+
+def dram_bytes(pipe: Pipeline, job: Job) -> dict[str, float]:
+    """DRAM the plan keeps, by purpose, for the feasibility check and ``info``: per CPU-optimised stage
+    its fp32 master, Adam m and v and fp32 gradient accumulator; swapped packs' 16-bit homes; resident
+    stages' bounce buffers; without active CPU memory management, every GPU's own 16-bit stage copy."""
+    master = master_bytes(job)
+    out = {"param32": 0.0, "optim": 0.0, "grad32": 0.0, "swap_home16": 0.0, "bounce": 0.0, "naive16": 0.0}
+    for st in pipe.stages:
+        if st.mode == "gpu":
+            continue
+        p = pipe.stage_params(st)
+        out["param32"] += master * p
+        out["optim"] += ADAM_BYTES * p
+        out["grad32"] += GRAD32_BYTES * p
+        if st.mode == "swap":
+            out["swap_home16"] += sum(pipe.pack_home_bytes(st.index, u, t) for u, t in st.packs)
+        else:
+            # per GPU BOUNCE_BUFFERS of a layer's 1/dp share, on dp GPUs
+            out["bounce"] += BOUNCE_BUFFERS * max(pipe.layer_bytes(st.index, x) for x in range(st.first, st.last + 1))
+    if not pipe.active_cpu_mm and not pipe.unified:
+        out["naive16"] = pipe.dp * sum(pipe.stage_bytes(st) for st in pipe.stages)
+    return out
