@@ -14,17 +14,15 @@ Operator level (a spec with ``gpu.op_overhead``, as ``tiersim calibrate`` writes
 its own size on the curve). A task that carries a share of the layer (a tensor-parallel rank, a chunk of
 the tokens) has FLOPs ``k`` times the layer's: every kernel and the element-wise bytes are scaled by ``k``
 (kernels get smaller, so less efficient), the operator count is not. A compute task without a layer tag
-(or of a plan without a model) keeps the roofline.
+keeps the roofline.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from hardware_models import HardwareSpec
 from simulator.plan import Plan, TaskSpec
-from workloads import ModelSpec, WorkloadConfig, WorkloadInputError
 from workloads.ops import PHASES, LayerOps, layer_ops
 
 __all__ = ["ComputeCost", "compute_seconds", "ops_seconds"]
@@ -46,19 +44,6 @@ def ops_seconds(hw: HardwareSpec, ops: LayerOps, dtype: str) -> float:
     return t + ops.n_ops * (g.op_overhead_s or 0.0)
 
 
-def _workload(workload: Mapping[str, Any]) -> tuple[ModelSpec, WorkloadConfig] | None:
-    m = workload.get("model")
-    if not isinstance(m, Mapping):
-        return None
-    try:
-        model = ModelSpec.from_dict({k: v for k, v in m.items() if k != "params"})
-        keys = WorkloadConfig.__dataclass_fields__
-        config = WorkloadConfig.from_dict({k: v for k, v in workload.items() if k in keys})
-    except (WorkloadInputError, TypeError):
-        return None
-    return model, config
-
-
 class ComputeCost:
     """Prices the compute tasks of one plan on one machine (memoised per distinct task shape)."""
 
@@ -66,7 +51,7 @@ class ComputeCost:
         self.hw = hw
         self.dtype = dtype
         self.op_level = hw.gpu.op_overhead_s is not None
-        self.workload = _workload(plan.workload) if self.op_level else None
+        self.workload = (plan.workload.model, plan.workload.config) if self.op_level else None
         self._memo: dict[tuple[float, float, Any, Any], float] = {}
 
     def seconds(self, s: TaskSpec) -> float:
