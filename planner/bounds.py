@@ -136,7 +136,7 @@ def _stacked(tasks: list, tensors: dict, topo: Topology, always: dict[str, float
 def resource_work(plan: Plan, hw: HardwareSpec, topo: Topology) -> dict[str, float]:
     """Seconds of work per resource in one measured step (each resource's minimum busy time)."""
     streams = plan.stream_map()
-    dtype = str(plan.workload.get("precision", "bf16"))
+    dtype = plan.workload.config.precision
     caps = link_capacities(topo)
     route = RouteTable(topo)
     work: dict[str, float] = defaultdict(float)

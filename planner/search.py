@@ -186,7 +186,7 @@ def plan_fingerprint(plan: Plan) -> str:
     """Hash of what the simulator executes (tensors, streams, segments, steps, workload), not of the
     knobs' spelling: two candidates with equal fingerprints are the same plan."""
     h = hashlib.sha256()
-    h.update(repr((sorted(plan.workload.items(), key=lambda kv: kv[0]), plan.steps, plan.tensors,
+    h.update(repr((sorted(plan.workload.to_dict().items(), key=lambda kv: kv[0]), plan.steps, plan.tensors,
                    plan.streams)).encode())
     for seg in plan.segments:
         h.update(repr((seg.name, seg.repeat)).encode())

@@ -8,6 +8,7 @@ from typing import Any
 
 from policies.base import Job
 from simulator import Placement, Plan, Ref, Segment, StreamSpec, TaskSpec, TensorSpec
+from simulator.plan_workload import PlanWorkload
 
 
 def _refs(items: Iterable[str]) -> tuple[Ref, ...]:
@@ -58,10 +59,6 @@ class PlanBuilder:
     def build(self, *, steps: int = 2, notes: Sequence[str] = (), info: dict[str, Any] | None = None) -> Plan:
         job = self.job
         trace = job.trace
-        model = dataclasses.asdict(job.model)
-        model["params"] = job.model.params()
-        workload = {"model": model, **job.config.to_dict(), "provenance": trace.provenance,
-                    "assumed": list(job.assumed)}
         metrics = {
             "n_gpus": float(job.n_gpus),
             "tokens_per_step": float(job.tokens_per_step),
@@ -70,8 +67,8 @@ class PlanBuilder:
         return Plan(
             policy=self.policy,
             knobs=dataclasses.asdict(self.knobs),
-            hardware=job.hw.to_dict(),
-            workload=workload,
+            hardware=job.hw,
+            workload=PlanWorkload(job.model, job.config, trace.provenance, tuple(job.assumed)),
             tensors=tuple(self._tensors.values()),
             streams=tuple(self._streams.values()),
             segments=tuple(Segment(n, r, tuple(ts)) for n, r, ts in self._segments),

@@ -17,16 +17,14 @@ experts is not supported yet.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from replay.errors import ReplayError
-from workloads import ModelSpec, WorkloadInputError
+from workloads import ModelSpec
 
 INIT_STD = 0.02  # GPT-2's initialiser range
 NORM_EPS = 1e-5
@@ -51,19 +49,6 @@ class Dims:
     @property
     def head_dim(self) -> int:
         return self.hidden // self.n_heads
-
-    @classmethod
-    def from_workload(cls, workload: Mapping[str, Any]) -> Dims:
-        """The dimensions of the plan's model, read through ``workloads.ModelSpec`` (validated, no
-        silent defaults); the plan's model dict is ``ModelSpec`` fields plus the derived ``params``."""
-        m = workload.get("model")
-        if not isinstance(m, Mapping):
-            raise ReplayError("plan: workload has no 'model' dimensions; re-create the plan with this tiersim")
-        try:
-            spec = ModelSpec.from_dict({k: v for k, v in m.items() if k != "params"})
-        except WorkloadInputError as e:
-            raise ReplayError(f"plan: workload.model: {e}") from None
-        return cls.from_model(spec)
 
     @classmethod
     def from_model(cls, spec: ModelSpec) -> Dims:

@@ -155,12 +155,12 @@ class Runner:
         self.hw = hw
         self.device = pick_device(device)
         self.gpu = check_replayable(plan, self.device)
-        self.dims = Dims.from_workload(plan.workload)
+        self.dims = Dims.from_model(plan.workload.model)
         self.n_layers = self.dims.n_layers + 2
         self.seed = seed
         self.nvme_dir = nvme_dir
-        w = plan.workload
-        self.batching = Batching(seed, int(w.get("micro_batch", 1)), int(w.get("seq_len", 128)))
+        config = plan.workload.config
+        self.batching = Batching(seed, config.micro_batch, config.seq_len)
         self.streams = plan.stream_map()
         self.tensors = plan.tensor_map()
         self._scan()

@@ -112,17 +112,15 @@ def _load_one(path: Path, inputs: ReportInputs, progress: Callable[[str], None] 
 
 
 def _simulate_plan_file(path: Path, progress: Callable[[str], None] | None) -> Any:
-    from hardware_models import HardwareInputError, spec_from_dict
     from simulator import Plan, PlanError, simulate_plan
 
     try:
         plan = Plan.load(str(path))
-        hw = spec_from_dict(plan.hardware, file=f"{path} (embedded hardware)")
-    except (PlanError, HardwareInputError) as e:
+    except PlanError as e:
         raise ReportInputError(" ".join(str(e).split())) from None
     if progress:
-        progress(f"simulating {path} ({plan.policy} on {hw.name})")
-    return simulate_plan(plan, hw)
+        progress(f"simulating {path} ({plan.policy} on {plan.hardware.name})")
+    return simulate_plan(plan, plan.hardware)
 
 
 def _load_store(path: Path, inputs: ReportInputs) -> None:

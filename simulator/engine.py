@@ -121,7 +121,7 @@ class Engine:
         self.hw = hw
         self.topo = topology if topology is not None else build_topology(hw)
         validate_plan(plan, "plan", self.topo.locations)
-        self.dtype = str(plan.workload.get("precision", "bf16"))
+        self.dtype = plan.workload.config.precision
         self.env = simpy.Environment()
         self.shared_host = hw.gpu.shares_host
         self.net = FlowNetwork(self.env, machine_capacities(hw, self.topo))

@@ -8,6 +8,9 @@ Structure
   ``home`` is a location ("gpu0", "cpu", "nvme", ...) where the tensor is resident when the run starts.
   ``scope`` says how often a tensor exists: ``global`` (once), ``step`` (one instance per training step) or
   ``iteration`` (one instance per iteration of a repeated segment, e.g. a micro-batch's activations).
+- ``hardware`` and ``workload``: what the plan was made for, loaded as typed values (``HardwareSpec``
+  through the hardware loader, :class:`~simulator.plan_workload.PlanWorkload`: model, batch geometry,
+  precision); a plan file without either, or with an incomplete one, is refused.
 - ``streams``: in-order queues (id, device location, kind). Tasks on one stream run in plan order, as CUDA
   streams do; ``deps`` cross streams.
 - ``segments``: the body of one training step, as an ordered list of segments, each repeated ``repeat``
@@ -38,8 +41,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hardware_models import HardwareSpec
 from simulator.errors import PlanError
 from simulator.phase import Phase
+from simulator.plan_workload import PlanWorkload, plan_hardware
 
 PLAN_SCHEMA = "tiersim.plan"
 PLAN_VERSION = 1
@@ -133,8 +138,8 @@ class Segment:
 class Plan:
     policy: str
     knobs: Mapping[str, Any]
-    hardware: Mapping[str, Any]
-    workload: Mapping[str, Any]
+    hardware: HardwareSpec
+    workload: PlanWorkload
     tensors: tuple[TensorSpec, ...]
     streams: tuple[StreamSpec, ...]
     segments: tuple[Segment, ...]
@@ -166,8 +171,8 @@ class Plan:
             "version": PLAN_VERSION,
             "policy": self.policy,
             "knobs": dict(self.knobs),
-            "hardware": dict(self.hardware),
-            "workload": dict(self.workload),
+            "hardware": self.hardware.to_dict(),
+            "workload": self.workload.to_dict(),
             "steps": self.steps,
             "metrics": dict(self.metrics),
             "notes": list(self.notes),
@@ -190,6 +195,8 @@ class Plan:
         if d.get("version") != PLAN_VERSION:
             raise PlanError(f"{where}: field 'version' is {d.get('version')!r}; this tiersim reads version "
                             f"{PLAN_VERSION} (re-create the plan with this version)")
+        hardware = plan_hardware(d.get("hardware"), where)
+        workload = PlanWorkload.from_dict(d.get("workload"), where)
         try:
             tensors = tuple(_tensor_from_dict(t, f"{where}: tensors[{i}]") for i, t in enumerate(d["tensors"]))
             streams = tuple(StreamSpec(s["id"], s["device"], s["kind"]) for s in d["streams"])
@@ -199,7 +206,7 @@ class Plan:
                               for j, t in enumerate(s["tasks"])))
                 for s in d["segments"])
             plan = cls(policy=str(d["policy"]), knobs=dict(d.get("knobs", {})),
-                       hardware=dict(d["hardware"]), workload=dict(d.get("workload", {})),
+                       hardware=hardware, workload=workload,
                        tensors=tensors, streams=streams, segments=segments, steps=int(d.get("steps", 1)),
                        metrics=dict(d.get("metrics", {})), notes=tuple(d.get("notes", ())),
                        info=dict(d.get("info", {})))
@@ -324,75 +331,103 @@ def validate_plan(plan: Plan, where: str = "plan", locations: Iterable[str] | No
     streams = plan.stream_map()
     if len(streams) != len(plan.streams):
         raise PlanError(f"{where}: duplicate stream ids")
-    locs = set(locations) if locations is not None else None
-    for t in plan.tensors:
-        if t.kind not in TENSOR_KINDS:
-            raise PlanError(f"{where}: tensor {t.id!r}: kind {t.kind!r} is not one of {', '.join(TENSOR_KINDS)}")
-        if t.scope not in SCOPES:
-            raise PlanError(f"{where}: tensor {t.id!r}: scope {t.scope!r} is not one of {', '.join(SCOPES)}")
-        if not _size(t.bytes):
-            raise PlanError(f"{where}: tensor {t.id!r}: bytes must be finite and >= 0, got {t.bytes}")
-        if t.home is not None and t.scope != "global":
-            raise PlanError(f"{where}: tensor {t.id!r}: only global tensors can have a home")
-        if locs is not None and t.home is not None and t.home not in locs:
-            raise PlanError(f"{where}: tensor {t.id!r}: home {t.home!r} is not a location of this hardware "
-                            f"({', '.join(sorted(locs))})")
+    locs = frozenset(locations) if locations is not None else None
+    for tensor in plan.tensors:
+        _check_tensor(tensor, f"{where}: tensor {tensor.id!r}", locs)
     for s in plan.streams:
         if s.kind not in STREAM_KINDS:
             raise PlanError(f"{where}: stream {s.id!r}: kind {s.kind!r} is not one of {', '.join(STREAM_KINDS)}")
         if locs is not None and s.device not in locs:
             raise PlanError(f"{where}: stream {s.id!r}: device {s.device!r} is not a location of this hardware")
     seg_of = plan.task_segment()
-    n_tasks = sum(len(s.tasks) for s in plan.segments)
-    if len(seg_of) != n_tasks:
+    if len(seg_of) != sum(len(s.tasks) for s in plan.segments):
         raise PlanError(f"{where}: duplicate task ids")
+    ctx = _TaskContext(tensors, frozenset(streams), seg_of, locs)
     for si, seg in enumerate(plan.segments):
         if seg.repeat < 1:
             raise PlanError(f"{where}: segment {seg.name!r}: repeat must be >= 1, got {seg.repeat}")
         for t in seg.tasks:
-            w = f"{where}: task {t.id!r}"
-            if t.op not in OPS:
-                raise PlanError(f"{w}: op {t.op!r} is not one of {', '.join(OPS)}")
-            if "phase" in t.tags and Phase.parse(t.tags["phase"]) is None:
-                raise PlanError(f"{w}: tag 'phase' {t.tags['phase']!r} is not one of {', '.join(Phase)}")
-            if t.stream not in streams:
-                raise PlanError(f"{w}: stream {t.stream!r} is not declared in 'streams'")
-            for r in t.deps:
-                if r.id not in seg_of:
-                    raise PlanError(f"{w}: depends on missing task {r.id!r}")
-                if seg_of[r.id] > si and r.steps_back == 0:
-                    raise PlanError(f"{w}: depends on {r.id!r} of a later segment in the same step; "
-                                    f"write '{r.id}^1' for the previous step")
-                if r.iters_back and seg_of[r.id] != si:
-                    raise PlanError(f"{w}: '{r}' looks back iterations of another segment; use plain '{r.id}'")
-                if seg_of[r.id] == si and r.steps_back == 0 and r.iters_back == 0 and r.id == t.id:
-                    raise PlanError(f"{w}: depends on itself")
-            for p in (*t.allocs, *t.frees, *t.reads):
-                if p.tensor.id not in tensors:
-                    raise PlanError(f"{w}: references missing tensor {p.tensor.id!r}")
-                if locs is not None and p.loc not in locs:
-                    raise PlanError(f"{w}: location {p.loc!r} is not a location of this hardware")
-            if t.op == "compute" and not (_size(t.flops) and _size(t.hbm_bytes)):
-                raise PlanError(f"{w}: flops and hbm_bytes must be finite and >= 0")
-            if t.op == "copy":
-                if t.src is None or t.dst is None:
-                    raise PlanError(f"{w}: a copy needs 'src' and 'dst'")
-                if t.tensor is None and not (_size(t.bytes) and t.bytes > 0):
-                    raise PlanError(f"{w}: a copy needs a 'tensor' or a positive 'bytes'")
-                if t.tensor is not None and t.tensor.id not in tensors:
-                    raise PlanError(f"{w}: copies missing tensor {t.tensor.id!r}")
-                if locs is not None and (t.src not in locs or t.dst not in locs):
-                    raise PlanError(f"{w}: copy location {t.src!r} -> {t.dst!r} is not on this hardware")
-                if not _size(t.bytes):
-                    raise PlanError(f"{w}: bytes must be finite and >= 0")
-            if t.op == "optimizer" and not (_size(t.params) and t.params > 0):
-                raise PlanError(f"{w}: an optimizer task needs a positive 'params'")
-            if t.op == "collective":
-                if t.coll not in COLLECTIVES:
-                    raise PlanError(f"{w}: coll {t.coll!r} is not one of {', '.join(COLLECTIVES)}")
-                if not t.ranks:
-                    raise PlanError(f"{w}: a collective needs 'ranks'")
-                if not _size(t.bytes):
-                    raise PlanError(f"{w}: bytes must be finite and >= 0")
-                if locs is not None and any(r not in locs for r in t.ranks):
-                    raise PlanError(f"{w}: ranks {list(t.ranks)} include a location not on this hardware")
+            _check_task(t, si, f"{where}: task {t.id!r}", ctx)
+
+
+def _check_tensor(t: TensorSpec, w: str, locs: frozenset[str] | None) -> None:
+    if t.kind not in TENSOR_KINDS:
+        raise PlanError(f"{w}: kind {t.kind!r} is not one of {', '.join(TENSOR_KINDS)}")
+    if t.scope not in SCOPES:
+        raise PlanError(f"{w}: scope {t.scope!r} is not one of {', '.join(SCOPES)}")
+    if not _size(t.bytes):
+        raise PlanError(f"{w}: bytes must be finite and >= 0, got {t.bytes}")
+    if t.home is not None and t.scope != "global":
+        raise PlanError(f"{w}: only global tensors can have a home")
+    if locs is not None and t.home is not None and t.home not in locs:
+        raise PlanError(f"{w}: home {t.home!r} is not a location of this hardware ({', '.join(sorted(locs))})")
+
+
+@dataclass(frozen=True)
+class _TaskContext:
+    """What a task is checked against: the plan's tensors, streams, task segments and locations."""
+
+    tensors: Mapping[str, TensorSpec]
+    streams: frozenset[str]
+    seg_of: Mapping[str, int]
+    locs: frozenset[str] | None
+
+
+def _check_task(t: TaskSpec, si: int, w: str, ctx: _TaskContext) -> None:
+    if t.op not in OPS:
+        raise PlanError(f"{w}: op {t.op!r} is not one of {', '.join(OPS)}")
+    if "phase" in t.tags and Phase.parse(t.tags["phase"]) is None:
+        raise PlanError(f"{w}: tag 'phase' {t.tags['phase']!r} is not one of {', '.join(Phase)}")
+    if t.stream not in ctx.streams:
+        raise PlanError(f"{w}: stream {t.stream!r} is not declared in 'streams'")
+    for r in t.deps:
+        _check_dep(t, r, si, w, ctx.seg_of)
+    for p in (*t.allocs, *t.frees, *t.reads):
+        if p.tensor.id not in ctx.tensors:
+            raise PlanError(f"{w}: references missing tensor {p.tensor.id!r}")
+        if ctx.locs is not None and p.loc not in ctx.locs:
+            raise PlanError(f"{w}: location {p.loc!r} is not a location of this hardware")
+    if t.op == "compute" and not (_size(t.flops) and _size(t.hbm_bytes)):
+        raise PlanError(f"{w}: flops and hbm_bytes must be finite and >= 0")
+    if t.op == "copy":
+        _check_copy(t, w, ctx)
+    if t.op == "optimizer" and not (_size(t.params) and t.params > 0):
+        raise PlanError(f"{w}: an optimizer task needs a positive 'params'")
+    if t.op == "collective":
+        _check_collective(t, w, ctx.locs)
+
+
+def _check_dep(t: TaskSpec, r: Ref, si: int, w: str, seg_of: Mapping[str, int]) -> None:
+    if r.id not in seg_of:
+        raise PlanError(f"{w}: depends on missing task {r.id!r}")
+    if seg_of[r.id] > si and r.steps_back == 0:
+        raise PlanError(f"{w}: depends on {r.id!r} of a later segment in the same step; "
+                        f"write '{r.id}^1' for the previous step")
+    if r.iters_back and seg_of[r.id] != si:
+        raise PlanError(f"{w}: '{r}' looks back iterations of another segment; use plain '{r.id}'")
+    if seg_of[r.id] == si and r.steps_back == 0 and r.iters_back == 0 and r.id == t.id:
+        raise PlanError(f"{w}: depends on itself")
+
+
+def _check_copy(t: TaskSpec, w: str, ctx: _TaskContext) -> None:
+    if t.src is None or t.dst is None:
+        raise PlanError(f"{w}: a copy needs 'src' and 'dst'")
+    if t.tensor is None and not (_size(t.bytes) and t.bytes > 0):
+        raise PlanError(f"{w}: a copy needs a 'tensor' or a positive 'bytes'")
+    if t.tensor is not None and t.tensor.id not in ctx.tensors:
+        raise PlanError(f"{w}: copies missing tensor {t.tensor.id!r}")
+    if ctx.locs is not None and (t.src not in ctx.locs or t.dst not in ctx.locs):
+        raise PlanError(f"{w}: copy location {t.src!r} -> {t.dst!r} is not on this hardware")
+    if not _size(t.bytes):
+        raise PlanError(f"{w}: bytes must be finite and >= 0")
+
+
+def _check_collective(t: TaskSpec, w: str, locs: frozenset[str] | None) -> None:
+    if t.coll not in COLLECTIVES:
+        raise PlanError(f"{w}: coll {t.coll!r} is not one of {', '.join(COLLECTIVES)}")
+    if not t.ranks:
+        raise PlanError(f"{w}: a collective needs 'ranks'")
+    if not _size(t.bytes):
+        raise PlanError(f"{w}: bytes must be finite and >= 0")
+    if locs is not None and any(r not in locs for r in t.ranks):
+        raise PlanError(f"{w}: ranks {list(t.ranks)} include a location not on this hardware")

@@ -233,7 +233,8 @@ def build_result(plan: Plan, hw: HardwareSpec, raw: RawRun, metrics: StepMetrics
     tokens = float(plan.metrics.get("tokens_per_step", 0.0))
     flops = float(plan.metrics.get("model_flops_per_step", 0.0))
     step = metrics.step_time_s
-    dtype = str(plan.workload.get("precision", "bf16"))
+    dtype = plan.workload.config.precision
+    workload = plan.workload.to_dict()
     tflops = flops / step / n_gpus / 1e12 if step > 0 and n_gpus else 0.0
     mfu = tflops * 1e12 / hw.peak_flops_for(dtype) if tflops else 0.0
     return Result(
@@ -241,8 +242,8 @@ def build_result(plan: Plan, hw: HardwareSpec, raw: RawRun, metrics: StepMetrics
         policy=plan.policy,
         knobs=dict(plan.knobs),
         hardware=hw.name,
-        model=dict(plan.workload.get("model", {})),
-        workload={k: v for k, v in plan.workload.items() if k != "model"},
+        model=workload.pop("model"),
+        workload=workload,
         n_gpus=n_gpus,
         step_time_s=step,
         tokens_per_s=tokens / step if step > 0 else 0.0,

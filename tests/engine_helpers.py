@@ -12,9 +12,17 @@ from dataclasses import replace
 from hardware_models import HardwareSpec, Hop, Link, Pool, Topology, load_hardware
 from simulator import Placement, Plan, Ref, Result, Segment, StreamSpec, TaskSpec, TensorSpec
 from simulator.invariants import check_invariants
+from simulator.plan_workload import PlanWorkload
 from simulator.simulate import simulate_plan
+from workloads import ModelSpec, WorkloadConfig
 
 GB = 1e9
+#: the workload of a hand-made plan (a small GPT; the tasks of such a plan carry no layer tags, so the
+#: engine prices them by their own flops and bytes: the model only names what the plan is for)
+WORKLOAD = PlanWorkload(ModelSpec("test-gpt", "custom", n_layers=2, hidden=64, n_heads=4, n_kv_heads=4, ffn=256,
+                                  vocab=128, max_pos=64, tied_embeddings=True, mlp="gelu", norm="layernorm",
+                                  bias=True, learned_pos=True),
+                        WorkloadConfig(micro_batch=1, seq_len=32, precision="bf16"), "test: hand-made plan")
 
 
 def hw(name: str = "a100", **host: float) -> HardwareSpec:
@@ -82,7 +90,7 @@ def plan(tasks: Sequence[TaskSpec], streams: Sequence[tuple[str, str, str]],
     """A plan of one segment ``main`` (repeated once) holding ``tasks``, or of the given ``segments``."""
     segs = (tuple(Segment(n, r, tuple(ts)) for n, r, ts in segments) if segments is not None
             else (Segment("main", 1, tuple(tasks)),))
-    return Plan(policy="test", knobs={}, hardware={}, workload={"precision": "bf16"}, tensors=tuple(tensors),
+    return Plan(policy="test", knobs={}, hardware=hw(), workload=WORKLOAD, tensors=tuple(tensors),
                 streams=tuple(StreamSpec(*s) for s in streams), segments=segs,
                 steps=steps, metrics={"n_gpus": 1.0})
 

@@ -230,7 +230,7 @@ def test_plan_out_loads_and_resimulates_to_the_same_step(capsys: pytest.CaptureF
     path = tmp_path / "plan.json"
     first = run_json(capsys, *OFFLOAD, "--plan-out", str(path))
     plan = Plan.load(path)
-    assert plan.policy == "zero-offload" and plan.hardware["name"] == "a100"
+    assert plan.policy == "zero-offload" and plan.hardware.name == "a100"
     again = run_json(capsys, "--plan", str(path))
     assert again["step_time_s"] == first["step_time_s"]
     assert again["hardware"] == "a100"  # the plan's own hardware, not the a100x8 default

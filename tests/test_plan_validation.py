@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from engine_helpers import GB, compute, copy, hw, noop, one_link, place, plan, refs, run, tensor
+from engine_helpers import GB, WORKLOAD, compute, copy, hw, noop, one_link, place, plan, refs, run, tensor
 
 from simulator import PLAN_SCHEMA, PLAN_VERSION, Plan, PlanError, Segment, StreamSpec, TaskSpec, validate_plan
 from simulator.simulate import simulate_plan
@@ -46,7 +46,7 @@ def _good() -> Plan:
     return replace(plan([], STREAMS, tensors=[tensor("act", 2, scope="iteration", layer=3),
                                               tensor("w", 1, "param16", home="cpu", persistent=True)],
                         segments=[("micro", 3, micro), ("opt", 1, opt)], steps=2),
-                   knobs={"k": 1}, hardware={"name": "a100"}, metrics={"n_gpus": 1.0}, notes=("a note",),
+                   knobs={"k": 1}, metrics={"n_gpus": 1.0}, notes=("a note",),
                    info={"x": [1, 2]})
 
 
@@ -216,6 +216,74 @@ def test_missing_and_malformed_fields() -> None:
         Plan.from_dict(d)
 
 
+# -- what the plan was made for: typed, complete, never guessed ------------------------------------------------
+def _load_error(d: dict) -> str:
+    with pytest.raises(PlanError) as e:
+        Plan.from_dict(d, where="p.json")
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("p.json")
+    return msg
+
+
+def _without(d: dict, *path: str) -> dict:
+    node = d
+    for key in path[:-1]:
+        node = node[key]
+    del node[path[-1]]
+    return d
+
+
+def test_the_workload_and_hardware_load_as_typed_values() -> None:
+    p = Plan.from_dict(json.loads(json.dumps(_good().to_dict())))
+    assert p.workload == WORKLOAD and p.hardware == hw()
+    assert p.workload.config.precision == "bf16" and p.workload.model.n_layers == 2
+
+
+@pytest.mark.parametrize(("path", "needles"), [
+    (("workload",), ("field 'workload' is missing", "re-create the plan")),
+    (("hardware",), ("field 'hardware' is missing", "re-create the plan")),
+    (("workload", "model"), ("field 'workload.model' is missing", "re-create the plan")),
+    (("workload", "micro_batch"), ("field 'workload.micro_batch' is missing", "re-create the plan")),
+    (("workload", "precision"), ("field 'workload.precision' is missing",)),
+    (("workload", "provenance"), ("field 'workload.provenance' is missing",)),
+    (("workload", "assumed"), ("field 'workload.assumed' is missing",)),
+    (("workload", "model", "hidden"), ("'workload.model'", "missing field 'hidden'")),
+])
+def test_a_plan_missing_what_it_was_made_for_is_refused(path: tuple[str, ...], needles: tuple[str, ...]) -> None:
+    msg = _load_error(_without(_good().to_dict(), *path))
+    for needle in needles:
+        assert needle in msg, (needle, msg)
+
+
+@pytest.mark.parametrize(("change", "needles"), [
+    ({"precision": "fp8"}, ("'workload'", "precision", "'fp8'")),
+    ({"micro_batch": 0}, ("'workload'", "micro_batch")),
+    ({"batch": 4}, ("'workload.batch' is not a workload field", "remove it")),
+    ({"provenance": ""}, ("'workload.provenance'", "non-empty string")),
+    ({"assumed": "none"}, ("'workload.assumed'", "list of strings")),
+    ({"model": [1, 2]}, ("'workload.model'", "object of model dimensions")),
+])
+def test_a_malformed_workload_is_refused_with_its_field(change: dict, needles: tuple[str, ...]) -> None:
+    d = _good().to_dict()
+    d["workload"].update(change)
+    msg = _load_error(d)
+    for needle in needles:
+        assert needle in msg, (needle, msg)
+
+
+def test_a_stale_parameter_count_is_refused_and_a_bad_hardware_names_its_field() -> None:
+    d = _good().to_dict()
+    d["workload"]["model"]["params"] += 1
+    assert "'workload.model.params'" in _load_error(d)
+    d = _good().to_dict()
+    d["workload"] = []
+    assert "field 'workload' must be an object" in _load_error(d)
+    d = _good().to_dict()
+    d["hardware"]["gpu"]["memory"] = -5
+    msg = _load_error(d)
+    assert "(embedded hardware)" in msg and "gpu.memory" in msg
+
+
 # -- the run-time plan checker -----------------------------------------------------------------------------------
 def _runtime_error(tasks: list[TaskSpec], tensors: list = ()) -> str:  # noqa: ANN001
     p = plan(tasks, STREAMS, tensors=tensors)
@@ -281,8 +349,7 @@ def test_plans_compare_by_value() -> None:
 def test_a_deps_string_or_fractional_repeat_is_rejected_not_coerced() -> None:
     from simulator import Plan, PlanError
 
-    base = {"schema": "tiersim.plan", "version": 1, "policy": "t", "hardware": {}, "tensors": [],
-            "streams": [{"id": "s", "device": "gpu0", "kind": "compute"}]}
+    base = {**_good().to_dict(), "tensors": [], "streams": [{"id": "s", "device": "gpu0", "kind": "compute"}]}
     with pytest.raises(PlanError, match="expected a list of task ids"):
         Plan.from_dict({**base, "segments": [{"name": "m", "repeat": 1, "tasks": [
             {"id": "a", "op": "noop", "stream": "s"}, {"id": "b", "op": "noop", "stream": "s", "deps": "a"}]}]})

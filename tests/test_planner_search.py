@@ -203,7 +203,7 @@ def test_cli_json_and_plan_out_loadable_by_simulate(tmp_path: Path, capsys: pyte
     assert d["kind"] == "tiersim.plan_search" and d["best"]["feasible"] is True
     assert d["n_candidates"] == sum(d["rejected"].values()) + len(d["ranked"])
     plan = Plan.load(out)
-    assert plan.policy == d["best"]["policy"] and plan.workload["micro_batch"] == 2
+    assert plan.policy == d["best"]["policy"] and plan.workload.config.micro_batch == 2
     assert simulate_main(["--plan", str(out), "--json"]) == 0
     sim = json.loads(capsys.readouterr().out)
     assert sim["step_time_s"] == pytest.approx(d["best"]["step_time_s"], rel=1e-9)

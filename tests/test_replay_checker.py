@@ -11,7 +11,6 @@ import pytest
 
 pytest.importorskip("torch")
 
-from hardware_models import spec_from_dict  # noqa: E402
 from policies import get_policy, parse_knobs  # noqa: E402
 from replay.errors import ReplayError, ReplayOom  # noqa: E402
 from replay.runner import Runner  # noqa: E402
@@ -37,7 +36,7 @@ def task(d: dict[str, Any], tid: str) -> dict[str, Any]:
 
 def replay(d: dict[str, Any]) -> None:
     plan = Plan.from_dict(d)
-    Runner(plan, spec_from_dict(plan.hardware)).run()
+    Runner(plan, plan.hardware).run()
 
 
 def test_copy_from_a_pool_where_the_tensor_is_not() -> None:
@@ -97,7 +96,7 @@ def test_copies_through_nvme_files(tmp_path: Path) -> None:
         {"id": "back", "op": "copy", "stream": "nvme.io", "tensor": "spill", "src": "nvme", "dst": "cpu",
          "alloc_dst": True, "free_src": True}]
     plan = Plan.from_dict(d)
-    meas = Runner(plan, spec_from_dict(plan.hardware), nvme_dir=str(tmp_path)).run()
+    meas = Runner(plan, plan.hardware, nvme_dir=str(tmp_path)).run()
     nvme_links = [ln for ln in meas.real_link_bytes if "nvme" in ln]
     assert nvme_links and all(meas.real_link_bytes[ln] == 4096 * 2 * plan.steps for ln in nvme_links)
     assert not list(tmp_path.iterdir())  # the file read back and freed is gone

@@ -44,15 +44,13 @@ def replay_and_verify(plan: Plan, delayed: bool | None = None):
 
 
 def _hw(plan: Plan):
-    from hardware_models import spec_from_dict
-
-    return spec_from_dict(plan.hardware)
+    return plan.hardware
 
 
 @pytest.mark.parametrize("model", [GPT, LLAMA], ids=["gpt", "llama"])
 def test_model_has_the_workloads_parameter_count(model: dict) -> None:
     spec = ModelSpec(**model)
-    dims = Dims.from_workload({"model": {**model, "params": spec.params()}})
+    dims = Dims.from_model(spec)
     assert param_count(build_layers(dims, 0)) == spec.params()
 
 

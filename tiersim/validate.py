@@ -12,8 +12,9 @@ from dataclasses import dataclass, replace
 
 from hardware_models import load_hardware
 from simulator import Plan, Result, Segment, StreamSpec, TaskSpec, simulate_plan
+from simulator.plan_workload import PlanWorkload
 from tiersim.api import JobRequest, make_job, make_plan
-from workloads import load_model
+from workloads import WorkloadConfig, load_model
 
 
 @dataclass(frozen=True)
@@ -74,9 +75,15 @@ def _zero_offload_cpu_bytes_per_param() -> float:
     return initial_bytes(res, "cpu", ("param32", "optim", "grad32", "buffer")) / job.trace.params
 
 
+def _bench_workload(precision: str) -> PlanWorkload:
+    """The workload named by a one-task benchmark plan (its task carries no layer tag: priced by its size)."""
+    return PlanWorkload(load_model("gpt2"), WorkloadConfig(seq_len=1024, precision=precision),
+                        "validate: one-task benchmark plan")
+
+
 def _cpu_adam_seconds(params: float) -> float:
     hw = load_hardware("dgx2")
-    plan = Plan(policy="validate", knobs={}, hardware=hw.to_dict(), workload={"precision": "fp16"}, tensors=(),
+    plan = Plan(policy="validate", knobs={}, hardware=hw, workload=_bench_workload("fp16"), tensors=(),
                 streams=(StreamSpec("cpu.adam0", "cpu", "optim"),),
                 segments=(Segment("opt", 1, (TaskSpec("adam", "optimizer", "cpu.adam0", params=params),)),),
                 steps=1, metrics={"n_gpus": 1.0})
@@ -90,7 +97,7 @@ def _copy_gbps(both: bool) -> float:
     tasks = [TaskSpec("h2d", "copy", "h2d", src="cpu", dst="gpu0", bytes=float(n))]
     if both:
         tasks.append(TaskSpec("d2h", "copy", "d2h", src="gpu0", dst="cpu", bytes=float(n)))
-    plan = Plan(policy="validate", knobs={}, hardware=hw.to_dict(), workload={"precision": "bf16"}, tensors=(),
+    plan = Plan(policy="validate", knobs={}, hardware=hw, workload=_bench_workload("bf16"), tensors=(),
                 streams=(StreamSpec("h2d", "gpu0", "h2d"), StreamSpec("d2h", "gpu0", "d2h")),
                 segments=(Segment("copy", 1, tuple(tasks)),), steps=1, metrics={"n_gpus": 1.0})
     res = simulate_plan(plan, hw)

@@ -13,7 +13,6 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-from hardware_models import spec_from_dict
 from planner.result_json import dumps
 from simulator import Plan, simulate_plan
 from tiersim.command import Command
@@ -50,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     from replay.errors import ReplayError, ReplayOom
     from replay.runner import DEFAULT_SEED, Runner, measured_result, with_steps
 
-    hw = spec_from_dict(plan.hardware, file=f"{args.plan} (embedded hardware)")
+    hw = plan.hardware
     seed = DEFAULT_SEED if args.seed is None else args.seed
     try:
         plan = with_steps(plan, args.steps)

@@ -50,7 +50,8 @@ def _saved_plan(args: argparse.Namespace, extra_assumed: list[str]) -> tuple[Pla
     if args.hw is not None:
         hw = resolve_hardware(args.hw, args.sets)
     else:
-        hw = spec_from_dict(plan.hardware, file=f"{args.plan_in} (embedded hardware)", overrides=args.sets)
+        hw = spec_from_dict(plan.hardware.to_dict(), file=f"{args.plan_in} (embedded hardware)",
+                            overrides=args.sets)
         extra_assumed.append(f"hardware={hw.name} (embedded in {args.plan_in}; pass --hw to change)")
     # name the file and the machine when the plan does not fit this hardware (e.g. 8 GPUs planned, 1 here)
     validate_plan(plan, f"{args.plan_in} on hardware {hw.name!r}", build_topology(hw).locations)
