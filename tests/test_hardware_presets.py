@@ -101,7 +101,7 @@ def test_describe_shows_every_source(name: str) -> None:
 
 # Figures from hardware_models/reference/hardware_specs.yaml (and the task brief), with their units;
 # the ones the reference records are also read from it below (test_figures_are_the_reference_figures).
-EXPECTED = {
+EXPECTED: dict[str, dict[str, float | None]] = {
     "a100x8": {
         "gpu.count": 8,
         "host.dram_bytes": 2e12,
