@@ -10,10 +10,12 @@ package is reached through its ``__init__`` only when it is named (no implicit e
 The rules (design: a package imports only packages left of / above it in the picture):
 
 - no import cycle among the modules of ``tiersim/`` or of ``reports/``;
-- ``hardware_models`` and ``workloads`` import none of our packages; ``costs`` imports only those two;
+- ``hardware_models`` and ``workloads`` import none of our packages; ``costs`` imports only those two (and
+  no SimPy);
 - ``simulator`` imports no ``policies``, ``planner``, ``reports``, ``replay`` or ``tiersim``;
 - ``policies`` imports no ``planner``, ``reports``, ``replay`` or ``tiersim``, and from ``simulator`` only
   the plan vocabulary (``simulator``, ``simulator.plan``, ``simulator.phase``, ``simulator.errors``);
+- ``planner`` imports no ``reports``, ``replay`` or ``tiersim``; ``reports`` no ``replay`` or ``tiersim``;
 - ``replay`` imports no ``planner`` or ``tiersim``;
 - only ``replay`` imports ``torch`` at module level (torch is an optional extra for everything else).
 
@@ -40,8 +42,11 @@ FORBIDDEN: dict[str, frozenset[str]] = {
     "costs": frozenset(PACKAGES) - {"costs", "hardware_models", "workloads"},
     "simulator": frozenset({"policies", "planner", "reports", "replay", "tiersim"}),
     "policies": frozenset({"planner", "reports", "replay", "tiersim"}),
+    "planner": frozenset({"reports", "replay", "tiersim"}),
+    "reports": frozenset({"replay", "tiersim"}),
     "replay": frozenset({"planner", "tiersim"}),
 }
+THIRD_PARTY_FORBIDDEN = {"costs": frozenset({"simpy"})}  # pure pricing: no event engine
 CYCLE_FREE = ("tiersim", "reports")
 
 
@@ -200,7 +205,7 @@ def layering_violations(edges: list[Edge]) -> list[Edge]:
     for e in edges:
         src, dst = package_of(e.importer), package_of(e.imported)
         beyond_vocabulary = src == "policies" and dst == "simulator" and e.imported not in PLAN_VOCABULARY
-        if dst in FORBIDDEN.get(src, frozenset()) or beyond_vocabulary:
+        if dst in FORBIDDEN.get(src, frozenset()) | THIRD_PARTY_FORBIDDEN.get(src, frozenset()) or beyond_vocabulary:
             bad.append(e)
     return bad
 
@@ -241,7 +246,7 @@ def test_only_replay_imports_torch_at_module_level(graph: list[Edge]) -> None:
 
 
 def _graph_of(tmp: Path, files: dict[str, str]) -> list[Edge]:
-    """build_graph over a made-up tree (ROOT and PACKAGES patched)."""
+    """build_graph over a made-up tree in ``tmp`` (the caller points ROOT at it)."""
     for rel, text in files.items():
         p = tmp / rel
         p.parent.mkdir(parents=True, exist_ok=True)
@@ -257,15 +262,19 @@ def test_checker_sees_lazy_relative_and_type_checking_imports(tmp_path: Path,
         "reports/build.py": "def f():\n    from reports.html import write\n",
         "reports/html.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .build import X\n",
         "reports/text.py": "import torch\n",
+        "reports/lazy.py": "def f():\n    import torch\n",
+        "replay/__init__.py": "import torch\n",
         "policies/__init__.py": "from simulator import Plan\nfrom simulator.engine import price\n"
                                 "from simulator import simulate_plan\n",
         "simulator/__init__.py": "from simulator.plan import Plan\nfrom simulator.simulate import simulate_plan\n",
         "simulator/engine.py": "", "simulator/plan.py": "", "simulator/simulate.py": "",
+        "costs/__init__.py": "import simpy\nfrom workloads import x\n", "workloads/__init__.py": "",
     })
     found = cycles(edges, "reports")
     assert len(found) == 1 and {e.importer for e in found[0]} == {"reports.build", "reports.html"}
     by = {(e.importer, e.imported): e for e in edges}
     assert by[("reports.html", "reports.build")].module_level is False
-    assert [str(e) for e in layering_violations(edges)] == ["policies/__init__.py:2  policies -> simulator.engine",
+    assert [str(e) for e in layering_violations(edges)] == ["costs/__init__.py:1  costs -> simpy",
+                                                          "policies/__init__.py:2  policies -> simulator.engine",
                                                           "policies/__init__.py:3  policies -> simulator.simulate"]
     assert [e.importer for e in torch_outside_replay(edges)] == ["reports.text"]

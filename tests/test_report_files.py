@@ -10,10 +10,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from planner.result_json import infeasible_json
 from reports.build import ReportInputs, build_charts, write_report
 from simulator import Result, simulate_plan
 from tiersim.api import JobRequest, make_job, make_plan
-from tiersim.commands.simulate import plan_infeasible_dict
 
 COVERAGE = {"kind": "tiersim.coverage", "hardware": "a100", "rows": [
     {"policy": p, "model": m, "params": n, "feasible": ok, "tokens_per_s": t, "tflops_per_gpu": f, "binding": b,
@@ -39,7 +39,7 @@ def inputs() -> ReportInputs:
 
     job, _ = make_job("a100", "gpt2", JobRequest(global_batch=4))
     r = simulate_plan(make_plan(job, "zero-offload"), job.hw)
-    bad = plan_infeasible_dict(PlanInfeasible("none", "gpu0", 120e9, 79.5e9, "the model states"), job)
+    bad = infeasible_json(PlanInfeasible("none", "gpu0", 120e9, 79.5e9, "the model states"), job)
     return ReportInputs(items=[r, bad], coverage=[COVERAGE], whatif=[WHATIF], replay=[(None, REPLAY)],
                         title="gpt2 on a100", sources=["test"])
 

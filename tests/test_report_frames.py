@@ -7,11 +7,11 @@ import math
 
 import pytest
 
+from planner.result_json import infeasible_json
 from reports import frames
 from simulator import Result
 from simulator.result import union
 from tiersim.api import JobRequest, make_job, make_plan
-from tiersim.commands.simulate import plan_infeasible_dict
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +107,7 @@ def test_link_frame_moves_the_bytes_of_the_copies_in_the_step(result: Result) ->
 def test_comparison_frame_reads_results_and_verdicts(job, result: Result) -> None:  # noqa: ANN001
     from policies import PlanInfeasible
 
-    bad = plan_infeasible_dict(PlanInfeasible("none", "gpu0", 200e9, 79.5e9, "the model states"), job)
+    bad = infeasible_json(PlanInfeasible("none", "gpu0", 200e9, 79.5e9, "the model states"), job)
     df = frames.comparison_frame([result.to_dict(), bad])
     ok, no = df.iloc[0], df.iloc[1]
     assert ok["feasible"] and ok["tokens_per_s"] == result.tokens_per_s

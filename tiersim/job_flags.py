@@ -16,10 +16,9 @@ from dataclasses import dataclass
 
 from policies.job import DEFAULT_SEQ_CAP, DEFAULT_SEQS_PER_GPU, JobRequest
 from tiersim.errors import UsageError
+from workloads.config import CHECKPOINTING_MODES, DTYPE_BYTES
 
 DEFAULT_HW, DEFAULT_MODEL, DEFAULT_POLICY = "a100x8", "70b", "zero-offload"
-PRECISIONS = ("bf16", "fp16", "fp32")
-CHECKPOINTING = ("none", "selective", "full")
 
 
 def positive_int(text: str) -> int:
@@ -120,8 +119,8 @@ def add_workload_flags(p: argparse.ArgumentParser, flags: JobFlags) -> None:
     p.add_argument("--seq-len", type=positive_int,
                    help=f"tokens per sequence (default: the model's context, <= {DEFAULT_SEQ_CAP})")
     p.add_argument("--global-batch", type=positive_int, help=flags.global_batch_help)
-    p.add_argument("--precision", choices=PRECISIONS)
-    p.add_argument("--checkpointing", choices=CHECKPOINTING, help=flags.checkpointing_help)
+    p.add_argument("--precision", choices=tuple(DTYPE_BYTES))
+    p.add_argument("--checkpointing", choices=CHECKPOINTING_MODES, help=flags.checkpointing_help)
     p.add_argument("--no-flash-attention", dest="flash", action="store_false", default=None)
 
 
