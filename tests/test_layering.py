@@ -14,7 +14,8 @@ The rules (design: a package imports only packages left of / above it in the pic
   no SimPy);
 - ``simulator`` imports no ``policies``, ``planner``, ``reports``, ``replay`` or ``tiersim``;
 - ``policies`` imports no ``planner``, ``reports``, ``replay`` or ``tiersim``, and from ``simulator`` only
-  the plan vocabulary (``simulator``, ``simulator.plan``, ``simulator.phase``, ``simulator.errors``);
+  the plan vocabulary (``simulator``, ``simulator.plan``, ``simulator.plan_workload``, ``simulator.phase``,
+  ``simulator.errors``);
 - ``planner`` imports no ``reports``, ``replay`` or ``tiersim``; ``reports`` no ``replay`` or ``tiersim``;
 - ``replay`` imports no ``planner`` or ``tiersim``;
 - only ``replay`` imports ``torch`` at module level (torch is an optional extra for everything else).
@@ -34,7 +35,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("hardware_models", "workloads", "costs", "policies", "simulator", "planner", "reports", "replay",
             "tiersim")
-PLAN_VOCABULARY = frozenset({"simulator", "simulator.plan", "simulator.phase", "simulator.errors"})
+PLAN_VOCABULARY = frozenset({"simulator", "simulator.plan", "simulator.plan_workload", "simulator.phase",
+                             "simulator.errors"})
 # importer package -> our packages it must not import
 FORBIDDEN: dict[str, frozenset[str]] = {
     "hardware_models": frozenset(PACKAGES) - {"hardware_models"},
