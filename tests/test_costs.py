@@ -313,3 +313,18 @@ def test_the_engine_charges_operator_level_compute_what_the_pricer_says() -> Non
     want = costs.ComputePricer(spec, "bf16", (model, config)).seconds(ops.flops, 0.0, 3, "bwd")
     assert want == costs.ops_seconds(spec, ops, "bf16")
     assert rec.end - rec.start == pytest.approx(want, rel=1e-12)
+
+
+def test_the_engine_runs_concurrent_uploads_at_their_transfer_rates() -> None:
+    # gpu0 and gpu1 share one switch uplink on a100x8: both start together and each runs at its max-min rate
+    spec = load_hardware("a100x8")
+    topo = build_topology(spec)
+    pairs = [("cpu", "gpu0"), ("cpu", "gpu1")]
+    p = plan([copy(f"u{i}", f"gpu{i}.h2d", "cpu", f"gpu{i}", 2.0) for i in range(2)],
+             [(f"gpu{i}.h2d", f"gpu{i}", "h2d") for i in range(2)])
+    res = run(p, topo, spec)
+    rates = transfer_rates(topo, pairs, machine_capacities(spec, topo))
+    assert rates[0] == rates[1] < spec.pcie.per_direction_bw  # the uplink, not the GPU's own link, holds them
+    lat = route_resources(topo, "cpu", "gpu0").latency_s
+    for rec, rate in zip(sorted(res.records, key=lambda r: r.id), rates, strict=True):
+        assert rec.end - rec.start == pytest.approx(lat + 2 * GB / rate, rel=1e-12)
