@@ -57,17 +57,24 @@ class Job:
         return self.hw.gpu.count
 
     @property
+    def global_batch(self) -> int:
+        """Sequences per optimizer step (WorkloadConfig fills in a missing one on construction)."""
+        gb = self.config.global_batch
+        assert gb is not None
+        return gb
+
+    @property
     def tokens_per_step(self) -> int:
-        return self.config.global_batch * self.config.seq_len
+        return self.global_batch * self.config.seq_len
 
     def accumulation(self, data_parallel: int) -> int:
         """Micro-steps per optimizer step for ``data_parallel`` replicas."""
         per = self.config.micro_batch * data_parallel
-        if self.config.global_batch % per:
-            raise KnobError(f"global batch {self.config.global_batch} is not a multiple of micro-batch "
+        if self.global_batch % per:
+            raise KnobError(f"global batch {self.global_batch} is not a multiple of micro-batch "
                             f"{self.config.micro_batch} x {data_parallel} data-parallel ranks; "
                             f"pick --global-batch as a multiple of {per}")
-        return self.config.global_batch // per
+        return self.global_batch // per
 
 
 def gpu_pool(job: Job) -> Pool:

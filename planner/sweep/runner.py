@@ -22,7 +22,7 @@ import multiprocessing
 import os
 import signal
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass
@@ -35,7 +35,7 @@ from planner.sweep.worker import Loaded, run_point, run_points
 
 DASK_MISSING = ("dask.distributed is not installed; install the extra with pip install -e '.[dask]' "
                 "(or drop --workers/--scheduler to use the local process pool)")
-Outcomes = Iterator[dict[str, Any]]
+Outcomes = Generator[dict[str, Any], None, None]
 MAX_TASK_POINTS = 16  # points of one hardware and model per task, at most
 
 
@@ -108,7 +108,7 @@ def run_sweep(points: Sequence[Point], store: str | os.PathLike[str], *, process
 def _executor(todo: list[Point], processes: int | None, workers: int | None,
               scheduler: str | None) -> tuple[str, int, Outcomes]:
     if not todo:
-        return "nothing to run", 0, (o for o in ())
+        return "nothing to run", 0, (o for o in list[dict[str, Any]]())
     if scheduler is not None or workers is not None:
         return _dask(todo, workers, scheduler)
     n = min(processes or available_cpus(), len(todo))
