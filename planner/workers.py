@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as wait_ready
+from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from types import TracebackType
 from typing import Any
@@ -33,8 +34,10 @@ class WorkerDied(RuntimeError):
     """A worker process ended without answering (killed from outside, or out of memory)."""
 
 
-def _serve(conn: Connection) -> None:
+def _serve(conn: Connection, initializer: Callable[[], None] | None) -> None:
     """A worker's loop: run ``(fn, args)`` requests until told to stop (``None``) or the pipe closes."""
+    if initializer is not None:
+        initializer()
     while True:
         try:
             item = conn.recv()
@@ -63,13 +66,16 @@ class _Worker:
 
 
 class Workers:
-    """``n`` worker processes; tasks beyond ``n`` wait in submission order."""
+    """``n`` worker processes; tasks beyond ``n`` wait in submission order. ``context``: a
+    ``multiprocessing`` context (default: the platform's); ``initializer``: run once in each worker."""
 
-    def __init__(self, n: int):
+    def __init__(self, n: int, *, context: BaseContext | None = None,
+                 initializer: Callable[[], None] | None = None):
         if n < 1:
             raise ValueError(f"workers must be >= 1, got {n}")
         self._n = n
-        self._ctx = multiprocessing.get_context()
+        self._ctx = context if context is not None else multiprocessing.get_context()
+        self._initializer = initializer
         self._idle: list[_Worker] = []
         self._busy: dict[int, _Worker] = {}
         self._queue: deque[tuple[int, Callable[..., Any], tuple[Any, ...]]] = deque()
@@ -150,7 +156,9 @@ class Workers:
 
     def _start(self) -> _Worker:
         parent, child = self._ctx.Pipe()
-        proc = self._ctx.Process(target=_serve, args=(child,), daemon=True, name="tiersim-planner-worker")
+        # every concrete context has Process; typeshed declares it on the subclasses only
+        proc = self._ctx.Process(target=_serve, args=(child, self._initializer),  # type: ignore[attr-defined]
+                                 daemon=True, name="tiersim-worker")
         proc.start()
         child.close()
         return _Worker(proc, parent)
