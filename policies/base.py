@@ -1,8 +1,10 @@
 """What every policy shares: the Job it plans for, the PlanInfeasible verdict and knob parsing.
 
-A policy is a module with a frozen ``Knobs`` dataclass (every field has a default and a docstring line in
-the module's docstring) and a ``plan(job, knobs) -> Plan`` function. ``PlanInfeasible`` is raised, with
-the pool and how far over it is, when a policy can tell before simulating that the job cannot fit.
+A policy is a package (or module) with a frozen ``Knobs`` dataclass (every field has a default and a
+docstring line in the module's docstring), a ``plan(job, knobs) -> Plan`` function and ``POLICY``, its
+:class:`PolicyInfo`; one line in ``policies.REGISTRY`` registers it (``docs/policy-authoring.md``).
+``PlanInfeasible`` is raised, with the pool and how far over it is, when a policy can tell before
+simulating that the job cannot fit.
 """
 
 from __future__ import annotations
