@@ -3,7 +3,8 @@
 Key: SHA-256 of (hardware spec dict, model spec dict, workload config, policy, knobs, plan schema version,
 and a fingerprint of the code that computes the answer: the .py sources of hardware_models, workloads,
 policies, simulator and the planner's candidate/bound/search modules). A change to any of them gives new
-keys, so a stale entry is never read. Value: one JSON file per key holding the evaluation summary
+keys, so a stale entry is never read (a policy registered from outside the package counts with its module's
+source). Value: one JSON file per key holding the evaluation summary
 (verdict, bounds, simulated figures), written atomically (temporary file + rename), so concurrent
 searches may share a directory.
 
@@ -42,10 +43,27 @@ def code_fingerprint() -> str:
     for pkg in _CODE_PACKAGES:
         mod = importlib.import_module(pkg)
         files += sorted(Path(mod.__file__).resolve().parent.rglob("*.py"))  # type: ignore[arg-type]
+    files += _registered_policy_files(files)
     for f in files:
         h.update(f.name.encode())
         h.update(f.read_bytes())
     return h.hexdigest()
+
+
+def _registered_policy_files(known: list[Path]) -> list[Path]:
+    """Source files of registered policies that live outside the ``policies`` package (``register``)."""
+    import sys
+
+    from policies import POLICIES
+
+    seen = set(known)
+    out: list[Path] = []
+    for info in POLICIES.values():
+        f = getattr(sys.modules.get(info.plan.__module__), "__file__", None)
+        if f is not None and Path(f).resolve() not in seen:
+            seen.add(Path(f).resolve())
+            out.append(Path(f).resolve())
+    return out
 
 
 def _canon(x: Any) -> Any:

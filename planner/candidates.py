@@ -46,6 +46,12 @@ class Candidate:
         return f"{self.policy}[{k}] mb={self.micro_batch} ckpt={self.checkpointing}"
 
 
+def memory_frugal(c: Candidate) -> tuple[int, int, int]:
+    """Sort key: the candidates likeliest to fit first (full checkpointing, then selective, then none;
+    smaller micro-batches), ties by enumeration order."""
+    return len(CHECKPOINTING) - 1 - CHECKPOINTING.index(c.checkpointing), c.micro_batch, c.index
+
+
 def knob_grid(policy: str, n_gpus: int) -> dict[str, tuple[Any, ...]]:
     """Values searched per knob of ``policy`` on ``n_gpus`` GPUs (knobs not named keep their defaults)."""
     return dict(get_policy(policy).search_grid(n_gpus))

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hardware_models import HardwareInputError, HardwareSpec, build_topology
-from planner.candidates import enumerate_candidates
+from planner.candidates import enumerate_candidates, memory_frugal
 from planner.job import JobRequest, make_job, resolve_hardware
 from planner.search import plan_summary, search
 from planner.whatif import Best, Progress
@@ -177,9 +177,6 @@ class MaxModelOutcome:
                 "checks": [c.to_dict() for c in self.checks], "n_screened": self.n_screened}
 
 
-_CKPT_FRUGAL = {"full": 0, "selective": 1, "none": 2}
-
-
 @dataclass(frozen=True)
 class Screen:
     """The cheap verdict on a model: does some candidate of the policy survive its own PlanInfeasible check
@@ -202,11 +199,11 @@ def screen_model(hw: HardwareSpec, model: ModelSpec, policy: str, *, request: Jo
     job0, _ = make_job(hw, model, replace(req, micro_batch=req.micro_batch or 1,
                                           checkpointing=req.checkpointing or "full"))
     c0 = job0.config
+    assert c0.global_batch is not None  # WorkloadConfig fills it in on construction
     base = replace(req, seq_len=c0.seq_len, global_batch=c0.global_batch, precision=c0.precision,
                    flash_attention=c0.flash_attention)
     cands = sorted(enumerate_candidates([policy], hw.gpu.count, c0.global_batch, micro_batch=req.micro_batch,
-                                        checkpointing=req.checkpointing),
-                   key=lambda c: (_CKPT_FRUGAL.get(c.checkpointing, 9), c.micro_batch, c.index))
+                                        checkpointing=req.checkpointing), key=memory_frugal)
     topo = build_topology(hw)
     pools: dict[str, int] = {}
     for k, cand in enumerate(cands):
@@ -216,10 +213,10 @@ def screen_model(hw: HardwareSpec, model: ModelSpec, policy: str, *, request: Jo
         except (WorkloadInputError, KnobError, HardwareInputError):
             continue
         summary, _ = plan_summary(job, cand, topo)
-        if summary["verdict"] != "rejected":
+        if summary.verdict != "rejected":
             return Screen(n, True, None, k + 1, time.perf_counter() - t0)
-        if summary.get("binding"):
-            pools[summary["binding"]] = pools.get(summary["binding"], 0) + 1
+        if summary.binding:
+            pools[summary.binding] = pools.get(summary.binding, 0) + 1
     binding = min(pools.items(), key=lambda kv: (-kv[1], kv[0]))[0] if pools else None
     return Screen(n, False, binding, len(cands), time.perf_counter() - t0)
 

@@ -1,8 +1,10 @@
 """What every policy shares: the Job it plans for, the PlanInfeasible verdict and knob parsing.
 
-A policy is a module with a frozen ``Knobs`` dataclass (every field has a default and a docstring line in
-the module's docstring) and a ``plan(job, knobs) -> Plan`` function. ``PlanInfeasible`` is raised, with
-the pool and how far over it is, when a policy can tell before simulating that the job cannot fit.
+A policy is a package (or module) with a frozen ``Knobs`` dataclass (every field has a default and a
+docstring line in the module's docstring), a ``plan(job, knobs) -> Plan`` function and ``POLICY``, its
+:class:`PolicyInfo`; one line in ``policies.REGISTRY`` registers it (``docs/policy-authoring.md``).
+``PlanInfeasible`` is raised, with the pool and how far over it is, when a policy can tell before
+simulating that the job cannot fit.
 """
 
 from __future__ import annotations
@@ -57,17 +59,24 @@ class Job:
         return self.hw.gpu.count
 
     @property
+    def global_batch(self) -> int:
+        """Sequences per optimizer step (WorkloadConfig fills in a missing one on construction)."""
+        gb = self.config.global_batch
+        assert gb is not None
+        return gb
+
+    @property
     def tokens_per_step(self) -> int:
-        return self.config.global_batch * self.config.seq_len
+        return self.global_batch * self.config.seq_len
 
     def accumulation(self, data_parallel: int) -> int:
         """Micro-steps per optimizer step for ``data_parallel`` replicas."""
         per = self.config.micro_batch * data_parallel
-        if self.config.global_batch % per:
-            raise KnobError(f"global batch {self.config.global_batch} is not a multiple of micro-batch "
+        if self.global_batch % per:
+            raise KnobError(f"global batch {self.global_batch} is not a multiple of micro-batch "
                             f"{self.config.micro_batch} x {data_parallel} data-parallel ranks; "
                             f"pick --global-batch as a multiple of {per}")
-        return self.config.global_batch // per
+        return self.global_batch // per
 
 
 def gpu_pool(job: Job) -> Pool:

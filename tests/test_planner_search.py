@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -126,6 +129,31 @@ def test_no_feasible_candidate_gives_no_best() -> None:
 def test_results_do_not_depend_on_the_worker_count(pruned: search_mod.SearchOutcome) -> None:
     two = search(**SMALL, workers=2)  # type: ignore[arg-type]
     assert two.to_dict() == pruned.to_dict()
+
+
+_REAL_SIM_TASK = search_mod._sim_task
+_NEEDED = "TIERSIM_TEST_NEEDED_SIMULATIONS"
+
+
+def _sim_slow_unless_needed(job, cand):  # noqa: ANN001, ANN202 - runs in a worker process
+    """A simulation that the sequential rule does not need takes 5 minutes (a speculative one to stop)."""
+    if str(cand.index) not in os.environ[_NEEDED].split(","):
+        time.sleep(300)
+    return _REAL_SIM_TASK(job, cand)
+
+
+def test_speculative_simulations_are_stopped_not_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    # cpu_memory: the first survivor is the answer, the second runs beside it speculatively and is pruned
+    kw = {**SMALL, "objective": "cpu_memory", "hw_overrides": ()}
+    serial = search(**kw)  # type: ignore[arg-type]
+    needed = [e.index for e in serial.evaluated if e.simulated]
+    monkeypatch.setenv(_NEEDED, ",".join(map(str, needed)))
+    monkeypatch.setattr(search_mod, "_sim_task", _sim_slow_unless_needed)
+    t0 = time.perf_counter()
+    two = search(**kw, workers=2)  # type: ignore[arg-type]
+    assert time.perf_counter() - t0 < 120  # not the 300 s of the speculative simulation
+    assert two.n_extra_simulated >= 1 and two.to_dict() == serial.to_dict()
+    assert multiprocessing.active_children() == []  # its worker process was ended
 
 
 def test_cache_makes_a_repeat_free_of_simulations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,8 +8,8 @@ The file names a grid; every list is one axis and the points are the product of 
         set: {pcie.gen: [3, 5]}    # a list is an axis: two variants here
     models: [gpt2, opt-1.3b]       # presets, config.json or model YAML files
     policies:                      # a list of names (default knobs), "all", or name -> knobs
-      none: {stage: [0, 2]}
-      zero-offload: {}
+      <policy>: {<knob>: [0, 2]}   # a list of knob values is an axis too
+      <other policy>: {}
     workload:                      # each field a value or a list of values; absent = simulate's default
       global_batch: 16
       micro_batch: [1, 2]
@@ -132,6 +132,7 @@ def _hardware_axis(section: object, label: str, base: Path) -> list[tuple[str, t
     out = []
     for i, entry in enumerate(_as_list(section)):
         where = f"{label}: hardware[{i}]"
+        sets_map: Mapping[str, Any]
         if isinstance(entry, str):
             name, sets_map = entry, {}
         elif isinstance(entry, Mapping):

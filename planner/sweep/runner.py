@@ -1,8 +1,8 @@
 """Run the points of a sweep that the store lacks, on one of three executors, writing each result as it lands.
 
 - serial (``processes=1``): in this process, one point after another (the baseline of the benchmark);
-- a local process pool (the default): ``concurrent.futures.ProcessPoolExecutor`` with one process per CPU
-  this process may use, started with ``forkserver`` (no fork of a process that may hold threads);
+- a local process pool (the default): ``planner.workers.Workers`` with one process per CPU this process
+  may use, started with ``forkserver`` (no fork of a process that may hold threads);
 - Dask: a ``dask.distributed.LocalCluster`` of ``workers`` processes on loopback, or the running cluster
   whose scheduler is at ``scheduler`` (``tcp://HOST:PORT``); its workers need tiersim installed.
 
@@ -22,9 +22,7 @@ import multiprocessing
 import os
 import signal
 import time
-from collections.abc import Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
+from collections.abc import Generator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, TextIO
 
@@ -32,10 +30,11 @@ from planner.sweep.grid import Point
 from planner.sweep.progress import Progress
 from planner.sweep.store import SweepStore
 from planner.sweep.worker import Loaded, run_point, run_points
+from planner.workers import WorkerDied, Workers
 
 DASK_MISSING = ("dask.distributed is not installed; install the extra with pip install -e '.[dask]' "
                 "(or drop --workers/--scheduler to use the local process pool)")
-Outcomes = Iterator[dict[str, Any]]
+Outcomes = Generator[dict[str, Any], None, None]
 MAX_TASK_POINTS = 16  # points of one hardware and model per task, at most
 
 
@@ -108,7 +107,7 @@ def run_sweep(points: Sequence[Point], store: str | os.PathLike[str], *, process
 def _executor(todo: list[Point], processes: int | None, workers: int | None,
               scheduler: str | None) -> tuple[str, int, Outcomes]:
     if not todo:
-        return "nothing to run", 0, (o for o in ())
+        return "nothing to run", 0, (o for o in list[dict[str, Any]]())
     if scheduler is not None or workers is not None:
         return _dask(todo, workers, scheduler)
     n = min(processes or available_cpus(), len(todo))
@@ -147,35 +146,21 @@ def _ignore_sigint() -> None:
 
 
 def _pool(todo: list[Point], n: int) -> Outcomes:
+    """Tasks on ``n`` local processes; leaving (done, Ctrl-C or an error in the client) stops them at once
+    rather than waiting for the running tasks (``planner.workers``)."""
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["planner.sweep.worker"])  # imported once, in the server, not per process
-    pool = ProcessPoolExecutor(max_workers=n, mp_context=context, initializer=_ignore_sigint)
-    try:
-        pending = {pool.submit(run_points, task) for task in tasks(todo, n)}
-        while pending:
-            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for fut in finished:
-                try:
-                    yield from fut.result()
-                except BrokenProcessPool as e:
-                    raise SweepAborted(f"a process of the local pool died ({e}); what finished is stored: "
-                                       "run the same sweep again to resume") from None
-    except BaseException:  # Ctrl-C or an error in the client: stop the running tasks rather than wait for them
-        _terminate(pool)
-        raise
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _terminate(pool: ProcessPoolExecutor) -> None:
-    """Stop the pool's processes now (``terminate_workers`` from Python 3.14; before it, the executor's own
-    process table, a private attribute read defensively)."""
-    terminate = getattr(pool, "terminate_workers", None)
-    if terminate is not None:
-        terminate()
-        return
-    for process in list((getattr(pool, "_processes", None) or {}).values()):
-        process.terminate()
+    with Workers(n, context=context, initializer=_ignore_sigint) as pool:
+        for k, task in enumerate(tasks(todo, n)):
+            pool.submit(k, run_points, task)
+        while pool.pending():
+            try:
+                finished = pool.wait()
+            except WorkerDied as e:
+                raise SweepAborted(f"a process of the local pool died ({e}); what finished is stored: "
+                                   "run the same sweep again to resume") from None
+            for _, outcomes in finished:
+                yield from outcomes
 
 
 def _dask(todo: list[Point], workers: int | None, scheduler: str | None) -> tuple[str, int, Outcomes]:

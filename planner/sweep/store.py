@@ -14,6 +14,7 @@ DataFrame with one row per run, the columns of :data:`COLUMNS`).
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -56,7 +57,7 @@ class StoreError(ValueError):
 class SweepStore:
     """The writer's handle (the sweep's client); use as a context manager."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
         if not self.path.parent.is_dir():
             raise StoreError(f"{path}: directory '{self.path.parent}' does not exist; create it or pick another path")
@@ -147,7 +148,7 @@ def _knob_text(v: Any) -> str:
     return json.dumps(v) if not isinstance(v, str) else v
 
 
-def _open_for_reading(path: str | Path) -> sqlite3.Connection:
+def _open_for_reading(path: str | os.PathLike[str]) -> sqlite3.Connection:
     p = Path(path)
     if not p.is_file():
         raise StoreError(f"{path}: no such sweep store; give the file `tiersim sweep --store` wrote")
@@ -159,7 +160,7 @@ def _open_for_reading(path: str | Path) -> sqlite3.Connection:
     return db
 
 
-def read_results(path: str | Path) -> list[dict[str, Any]]:
+def read_results(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Every finished run (status done): its ``simulate --json`` object plus ``"point"`` (its inputs:
     hardware, set, model, policy, knobs, workload) and ``"key"``; in a stable order (by the inputs)."""
     db = _open_for_reading(path)
@@ -181,7 +182,7 @@ def read_failures(path: str | Path) -> list[dict[str, Any]]:
         db.close()
 
 
-def results_frame(path: str | Path) -> pd.DataFrame:
+def results_frame(path: str | os.PathLike[str]) -> pd.DataFrame:
     """One row per stored run (done and failed), the columns of :data:`COLUMNS`; ``feasible`` and
     ``flash_attention`` as booleans (missing for failed runs), in the order of :func:`read_results`."""
     import pandas as pd
