@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from hardware_models import build_topology
 from policies.base import Job
-from policies.dataparallel import dtype_bytes
+from policies.kit import dtype_bytes
 from policies.lazytrain_milp import Instance, Opt, Terms, Window
 from simulator.engine import compute_seconds, link_resources
 
