@@ -16,7 +16,7 @@ from costs import compute_seconds
 from costs import link_capacities as link_resources
 from hardware_models import build_topology
 from policies.base import Job
-from policies.dataparallel import dtype_bytes
+from policies.kit import dtype_bytes
 from policies.lazytrain_milp import Instance, Opt, Terms, Window
 
 TIERS = ("gpu", "cpu", "nvme")
