@@ -1,0 +1,368 @@
+"""SynergyScale's plan emission: the tasks and tensors that carry out a ``Choice``.
+
+Nothing here decides anything: the tier of every layer, the chunking, streams, prefetch window and
+gradient buckets all come from the Choice (``search.py``, ``placement.py``). The plan per step:
+persistent model states in their tiers; per micro-step, the fetches of offloaded chunks in consumption
+order (gated by the prefetch window and, for the first chunk of the forward, by the layer's update of
+the previous step: no delayed update), the chunked forward / recompute / backward over the compute
+streams, and each layer's gradients reduce-scattered and, for host tiers, offloaded; then the GPU Adam,
+the gpu tier's all-gather and the per-layer CPU Adam with NVMe swaps.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from policies.base import Job
+from policies.builder import PlanBuilder
+from policies.dataparallel import Layout, workspace
+from policies.synergyscale.context import Choice, Ctx, chunk_hbm
+from policies.synergyscale.knobs import FETCHED, NAME, Knobs
+from policies.synergyscale.placement import tier_params
+from policies.synergyscale.summary import notes, summary
+from simulator import Plan
+from simulator.phase import Phase
+
+Unit = tuple[str, int, int]   # a fetch unit: (pass "f" | "b", layer, chunk)
+
+
+class _Emitter:
+    """Emits one Choice's plan into a PlanBuilder, section by section."""
+
+    def __init__(self, ctx: Ctx, knobs: Knobs, ch: Choice):
+        self.ctx = ctx
+        self.ch = ch
+        self.job: Job = ctx.job
+        self.n = ctx.n
+        self.L = ctx.layers
+        self.gpus = [f"gpu{r}" for r in range(self.n)]
+        self.tiers = ch.tiers
+        self.c, self.S, self.D = ch.chunks, max(1, min(ch.streams, ch.chunks)), ch.buffers
+        self.fetched = [t in FETCHED for t in ch.tiers]
+        self.host_layers = [i for i, t in enumerate(ch.tiers) if t in ("cpu", "nvme")]
+        self.nvme_layers = [i for i, t in enumerate(ch.tiers) if t == "nvme"]
+        self.act_off = ch.offload_activations
+        self.b = PlanBuilder(NAME, knobs, self.job)
+        self.prev: dict[str, tuple[str, str]] = {}  # gpu -> (task that completes the previous layer, its stream)
+        units = [("f", i, k) for i in range(len(self.L)) if self.fetched[i] for k in range(self.c)]
+        self.units: list[Unit] = units + [("b", i, k) for i in reversed(range(len(self.L))) if self.fetched[i]
+                                          for k in range(self.c)]
+        self.ready: dict[Unit, dict[str, str]] = {}  # fetch unit -> gpu -> task after which the chunk is there
+        self.blay = [i for i in reversed(range(len(self.L))) if self.bucket(i)]
+        self.bpos = {i: j for j, i in enumerate(self.blay)}
+        self.last_red: str | None = None
+
+    # -- names and small facts -----------------------------------------------------------------------
+    def cs(self, g: str, k: int) -> str:
+        """Compute stream of chunk k on GPU g."""
+        j = k % self.S
+        return f"{g}.compute" if j == 0 else f"{g}.compute{j}"
+
+    def bucket(self, i: int) -> bool:
+        """Layer i's gradients go through a bucket (reduced or offloaded), not straight to a local Adam."""
+        return self.n > 1 or self.tiers[i] != "gpu"
+
+    def tsum(self, tier: str, attr: str) -> float:
+        return float(sum(getattr(self.L[i], attr) for i, t in enumerate(self.tiers) if t == tier))
+
+    def after(self, g: str, stream: str) -> list[str]:
+        """The previous layer's last task on GPU g when it ran on another stream."""
+        pv = self.prev.get(g)
+        return [pv[0]] if pv and pv[1] != stream else []
+
+    # -- declarations --------------------------------------------------------------------------------
+    def streams(self) -> None:
+        b = self.b
+        for g in self.gpus:
+            for j in range(self.S):
+                b.stream(self.cs(g, j), g, "compute")
+            b.stream(f"{g}.h2d", g, "h2d")
+            b.stream(f"{g}.d2h", g, "d2h")
+        if self.host_layers:
+            for r in range(self.n):
+                b.stream(f"cpu.adam{r}", "cpu", "optim")
+        if self.n > 1:
+            b.stream("dp.param", "gpu0", "comm")
+            b.stream("dp.grad", "gpu0", "comm")
+        if self.nvme_layers:
+            b.stream("nvme.rd", "nvme", "io")
+            b.stream("nvme.wr", "nvme", "io")
+            b.stream("cpu.stage", "cpu", "copy")
+
+    def states(self) -> None:
+        """Persistent model states: gpu tier replicated weights + partitioned rest, peer tier partitioned,
+        host and NVMe tiers in their pools (host gradients for both)."""
+        n, tsum = self.n, self.tsum
+        div = n if n > 1 else 1
+        per_gpu = {
+            ("p16", "param16"): tsum("gpu", "param_bytes") + tsum("peer", "param_bytes") / n,
+            ("grad", "grad"): (tsum("gpu", "grad_bytes") + tsum("peer", "grad_bytes")) / div,
+            ("m32", "param32"): (tsum("gpu", "master_bytes") + tsum("peer", "master_bytes")) / div,
+            ("opt", "optim"): (tsum("gpu", "optimizer_bytes") + tsum("peer", "optimizer_bytes")) / div,
+        }
+        for g in self.gpus:
+            for (name, kind), nbytes in per_gpu.items():
+                if nbytes > 0:
+                    self.b.tensor(f"{name}.{g}", nbytes, kind, home=g, persistent=True)
+        host = {("p16.cpu", "param16"): tsum("cpu", "param_bytes"), ("m32.cpu", "param32"): tsum("cpu", "master_bytes"),
+                ("opt.cpu", "optim"): tsum("cpu", "optimizer_bytes"),
+                ("g32.cpu", "grad32"): self.ctx.host_grad_bytes * (tsum("cpu", "params") + tsum("nvme", "params"))}
+        nv = {("p16.nvme", "param16"): tsum("nvme", "param_bytes"),
+              ("m32.nvme", "param32"): tsum("nvme", "master_bytes"),
+              ("opt.nvme", "optim"): tsum("nvme", "optimizer_bytes")}
+        for home, tensors in (("cpu", host), ("nvme", nv)):
+            for (name, kind), nbytes in tensors.items():
+                if nbytes > 0:
+                    self.b.tensor(name, nbytes, kind, home=home, persistent=True)
+        workspace(self.b, self.job, Layout(n, 1))
+
+    def micro_tensors(self) -> None:
+        """Per micro-step: activations, gradient buckets, fetched chunks; NVMe staging and swap buffers."""
+        b, c = self.b, self.c
+        for g in self.gpus:
+            for i, ly in enumerate(self.L):
+                b.tensor(f"act{i}.{g}", ly.activation_bytes, "activation", scope="iteration", layer=i)
+                if self.bucket(i):
+                    b.tensor(f"gb{i}.{g}", ly.grad_bytes, "grad", scope="iteration", layer=i)
+                if self.fetched[i]:
+                    for k in range(c):
+                        for p in "fb":
+                            b.tensor(f"p{p}{i}_{k}.{g}", ly.param_bytes / c, "param16", scope="iteration", layer=i)
+        for i in self.nvme_layers:
+            for k in range(c):
+                for p in "fb":
+                    b.tensor(f"s{p}{i}_{k}", self.L[i].param_bytes / c, "buffer", scope="iteration", layer=i)
+            b.tensor(f"sw{i}", self.L[i].master_bytes + self.L[i].optimizer_bytes, "buffer", scope="step", layer=i)
+
+    # -- fetches -------------------------------------------------------------------------------------
+    def consumer(self, u: Unit, g: str) -> str:
+        p, i, k = u
+        return f"{'fw' if p == 'f' else 'bw'}{i}_{k}.{g}"
+
+    def window(self, ui: int, g: str) -> list[str]:
+        """Prefetch window: unit ui's fetch waits for the consumer D units back (the last micro-step's)."""
+        U, D = len(self.units), self.D
+        if ui >= D:
+            return [self.consumer(self.units[ui - D], g)]
+        if U - D + ui >= 0:
+            return [self.consumer(self.units[U - D + ui], g) + "@1"]
+        return []
+
+    def update_waits(self, u: Unit) -> tuple[list[str], dict[str, list[str]]]:
+        """No delayed update: a layer's first forward chunk waits for its update of the previous step
+        (for every rank, and per rank)."""
+        p, i, k = u
+        pre_all: list[str] = []
+        pre_rank: dict[str, list[str]] = {g: [] for g in self.gpus}
+        if p == "f" and k == 0:
+            tier = self.tiers[i]
+            if tier == "peer":
+                pre_all = [f"gopt.{g}^1" for g in self.gpus]
+            elif tier == "cpu":
+                for r, g in enumerate(self.gpus):
+                    pre_rank[g] = [f"adam{i}.r{r}^1"] if self.ctx.sliced else [f"adam{i}.r{q}^1" for q in range(self.n)]
+            else:
+                pre_all = [f"swo{i}^1"]
+        return pre_all, pre_rank
+
+    def reload_activations(self, i: int) -> None:
+        for g in self.gpus:
+            self.b.task(f"ai{i}.{g}", "copy", f"{g}.h2d", [f"ao{i}.{g}"], tensor=f"act{i}.{g}", src="cpu", dst=g,
+                        alloc_dst=True, free_src=True, tags={"layer": i, "phase": Phase.ACTIVATION_RELOAD})
+
+    def fetch(self, ui: int, u: Unit) -> None:
+        """One chunk to every GPU: an NVLink all-gather from the peers, or (NVMe read into a staging
+        buffer, then) an upload per GPU, sliced 1/n and all-gathered when the GPUs have NVLink."""
+        b, gpus = self.b, self.gpus
+        p, i, k = u
+        tier = self.tiers[i]
+        cb = self.L[i].param_bytes / self.c
+        tag = {"layer": i, "phase": Phase.PARAM_UPLOAD, "use": "fwd" if p == "f" else "bwd", "chunk": k, "tier": tier}
+        pre_all, pre_rank = self.update_waits(u)
+        if self.act_off and p == "b" and k == 0:
+            self.reload_activations(i)
+        gates_all = [d for g in gpus for d in self.window(ui, g)]
+        if tier == "peer":
+            t = b.task(f"ag{p}{i}_{k}", "collective", "dp.param", gates_all + pre_all, coll="all_gather", bytes=cb,
+                       ranks=tuple(gpus), allocs=[(f"p{p}{i}_{k}.{g}", g) for g in gpus], tags=tag)
+            self.ready[u] = dict.fromkeys(gpus, t)
+            return
+        rd = None
+        if tier == "nvme":
+            rd = b.task(f"rd{p}{i}_{k}", "copy", "nvme.rd", gates_all + pre_all, src="nvme", dst="cpu", bytes=cb,
+                        allocs=[(f"s{p}{i}_{k}", "cpu")], tags=tag)
+        ups = {}
+        for g in gpus:
+            deps = [rd] if rd else self.window(ui, g) + pre_rank[g]
+            ups[g] = b.task(f"up{p}{i}_{k}.{g}", "copy", f"{g}.h2d", deps, src="cpu", dst=g,
+                            bytes=cb / self.n if self.ctx.sliced else cb, allocs=[(f"p{p}{i}_{k}.{g}", g)], tags=tag)
+        if self.ctx.sliced:
+            t = b.task(f"ag{p}{i}_{k}", "collective", "dp.param", list(ups.values()), coll="all_gather", bytes=cb,
+                       ranks=tuple(gpus), tags=tag)
+            self.ready[u] = dict.fromkeys(gpus, t)
+        else:
+            self.ready[u] = ups
+        if rd:
+            b.task(f"fs{p}{i}_{k}", "free", "cpu.stage", list(ups.values()), frees=[(f"s{p}{i}_{k}", "cpu")], tags=tag)
+
+    # -- forward -------------------------------------------------------------------------------------
+    def forward_chunks(self, i: int, r: int, g: str) -> None:
+        ly, c = self.L[i], self.c
+        pv = self.prev.get(g)
+        for k in range(c):
+            st = self.cs(g, k)
+            deps = [self.ready[("f", i, k)][g]] + ([pv[0]] if pv and pv[1] != st else [])
+            if k == c - 1:
+                deps += [f"fw{i}_{j}.{g}" for j in range(k) if self.cs(g, j) != st]
+            self.b.task(f"fw{i}_{k}.{g}", "compute", st, deps, flops=ly.fwd_flops / c,
+                        hbm_bytes=chunk_hbm(ly.fwd_hbm_bytes, ly.output_bytes, c),
+                        allocs=[(f"act{i}.{g}", g)] if k == 0 else [], frees=[(f"pf{i}_{k}.{g}", g)],
+                        tags={"layer": i, "phase": Phase.FWD, "rank": r, "chunk": k})
+        self.prev[g] = (f"fw{i}_{c - 1}.{g}", self.cs(g, c - 1))
+        if self.act_off:
+            self.b.task(f"ao{i}.{g}", "copy", f"{g}.d2h", [self.prev[g][0]], tensor=f"act{i}.{g}", src=g, dst="cpu",
+                        alloc_dst=True, free_src=True, tags={"layer": i, "phase": Phase.ACTIVATION_OFFLOAD, "rank": r})
+
+    def forward(self) -> None:
+        first_gpu = next((i for i, t in enumerate(self.tiers) if t == "gpu"), None)
+        gpu_ready = {g: (["agg^1"] if self.n > 1 else [f"gopt.{g}^1"]) for g in self.gpus}
+        for i, ly in enumerate(self.L):
+            for r, g in enumerate(self.gpus):
+                if self.fetched[i]:
+                    self.forward_chunks(i, r, g)
+                    continue
+                st = self.cs(g, 0)
+                deps = (gpu_ready[g] if i == first_gpu else []) + self.after(g, st)
+                self.prev[g] = (self.b.task(f"fw{i}.{g}", "compute", st, deps, flops=ly.fwd_flops,
+                                            hbm_bytes=ly.fwd_hbm_bytes, allocs=[(f"act{i}.{g}", g)],
+                                            tags={"layer": i, "phase": Phase.FWD, "rank": r}), st)
+
+    # -- backward ------------------------------------------------------------------------------------
+    def bucket_gate(self, i: int, g: str) -> list[str]:
+        """The task freeing the gradient bucket B layers back (bounded buckets in flight)."""
+        if not self.bucket(i):
+            return []
+        B, j = self.ch.buckets, self.bpos[i]
+        q, suffix = (j - B, "") if j >= B else (len(self.blay) - B + j, "@1")
+        if q < 0:
+            return []
+        o = self.blay[q]
+        return [(f"gd{o}.{g}" if self.tiers[o] in ("cpu", "nvme") else f"red{o}") + suffix]
+
+    def backward_resident(self, i: int, r: int, g: str) -> None:
+        ly = self.L[i]
+        st = self.cs(g, 0)
+        deps = self.after(g, st)
+        if ly.recompute_flops > 0:
+            self.b.task(f"rc{i}.{g}", "compute", st, deps, flops=ly.recompute_flops, hbm_bytes=ly.fwd_hbm_bytes,
+                        tags={"layer": i, "phase": Phase.RECOMPUTE, "rank": r})
+            deps = []
+        self.prev[g] = (self.b.task(f"bw{i}.{g}", "compute", st, deps + self.bucket_gate(i, g), flops=ly.bwd_flops,
+                                    hbm_bytes=ly.bwd_hbm_bytes,
+                                    allocs=[(f"gb{i}.{g}", g)] if self.bucket(i) else [], frees=[(f"act{i}.{g}", g)],
+                                    tags={"layer": i, "phase": Phase.BWD, "rank": r}), st)
+
+    def backward_chunks(self, i: int, r: int, g: str) -> None:
+        ly, c, b = self.L[i], self.c, self.b
+        pv = self.prev.get(g)
+        for k in range(c):
+            st = self.cs(g, k)
+            extra = ([pv[0]] if pv and pv[1] != st else []) + ([f"ai{i}.{g}"] if self.act_off else [])
+            deps = [self.ready[("b", i, k)][g]] + extra
+            if ly.recompute_flops > 0:
+                b.task(f"rc{i}_{k}.{g}", "compute", st, deps, flops=ly.recompute_flops / c,
+                       hbm_bytes=chunk_hbm(ly.fwd_hbm_bytes, ly.output_bytes, c),
+                       tags={"layer": i, "phase": Phase.RECOMPUTE, "rank": r, "chunk": k})
+                deps = []
+            if k == c - 1:
+                deps += [f"bw{i}_{j}.{g}" for j in range(k) if self.cs(g, j) != st]
+            if k == 0:
+                deps += self.bucket_gate(i, g)
+            b.task(f"bw{i}_{k}.{g}", "compute", st, deps, flops=ly.bwd_flops / c,
+                   hbm_bytes=chunk_hbm(ly.bwd_hbm_bytes, ly.output_bytes, c),
+                   allocs=[(f"gb{i}.{g}", g)] if k == 0 else [],
+                   frees=[(f"pb{i}_{k}.{g}", g)] + ([(f"act{i}.{g}", g)] if k == c - 1 else []),
+                   tags={"layer": i, "phase": Phase.BWD, "rank": r, "chunk": k})
+        self.prev[g] = (f"bw{i}_{c - 1}.{g}", self.cs(g, c - 1))
+
+    def gradients(self, i: int) -> None:
+        """Layer i's gradients: reduce-scattered over the ranks, then (host tiers) each rank's partition
+        copied to the host."""
+        ly, gpus = self.L[i], self.gpus
+        done = {g: self.prev[g][0] for g in gpus}
+        red = None
+        if self.n > 1:
+            red = self.last_red = self.b.task(
+                f"red{i}", "collective", "dp.grad", list(done.values()), coll="reduce_scatter", bytes=ly.grad_bytes,
+                ranks=tuple(gpus), frees=[(f"gb{i}.{g}", g) for g in gpus] if self.tiers[i] in ("gpu", "peer") else [],
+                tags={"layer": i, "phase": Phase.GRAD_REDUCE})
+        if self.tiers[i] in ("cpu", "nvme"):
+            for r, g in enumerate(gpus):
+                self.b.task(f"gd{i}.{g}", "copy", f"{g}.d2h", [red or done[g]], src=g, dst="cpu",
+                            bytes=ly.params / self.n * self.ctx.grad_bytes_per_param(i), frees=[(f"gb{i}.{g}", g)],
+                            tags={"layer": i, "phase": Phase.GRAD_OFFLOAD, "rank": r})
+
+    def backward(self) -> None:
+        for i in reversed(range(len(self.L))):
+            for r, g in enumerate(self.gpus):
+                if self.fetched[i]:
+                    self.backward_chunks(i, r, g)
+                else:
+                    self.backward_resident(i, r, g)
+            self.gradients(i)
+
+    # -- optimizer -----------------------------------------------------------------------------------
+    def gpu_optimizer(self) -> None:
+        """GPU Adam over each rank's gpu + peer states, then the all-gather of the gpu tier's weights."""
+        b, n, gpus = self.b, self.n, self.gpus
+        tp = tier_params(self.ctx, self.tiers)
+        gpu_params = (tp["gpu"] + tp["peer"]) / n if n > 1 else tp["gpu"]
+        if gpu_params <= 0:
+            return
+        for r, g in enumerate(gpus):
+            b.task(f"gopt.{g}", "optimizer", self.cs(g, 0), [self.last_red] if self.last_red else [self.prev[g][0]],
+                   params=gpu_params, tags={"phase": Phase.OPTIMIZER, "rank": r, "tier": "gpu+peer"})
+        if n > 1 and tp["gpu"] > 0:
+            b.task("agg", "collective", "dp.param", [f"gopt.{g}" for g in gpus], coll="all_gather",
+                   bytes=self.tsum("gpu", "param_bytes"), ranks=tuple(gpus), tags={"phase": Phase.PARAM_GATHER})
+
+    def host_optimizer(self) -> None:
+        """CPU Adam per host-tier layer in backward order, NVMe layers' states swapped in before it (two
+        buffers: a swap-in waits for the swap-out two layers back) and written back after it."""
+        b, n = self.b, self.n
+        nv_order = [i for i in reversed(range(len(self.L))) if self.tiers[i] == "nvme"]
+        for i in reversed(self.host_layers):
+            ly = self.L[i]
+            nvme = self.tiers[i] == "nvme"
+            if nvme:
+                j = nv_order.index(i)
+                b.task(f"swi{i}", "copy", "nvme.rd", [f"swo{nv_order[j - 2]}"] if j >= 2 else [], src="nvme",
+                       dst="cpu", bytes=ly.master_bytes + ly.optimizer_bytes, allocs=[(f"sw{i}", "cpu")],
+                       tags={"layer": i, "phase": Phase.OPTIMIZER_SWAP_IN})
+            for r, g in enumerate(self.gpus):
+                b.task(f"adam{i}.r{r}", "optimizer", f"cpu.adam{r}", [f"gd{i}.{g}"] + ([f"swi{i}"] if nvme else []),
+                       params=ly.params / n, tags={"layer": i, "phase": Phase.OPTIMIZER, "rank": r})
+            if nvme:
+                b.task(f"swo{i}", "copy", "nvme.wr", [f"adam{i}.r{r}" for r in range(n)], src="cpu", dst="nvme",
+                       bytes=ly.master_bytes + ly.optimizer_bytes + ly.param_bytes, frees=[(f"sw{i}", "cpu")],
+                       tags={"layer": i, "phase": Phase.OPTIMIZER_SWAP_OUT})
+
+
+def build(ctx: Ctx, knobs: Knobs, ch: Choice, info: dict[str, Any]) -> Plan:
+    """The plan of ``ch``; ``info`` (what the search did) goes into ``plan.info`` beside the summary."""
+    e = _Emitter(ctx, knobs, ch)
+    e.streams()
+    e.states()
+    e.micro_tensors()
+    accum = ctx.job.accumulation(ctx.n)
+    e.b.segment("micro-steps", accum)
+    for ui, u in enumerate(e.units):
+        e.fetch(ui, u)
+    e.forward()
+    e.backward()
+    e.b.segment("optimizer", 1)
+    e.gpu_optimizer()
+    e.host_optimizer()
+    s = summary(ctx, ch)
+    full_info = {"accumulation": accum, **s, "chosen": ch.params(), **info}
+    return e.b.build(steps=2, notes=notes(ctx, ch, s), info=full_info)
