@@ -12,11 +12,12 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from costs import compute_seconds
+from costs import link_capacities as link_resources
 from hardware_models import build_topology
 from policies.base import Job
 from policies.dataparallel import dtype_bytes
 from policies.lazytrain_milp import Instance, Opt, Terms, Window
-from simulator.engine import compute_seconds, link_resources
 
 TIERS = ("gpu", "cpu", "nvme")
 SAFETY_BYTES = 2.0**20        # taken off every capacity the MILP sees (rounding of binaries, float sums)

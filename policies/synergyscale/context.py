@@ -8,12 +8,11 @@ NVMe are shared by every rank).
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from dataclasses import dataclass, field
 
+from costs import kernel_seconds, link_capacities, ring_per_rank_bytes, ring_steps, slowest_transfer_rate
 from hardware_models import Topology, build_topology
 from policies.base import Job, gpu_pool
-from simulator.opcost import compute_seconds
 from workloads import LayerTrace
 
 GPU_HEADROOM = 0.01                    # fraction of a GPU's usable memory the placement leaves free
@@ -60,7 +59,6 @@ class Ctx:
     cpu_cap: float                  # host pool (on a unified machine: the same pool as the GPU's)
     nvme_cap: float
     dtype: str
-    launch: float
     up_rate: float                  # cpu -> gpu bytes/s per GPU with every GPU uploading
     up_lat: float
     down_rate: float
@@ -69,9 +67,6 @@ class Ctx:
     nvme_read: float
     nvme_write: float
     nvme_lat: float
-    adam_rate: float                # host CPU-Adam params/s (shared by all ranks)
-    gpu_adam_bpp: float
-    hbm_bw: float
     host_grad_bytes: float = 4.0    # host gradient buffer per parameter (fp32 in DeepSpeed's offload path)
     _ct: dict[tuple[int, str, int], float] = field(default_factory=dict)
 
@@ -121,37 +116,21 @@ class Ctx:
             ly = self.layers[i]
             flops = {"fwd": ly.fwd_flops, "rc": ly.recompute_flops, "bwd": ly.bwd_flops}[phase]
             hbm = ly.bwd_hbm_bytes if phase == "bwd" else ly.fwd_hbm_bytes
-            t = compute_seconds(self.job.hw, flops / c, chunk_hbm(hbm, ly.output_bytes, c), self.dtype) + self.launch
+            t = kernel_seconds(self.job.hw, flops / c, chunk_hbm(hbm, ly.output_bytes, c), self.dtype)
             self._ct[key] = t
         return t
+
+    # -- transfers -----------------------------------------------------------------------------------
+    def ring_seconds(self, nbytes: float) -> float:
+        """Seconds of an all-gather / reduce-scatter of ``nbytes`` over every GPU (the ring's per-rank bytes at
+        its shared rate, and the largest hop latency once per ring step)."""
+        return (ring_per_rank_bytes(nbytes, self.n, "all_gather") / self.ring_rate
+                + self.ring_lat * ring_steps(self.n, "all_gather"))
 
 
 def chunk_hbm(hbm: float, output_bytes: float, c: int) -> float:
     """HBM bytes of one of c chunks: 1/c of the layer's, plus the partial-sum output written and read."""
     return hbm / c + (2.0 * output_bytes if c > 1 else 0.0)
-
-
-def _share_rate(topo: Topology, pairs: list[tuple[str, str]]) -> tuple[float, float]:
-    """Rate of each of ``pairs`` (equal concurrent flows) when they share every resource of their routes:
-    min over resources of capacity / number of flows on it, and the largest route latency."""
-    count: dict[str, int] = defaultdict(int)
-    cap: dict[str, float] = {}
-    lat = 0.0
-    for src, dst in pairs:
-        if src == dst:
-            continue
-        lat = max(lat, topo.route_latency(src, dst))
-        for h in topo.route(src, dst):
-            ln = topo.links[h.link]
-            key = f"{h.link}:{'fwd' if h.forward else 'rev'}"
-            count[key] += 1
-            cap[key] = ln.bw(h.forward)
-            if ln.duplex_bw is not None:
-                count[f"{h.link}:duplex"] += 1
-                cap[f"{h.link}:duplex"] = ln.duplex_bw
-    if not count:
-        return math.inf, 0.0
-    return min(cap[k] / count[k] for k in count), lat
 
 
 def make_ctx(job: Job, host_grad_bytes: float = 4.0) -> Ctx:
@@ -160,10 +139,11 @@ def make_ctx(job: Job, host_grad_bytes: float = 4.0) -> Ctx:
     n = job.n_gpus
     gpus = [f"gpu{r}" for r in range(n)]
     unified = topo.pool_of["gpu0"] == topo.pool_of["cpu"]
-    up_rate, up_lat = _share_rate(topo, [("cpu", g) for g in gpus])
-    down_rate, _ = _share_rate(topo, [(g, "cpu") for g in gpus])
-    if n > 1:
-        ring_rate, ring_lat = _share_rate(topo, [(gpus[r], gpus[(r + 1) % n]) for r in range(n)])
+    cap = link_capacities(topo)
+    up_rate, up_lat = slowest_transfer_rate(topo, [("cpu", g) for g in gpus], cap)   # every GPU uploading
+    down_rate, _ = slowest_transfer_rate(topo, [(g, "cpu") for g in gpus], cap)
+    if n > 1:  # a ring over all GPUs: every hop at once
+        ring_rate, ring_lat = slowest_transfer_rate(topo, [(gpus[r], gpus[(r + 1) % n]) for r in range(n)], cap)
     else:
         ring_rate, ring_lat = math.inf, 0.0
     has_nvme = "nvme" in topo.locations
@@ -173,8 +153,7 @@ def make_ctx(job: Job, host_grad_bytes: float = 4.0) -> Ctx:
         peer_ok=n > 1 and hw.nvlink is not None, sliced=n > 1 and hw.nvlink is not None,
         gpu_cap=gpu_pool(job).capacity_bytes, cpu_cap=topo.pools[topo.pool_of["cpu"]].capacity_bytes,
         nvme_cap=topo.pools["nvme"].capacity_bytes if has_nvme else 0.0,
-        dtype=job.config.precision, launch=hw.gpu.launch_overhead_s,
+        dtype=job.config.precision,
         up_rate=up_rate, up_lat=up_lat, down_rate=down_rate, ring_rate=ring_rate, ring_lat=ring_lat,
         nvme_read=nv.read_bw if nv else 1.0, nvme_write=nv.write_bw if nv else 1.0,
-        nvme_lat=nv.latency_s if nv else 0.0, adam_rate=hw.host.optimizer_params_per_s,
-        gpu_adam_bpp=hw.gpu.optimizer_bytes_per_param, hbm_bw=hw.gpu.hbm_bw, host_grad_bytes=host_grad_bytes)
+        nvme_lat=nv.latency_s if nv else 0.0, host_grad_bytes=host_grad_bytes)

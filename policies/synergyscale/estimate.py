@@ -7,6 +7,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from costs import cpu_adam_seconds, gpu_optimizer_seconds, ring_per_rank_bytes
 from policies.synergyscale.context import Choice, Ctx
 from policies.synergyscale.knobs import FETCHED
 from policies.synergyscale.placement import tier_params
@@ -34,7 +35,7 @@ def _fetch_stages(ctx: Ctx, i: int, tier: str, c: int) -> list[tuple[str, float]
     """(resource, seconds) stages of fetching one of c chunks of layer i to every GPU."""
     b = ctx.layers[i].param_bytes / c
     n = ctx.n
-    gather = ("nvl", b * (n - 1) / n / ctx.ring_rate + ctx.ring_lat * (n - 1))
+    gather = ("nvl", ctx.ring_seconds(b))
     if tier == "peer":
         return [gather]
     stages = []
@@ -166,7 +167,7 @@ def _link_loads(ctx: Ctx, ch: Choice, red_t: list[float], d2h_t: list[float]) ->
         if n > 1:
             nvl += red_t[i]
         if t == "peer" or (t in ("cpu", "nvme") and ctx.sliced):
-            nvl += 2 * ly.param_bytes * (n - 1) / n / ctx.ring_rate
+            nvl += 2 * ring_per_rank_bytes(ly.param_bytes, n, "all_gather") / ctx.ring_rate
         if t in ("cpu", "nvme"):
             pcie += 2 * ly.param_bytes / (n if ctx.sliced else 1) / ctx.up_rate + d2h_t[i]
         if t == "nvme":
@@ -193,7 +194,7 @@ def _host_optimizer_exposed(ctx: Ctx, ch: Choice, gd_end: dict[int, float], end:
             continue
         ly = L[i]
         arrive = gd_end.get(i, end)
-        work = ly.params / ctx.adam_rate
+        work = cpu_adam_seconds(ctx.job.hw, ly.params)
         if t == "nvme":
             io_in = (ly.master_bytes + ly.optimizer_bytes) / ctx.nvme_read
             io_out = (ly.master_bytes + ly.optimizer_bytes + ly.param_bytes) / ctx.nvme_write
@@ -213,11 +214,11 @@ def _gpu_optimizer_seconds(ctx: Ctx, ch: Choice) -> tuple[float, float]:
     L, n = ctx.layers, ctx.n
     tp = tier_params(ctx, ch.tiers)
     gpu_states = (tp["gpu"] + tp["peer"]) / n if n > 1 else tp["gpu"]
-    t_gopt = gpu_states * ctx.gpu_adam_bpp / ctx.hbm_bw + ctx.launch if gpu_states else 0.0
+    t_gopt = gpu_optimizer_seconds(ctx.job.hw, gpu_states) if gpu_states else 0.0
     t_agg = 0.0
     if n > 1 and tp["gpu"]:
         gbytes = sum(L[i].param_bytes for i, t in enumerate(ch.tiers) if t == "gpu")
-        t_agg = gbytes * (n - 1) / n / ctx.ring_rate + ctx.ring_lat * (n - 1)
+        t_agg = ctx.ring_seconds(gbytes)
     return t_gopt, t_agg
 
 
@@ -234,7 +235,7 @@ def estimate(ctx: Ctx, ch: Choice) -> Estimate:
     L, n = ctx.layers, ctx.n
     units, uid = _fetch_units(ctx, ch)
     prog = _program(ctx, ch, uid)
-    red_t = [ly.grad_bytes * (n - 1) / n / ctx.ring_rate + ctx.ring_lat * (n - 1) if n > 1 else 0.0 for ly in L]
+    red_t = [ctx.ring_seconds(ly.grad_bytes) if n > 1 else 0.0 for ly in L]
     d2h_t = [ly.params / n * ctx.grad_bytes_per_param(i) / ctx.down_rate + ctx.up_lat
              if ch.tiers[i] in ("cpu", "nvme") else 0.0 for i, ly in enumerate(L)]
     sched = _Schedule(ctx, ch, units, red_t, d2h_t)
