@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from policies import kit
 from policies.base import Job
 from policies.builder import PlanBuilder
-from policies.dataparallel import Layout, workspace
-from policies.synergyscale.context import Choice, Ctx, chunk_hbm
+from policies.synergyscale.context import NVME_SWAP_BUFFERS, Choice, Ctx, chunk_hbm
 from policies.synergyscale.knobs import FETCHED, NAME, Knobs
 from policies.synergyscale.placement import tier_params
 from policies.synergyscale.summary import notes, summary
@@ -72,18 +72,13 @@ class _Emitter:
 
     # -- declarations --------------------------------------------------------------------------------
     def streams(self) -> None:
+        """Per GPU its compute, h2d, d2h and extra compute streams; CPU Adam per rank; the data-parallel
+        param and grad streams; the NVMe read / write and staging streams."""
         b = self.b
-        for g in self.gpus:
-            for j in range(self.S):
-                b.stream(self.cs(g, j), g, "compute")
-            b.stream(f"{g}.h2d", g, "h2d")
-            b.stream(f"{g}.d2h", g, "d2h")
+        kit.gpu_streams(b, self.gpus, [(f"compute{j}", "compute") for j in range(1, self.S)])
         if self.host_layers:
-            for r in range(self.n):
-                b.stream(f"cpu.adam{r}", "cpu", "optim")
-        if self.n > 1:
-            b.stream("dp.param", "gpu0", "comm")
-            b.stream("dp.grad", "gpu0", "comm")
+            kit.cpu_streams(b, range(self.n), [("adam", "optim")])
+        kit.comm_streams(b, kit.Layout(self.n, 1, flat_comm=True), ("param", "grad"))
         if self.nvme_layers:
             b.stream("nvme.rd", "nvme", "io")
             b.stream("nvme.wr", "nvme", "io")
@@ -114,7 +109,7 @@ class _Emitter:
             for (name, kind), nbytes in tensors.items():
                 if nbytes > 0:
                     self.b.tensor(name, nbytes, kind, home=home, persistent=True)
-        workspace(self.b, self.job, Layout(n, 1))
+        kit.workspace(self.b, self.job, kit.Layout(n, 1))
 
     def micro_tensors(self) -> None:
         """Per micro-step: activations, gradient buckets, fetched chunks; NVMe staging and swap buffers."""
@@ -177,33 +172,35 @@ class _Emitter:
         p, i, k = u
         tier = self.tiers[i]
         cb = self.L[i].param_bytes / self.c
-        tag = {"layer": i, "phase": Phase.PARAM_UPLOAD, "use": "fwd" if p == "f" else "bwd", "chunk": k, "tier": tier}
+        use = kit.use_of(p)
+        where = {"chunk": k, "tier": tier}
         pre_all, pre_rank = self.update_waits(u)
         if self.act_off and p == "b" and k == 0:
             self.reload_activations(i)
         gates_all = [d for g in gpus for d in self.window(ui, g)]
         if tier == "peer":
-            t = b.task(f"ag{p}{i}_{k}", "collective", "dp.param", gates_all + pre_all, coll="all_gather", bytes=cb,
-                       ranks=tuple(gpus), allocs=[(f"p{p}{i}_{k}.{g}", g) for g in gpus], tags=tag)
+            t = kit.all_gather(b, f"ag{p}{i}_{k}", "dp.param", gpus, cb, gates_all + pre_all, layer=i, use=use,
+                               allocs=[(f"p{p}{i}_{k}.{g}", g) for g in gpus], phase=Phase.PARAM_UPLOAD, extra=where)
             self.ready[u] = dict.fromkeys(gpus, t)
             return
         rd = None
-        if tier == "nvme":
-            rd = b.task(f"rd{p}{i}_{k}", "copy", "nvme.rd", gates_all + pre_all, src="nvme", dst="cpu", bytes=cb,
-                        allocs=[(f"s{p}{i}_{k}", "cpu")], tags=tag)
+        if tier == "nvme":  # into a host staging buffer first
+            rd = kit.swap(b, f"rd{p}{i}_{k}", "nvme.rd", Phase.PARAM_UPLOAD, "nvme", "cpu", cb, gates_all + pre_all,
+                          layer=i, allocs=[(f"s{p}{i}_{k}", "cpu")], extra={"use": use, **where})
         ups = {}
         for g in gpus:
-            deps = [rd] if rd else self.window(ui, g) + pre_rank[g]
-            ups[g] = b.task(f"up{p}{i}_{k}.{g}", "copy", f"{g}.h2d", deps, src="cpu", dst=g,
-                            bytes=cb / self.n if self.ctx.sliced else cb, allocs=[(f"p{p}{i}_{k}.{g}", g)], tags=tag)
+            ups[g] = kit.upload(b, f"up{p}{i}_{k}.{g}", g, cb / self.n if self.ctx.sliced else cb,
+                                [rd] if rd else self.window(ui, g) + pre_rank[g], layer=i, rank=None, use=use,
+                                allocs=[(f"p{p}{i}_{k}.{g}", g)], extra=where)
         if self.ctx.sliced:
-            t = b.task(f"ag{p}{i}_{k}", "collective", "dp.param", list(ups.values()), coll="all_gather", bytes=cb,
-                       ranks=tuple(gpus), tags=tag)
+            t = kit.all_gather(b, f"ag{p}{i}_{k}", "dp.param", gpus, cb, list(ups.values()), layer=i, use=use,
+                               phase=Phase.PARAM_UPLOAD, extra=where)
             self.ready[u] = dict.fromkeys(gpus, t)
         else:
             self.ready[u] = ups
         if rd:
-            b.task(f"fs{p}{i}_{k}", "free", "cpu.stage", list(ups.values()), frees=[(f"s{p}{i}_{k}", "cpu")], tags=tag)
+            b.task(f"fs{p}{i}_{k}", "free", "cpu.stage", list(ups.values()), frees=[(f"s{p}{i}_{k}", "cpu")],
+                   tags=kit.tags(Phase.PARAM_UPLOAD, layer=i, use=use, extra=where))
 
     # -- forward -------------------------------------------------------------------------------------
     def forward_chunks(self, i: int, r: int, g: str) -> None:
@@ -214,10 +211,9 @@ class _Emitter:
             deps = [self.ready[("f", i, k)][g]] + ([pv[0]] if pv and pv[1] != st else [])
             if k == c - 1:
                 deps += [f"fw{i}_{j}.{g}" for j in range(k) if self.cs(g, j) != st]
-            self.b.task(f"fw{i}_{k}.{g}", "compute", st, deps, flops=ly.fwd_flops / c,
-                        hbm_bytes=chunk_hbm(ly.fwd_hbm_bytes, ly.output_bytes, c),
-                        allocs=[(f"act{i}.{g}", g)] if k == 0 else [], frees=[(f"pf{i}_{k}.{g}", g)],
-                        tags={"layer": i, "phase": Phase.FWD, "rank": r, "chunk": k})
+            kit.forward(self.b, i, ly, g, r, deps, share=c, hbm_bytes=chunk_hbm(ly.fwd_hbm_bytes, ly.output_bytes, c),
+                        tid=f"fw{i}_{k}.{g}", stream=st, allocs=[(f"act{i}.{g}", g)] if k == 0 else [],
+                        frees=[(f"pf{i}_{k}.{g}", g)], extra={"chunk": k})
         self.prev[g] = (f"fw{i}_{c - 1}.{g}", self.cs(g, c - 1))
         if self.act_off:
             self.b.task(f"ao{i}.{g}", "copy", f"{g}.d2h", [self.prev[g][0]], tensor=f"act{i}.{g}", src=g, dst="cpu",
@@ -233,34 +229,27 @@ class _Emitter:
                     continue
                 st = self.cs(g, 0)
                 deps = (gpu_ready[g] if i == first_gpu else []) + self.after(g, st)
-                self.prev[g] = (self.b.task(f"fw{i}.{g}", "compute", st, deps, flops=ly.fwd_flops,
-                                            hbm_bytes=ly.fwd_hbm_bytes, allocs=[(f"act{i}.{g}", g)],
-                                            tags={"layer": i, "phase": Phase.FWD, "rank": r}), st)
+                self.prev[g] = (kit.forward(self.b, i, ly, g, r, deps, tid=f"fw{i}.{g}", stream=st,
+                                            allocs=[(f"act{i}.{g}", g)]), st)
 
     # -- backward ------------------------------------------------------------------------------------
     def bucket_gate(self, i: int, g: str) -> list[str]:
         """The task freeing the gradient bucket B layers back (bounded buckets in flight)."""
         if not self.bucket(i):
             return []
-        B, j = self.ch.buckets, self.bpos[i]
-        q, suffix = (j - B, "") if j >= B else (len(self.blay) - B + j, "@1")
-        if q < 0:
-            return []
-        o = self.blay[q]
-        return [(f"gd{o}.{g}" if self.tiers[o] in ("cpu", "nvme") else f"red{o}") + suffix]
+        return kit.bucket_gate(self.blay, i, self.ch.buckets,
+                               lambda o: f"gd{o}.{g}" if self.tiers[o] in ("cpu", "nvme") else f"red{o}")
 
     def backward_resident(self, i: int, r: int, g: str) -> None:
         ly = self.L[i]
         st = self.cs(g, 0)
         deps = self.after(g, st)
         if ly.recompute_flops > 0:
-            self.b.task(f"rc{i}.{g}", "compute", st, deps, flops=ly.recompute_flops, hbm_bytes=ly.fwd_hbm_bytes,
-                        tags={"layer": i, "phase": Phase.RECOMPUTE, "rank": r})
+            kit.recompute(self.b, i, ly, g, r, deps, tid=f"rc{i}.{g}", stream=st)
             deps = []
-        self.prev[g] = (self.b.task(f"bw{i}.{g}", "compute", st, deps + self.bucket_gate(i, g), flops=ly.bwd_flops,
-                                    hbm_bytes=ly.bwd_hbm_bytes,
-                                    allocs=[(f"gb{i}.{g}", g)] if self.bucket(i) else [], frees=[(f"act{i}.{g}", g)],
-                                    tags={"layer": i, "phase": Phase.BWD, "rank": r}), st)
+        self.prev[g] = (kit.backward(self.b, i, ly, g, r, deps + self.bucket_gate(i, g), tid=f"bw{i}.{g}", stream=st,
+                                     allocs=[(f"gb{i}.{g}", g)] if self.bucket(i) else [],
+                                     frees=[(f"act{i}.{g}", g)]), st)
 
     def backward_chunks(self, i: int, r: int, g: str) -> None:
         ly, c, b = self.L[i], self.c, self.b
@@ -270,19 +259,17 @@ class _Emitter:
             extra = ([pv[0]] if pv and pv[1] != st else []) + ([f"ai{i}.{g}"] if self.act_off else [])
             deps = [self.ready[("b", i, k)][g]] + extra
             if ly.recompute_flops > 0:
-                b.task(f"rc{i}_{k}.{g}", "compute", st, deps, flops=ly.recompute_flops / c,
-                       hbm_bytes=chunk_hbm(ly.fwd_hbm_bytes, ly.output_bytes, c),
-                       tags={"layer": i, "phase": Phase.RECOMPUTE, "rank": r, "chunk": k})
+                kit.recompute(b, i, ly, g, r, deps, share=c, hbm_bytes=chunk_hbm(ly.fwd_hbm_bytes, ly.output_bytes, c),
+                              tid=f"rc{i}_{k}.{g}", stream=st, extra={"chunk": k})
                 deps = []
             if k == c - 1:
                 deps += [f"bw{i}_{j}.{g}" for j in range(k) if self.cs(g, j) != st]
             if k == 0:
                 deps += self.bucket_gate(i, g)
-            b.task(f"bw{i}_{k}.{g}", "compute", st, deps, flops=ly.bwd_flops / c,
-                   hbm_bytes=chunk_hbm(ly.bwd_hbm_bytes, ly.output_bytes, c),
-                   allocs=[(f"gb{i}.{g}", g)] if k == 0 else [],
-                   frees=[(f"pb{i}_{k}.{g}", g)] + ([(f"act{i}.{g}", g)] if k == c - 1 else []),
-                   tags={"layer": i, "phase": Phase.BWD, "rank": r, "chunk": k})
+            kit.backward(b, i, ly, g, r, deps, share=c, hbm_bytes=chunk_hbm(ly.bwd_hbm_bytes, ly.output_bytes, c),
+                         tid=f"bw{i}_{k}.{g}", stream=st, allocs=[(f"gb{i}.{g}", g)] if k == 0 else [],
+                         frees=[(f"pb{i}_{k}.{g}", g)] + ([(f"act{i}.{g}", g)] if k == c - 1 else []),
+                         extra={"chunk": k})
         self.prev[g] = (f"bw{i}_{c - 1}.{g}", self.cs(g, c - 1))
 
     def gradients(self, i: int) -> None:
@@ -292,15 +279,13 @@ class _Emitter:
         done = {g: self.prev[g][0] for g in gpus}
         red = None
         if self.n > 1:
-            red = self.last_red = self.b.task(
-                f"red{i}", "collective", "dp.grad", list(done.values()), coll="reduce_scatter", bytes=ly.grad_bytes,
-                ranks=tuple(gpus), frees=[(f"gb{i}.{g}", g) for g in gpus] if self.tiers[i] in ("gpu", "peer") else [],
-                tags={"layer": i, "phase": Phase.GRAD_REDUCE})
+            red = self.last_red = kit.reduce(
+                self.b, f"red{i}", "dp.grad", gpus, ly.grad_bytes, list(done.values()), layer=i,
+                frees=[(f"gb{i}.{g}", g) for g in gpus] if self.tiers[i] in ("gpu", "peer") else [])
         if self.tiers[i] in ("cpu", "nvme"):
             for r, g in enumerate(gpus):
-                self.b.task(f"gd{i}.{g}", "copy", f"{g}.d2h", [red or done[g]], src=g, dst="cpu",
-                            bytes=ly.params / self.n * self.ctx.grad_bytes_per_param(i), frees=[(f"gb{i}.{g}", g)],
-                            tags={"layer": i, "phase": Phase.GRAD_OFFLOAD, "rank": r})
+                kit.offload(self.b, f"gd{i}.{g}", g, ly.params / self.n * self.ctx.grad_bytes_per_param(i),
+                            [red or done[g]], layer=i, rank=r, frees=[(f"gb{i}.{g}", g)])
 
     def backward(self) -> None:
         for i in reversed(range(len(self.L))):
@@ -320,11 +305,10 @@ class _Emitter:
         if gpu_params <= 0:
             return
         for r, g in enumerate(gpus):
-            b.task(f"gopt.{g}", "optimizer", self.cs(g, 0), [self.last_red] if self.last_red else [self.prev[g][0]],
-                   params=gpu_params, tags={"phase": Phase.OPTIMIZER, "rank": r, "tier": "gpu+peer"})
+            kit.gpu_step(b, f"gopt.{g}", self.cs(g, 0), [self.last_red] if self.last_red else [self.prev[g][0]],
+                         gpu_params, rank=r, extra={"tier": "gpu+peer"})
         if n > 1 and tp["gpu"] > 0:
-            b.task("agg", "collective", "dp.param", [f"gopt.{g}" for g in gpus], coll="all_gather",
-                   bytes=self.tsum("gpu", "param_bytes"), ranks=tuple(gpus), tags={"phase": Phase.PARAM_GATHER})
+            kit.all_gather(b, "agg", "dp.param", gpus, self.tsum("gpu", "param_bytes"), [f"gopt.{g}" for g in gpus])
 
     def host_optimizer(self) -> None:
         """CPU Adam per host-tier layer in backward order, NVMe layers' states swapped in before it (two
@@ -336,16 +320,17 @@ class _Emitter:
             nvme = self.tiers[i] == "nvme"
             if nvme:
                 j = nv_order.index(i)
-                b.task(f"swi{i}", "copy", "nvme.rd", [f"swo{nv_order[j - 2]}"] if j >= 2 else [], src="nvme",
-                       dst="cpu", bytes=ly.master_bytes + ly.optimizer_bytes, allocs=[(f"sw{i}", "cpu")],
-                       tags={"layer": i, "phase": Phase.OPTIMIZER_SWAP_IN})
+                ahead = kit.read_ahead(j, NVME_SWAP_BUFFERS, "{}")  # the swap-out NVME_SWAP_BUFFERS layers back
+                kit.swap(b, f"swi{i}", "nvme.rd", Phase.OPTIMIZER_SWAP_IN, "nvme", "cpu",
+                         ly.master_bytes + ly.optimizer_bytes, [f"swo{nv_order[int(q)]}" for q in ahead], layer=i,
+                         allocs=[(f"sw{i}", "cpu")])
             for r, g in enumerate(self.gpus):
-                b.task(f"adam{i}.r{r}", "optimizer", f"cpu.adam{r}", [f"gd{i}.{g}"] + ([f"swi{i}"] if nvme else []),
-                       params=ly.params / n, tags={"layer": i, "phase": Phase.OPTIMIZER, "rank": r})
+                kit.cpu_adam(b, f"adam{i}.r{r}", r, [f"gd{i}.{g}"] + ([f"swi{i}"] if nvme else []), ly.params / n,
+                             layer=i)
             if nvme:
-                b.task(f"swo{i}", "copy", "nvme.wr", [f"adam{i}.r{r}" for r in range(n)], src="cpu", dst="nvme",
-                       bytes=ly.master_bytes + ly.optimizer_bytes + ly.param_bytes, frees=[(f"sw{i}", "cpu")],
-                       tags={"layer": i, "phase": Phase.OPTIMIZER_SWAP_OUT})
+                kit.swap(b, f"swo{i}", "nvme.wr", Phase.OPTIMIZER_SWAP_OUT, "cpu", "nvme",
+                         ly.master_bytes + ly.optimizer_bytes + ly.param_bytes, [f"adam{i}.r{r}" for r in range(n)],
+                         layer=i, frees=[(f"sw{i}", "cpu")])
 
 
 def build(ctx: Ctx, knobs: Knobs, ch: Choice, info: dict[str, Any]) -> Plan:
