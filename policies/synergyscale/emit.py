@@ -320,10 +320,10 @@ class _Emitter:
             nvme = self.tiers[i] == "nvme"
             if nvme:
                 j = nv_order.index(i)
-                ahead = kit.read_ahead(j, NVME_SWAP_BUFFERS, "{}")  # the swap-out NVME_SWAP_BUFFERS layers back
+                # read-ahead window over the NVMe layers in swap order: wait for the swap-out that frees a buffer
+                back = [f"swo{nv_order[j - NVME_SWAP_BUFFERS]}"] if j >= NVME_SWAP_BUFFERS else []
                 kit.swap(b, f"swi{i}", "nvme.rd", Phase.OPTIMIZER_SWAP_IN, "nvme", "cpu",
-                         ly.master_bytes + ly.optimizer_bytes, [f"swo{nv_order[int(q)]}" for q in ahead], layer=i,
-                         allocs=[(f"sw{i}", "cpu")])
+                         ly.master_bytes + ly.optimizer_bytes, back, layer=i, allocs=[(f"sw{i}", "cpu")])
             for r, g in enumerate(self.gpus):
                 kit.cpu_adam(b, f"adam{i}.r{r}", r, [f"gd{i}.{g}"] + ([f"swi{i}"] if nvme else []), ly.params / n,
                              layer=i)
