@@ -90,9 +90,9 @@ Knobs (defaults in brackets):
   tiers (4: fp32 as DeepSpeed's offload path; 2 keeps them in bf16/fp16 and lets bigger models fit).
 
 Modules: ``knobs`` (knobs and their validation), ``context`` (per-job facts, the ``Choice``),
-``placement`` (which tier holds each layer), ``estimate`` (the analytic cost model), ``search`` (the
-parameter search), ``refine`` (the simulated refinement), ``emit`` (plan emission), ``summary``
-(``plan.info``).
+``placement`` (which tier holds each layer), ``estimate`` (the analytic cost model, priced with
+``costs``), ``search`` (the parameter search), ``refine`` (the simulated refinement), ``emit`` (plan
+emission as ``policies.kit`` calls), ``summary`` (``plan.info``).
 """
 
 from __future__ import annotations
