@@ -162,8 +162,8 @@ class _Emitter:
 
     def reload_activations(self, i: int) -> None:
         for g in self.gpus:
-            self.b.task(f"ai{i}.{g}", "copy", f"{g}.h2d", [f"ao{i}.{g}"], tensor=f"act{i}.{g}", src="cpu", dst=g,
-                        alloc_dst=True, free_src=True, tags={"layer": i, "phase": Phase.ACTIVATION_RELOAD})
+            kit.move_activation(self.b, f"ai{i}.{g}", f"{g}.h2d", f"act{i}.{g}", "cpu", g, [f"ao{i}.{g}"],
+                                phase=Phase.ACTIVATION_RELOAD, layer=i)
 
     def fetch(self, ui: int, u: Unit) -> None:
         """One chunk to every GPU: an NVLink all-gather from the peers, or (NVMe read into a staging
@@ -186,7 +186,7 @@ class _Emitter:
         rd = None
         if tier == "nvme":  # into a host staging buffer first
             rd = kit.swap(b, f"rd{p}{i}_{k}", "nvme.rd", Phase.PARAM_UPLOAD, "nvme", "cpu", cb, gates_all + pre_all,
-                          layer=i, allocs=[(f"s{p}{i}_{k}", "cpu")], extra={"use": use, **where})
+                          layer=i, use=use, allocs=[(f"s{p}{i}_{k}", "cpu")], extra=where)
         ups = {}
         for g in gpus:
             ups[g] = kit.upload(b, f"up{p}{i}_{k}.{g}", g, cb / self.n if self.ctx.sliced else cb,
@@ -216,8 +216,8 @@ class _Emitter:
                         frees=[(f"pf{i}_{k}.{g}", g)], extra={"chunk": k})
         self.prev[g] = (f"fw{i}_{c - 1}.{g}", self.cs(g, c - 1))
         if self.act_off:
-            self.b.task(f"ao{i}.{g}", "copy", f"{g}.d2h", [self.prev[g][0]], tensor=f"act{i}.{g}", src=g, dst="cpu",
-                        alloc_dst=True, free_src=True, tags={"layer": i, "phase": Phase.ACTIVATION_OFFLOAD, "rank": r})
+            kit.move_activation(self.b, f"ao{i}.{g}", f"{g}.d2h", f"act{i}.{g}", g, "cpu", [self.prev[g][0]],
+                                phase=Phase.ACTIVATION_OFFLOAD, layer=i, rank=r)
 
     def forward(self) -> None:
         first_gpu = next((i for i, t in enumerate(self.tiers) if t == "gpu"), None)
