@@ -26,7 +26,8 @@ def job_for(hw: str, model: str, overrides: tuple[str, ...] = (), **req):  # noq
 
 @functools.cache
 def run(job, knobs: ss.Knobs = ss.Knobs()):  # noqa: ANN001, ANN201, B008
-    plan = ss.plan(job, knobs)
+    """The plan as the planner makes it (``make_plan``: the analytic choice, refined by simulation)."""
+    plan = make_plan(job, "synergyscale", dataclasses.asdict(knobs))
     return plan, simulate_plan(plan, job.hw)
 
 
@@ -244,3 +245,61 @@ def test_knobs_parse_and_validate() -> None:
     job = job_for("a100", "gpt2", seq_len=512, global_batch=1)
     with pytest.raises(KnobError, match="chunks"):
         ss.plan(job, ss.Knobs(chunks=-3))
+
+
+# the simulated refinement runs through the refine hook, never inside plan() ----------------------------
+def test_plan_is_the_analytic_choice_and_make_plan_refines_it_by_simulation() -> None:
+    job = job_of(SMALL_A100)
+    analytic = ss.plan(job, ss.Knobs())
+    assert analytic.info["search"] == "analytic" and analytic.info["candidates_simulated"] == 0
+    refined, _ = run(job)
+    assert refined.info["search"] == "analytic + simulated" and refined.info["candidates_simulated"] > 1
+    assert refined.info["simulated_step_s"] > 0
+    assert refined.info["estimate_step_s"] == analytic.info["estimate_step_s"]
+
+
+def test_refine_prices_candidates_only_with_the_step_seconds_it_is_given() -> None:
+    job = job_of(SMALL_A100)
+    knobs = ss.Knobs()
+    analytic = ss.plan(job, knobs)
+    seen: list[str] = []
+
+    def flat(plan) -> float:  # noqa: ANN001 - every candidate costs 10 s
+        seen.append(repr(plan.info["chosen"]))
+        return 10.0
+
+    refined = ss.refine(job, knobs, analytic, flat)
+    candidates = list(dict.fromkeys(seen))
+    assert len(candidates) == refined.info["candidates_simulated"] > 1
+    assert len(seen) == 2 * len(candidates)  # 1 and 2 micro-steps each (4 micro-steps: extrapolated)
+    assert refined.info["simulated_step_s"] == 10.0
+    # on a tie the fixed defaults (the first candidate priced) are kept
+    assert repr(refined.info["chosen"]) == candidates[0]
+    assert refined.info["chosen"] == ss.plan(job, ss.Knobs(auto=False)).info["chosen"]
+
+    def prefer_last(plan) -> float:  # noqa: ANN001 - the last candidate is the fast one
+        return 1.0 if repr(plan.info["chosen"]) == candidates[-1] else 10.0
+
+    faster = ss.refine(job, knobs, analytic, prefer_last)
+    assert repr(faster.info["chosen"]) == candidates[-1] and faster.info["simulated_step_s"] == 1.0
+
+
+def test_refine_leaves_unsearched_and_too_large_plans_alone() -> None:
+    def never(plan) -> float:  # noqa: ANN001
+        raise AssertionError("nothing to simulate")
+
+    small = job_of(SMALL_A100)
+    fixed = ss.plan(small, ss.Knobs(auto=False))
+    assert ss.refine(small, ss.Knobs(auto=False), fixed, never) is fixed
+    big = job_for("a100x8", "70b", global_batch=16)
+    analytic = ss.plan(big, ss.Knobs())
+    assert ss.refine(big, ss.Knobs(), analytic, never) is analytic
+
+
+def test_policies_never_run_the_simulator() -> None:
+    import pathlib
+
+    root = pathlib.Path(ss.__file__).parent
+    for path in root.rglob("*.py"):
+        text = path.read_text()
+        assert "simulate_plan" not in text and "simulator.engine" not in text, path
