@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from policies.base import Job
-from policies.dataparallel import dtype_bytes
+from policies.kit import dtype_bytes
 from policies.lazytrain.links import Links, add_into
 from policies.lazytrain.milp import Instance, Opt, Terms, Window
 from policies.lazytrain.tiering import TIERS, Tiering

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from policies import kit
 from policies.base import Job
 from policies.builder import PlanBuilder
-from policies.lazytrain.executor import Executor
+from policies.kit.activations import offload_activation, reload_activation
+from policies.lazytrain.executor import GRAD_BUCKETS, Executor
 from policies.lazytrain.knobs import HEURISTICS, NAME, Knobs
 from policies.lazytrain.milp import Opt, evaluate, heuristic
 from policies.lazytrain.schedule import Schedule
@@ -38,7 +40,7 @@ def emit(job: Job, knobs: Knobs, s: Schedule) -> Plan:
 
 
 class _Emitter:
-    """Names the tasks of one executor: every decision it reads comes from ``x``."""
+    """Names the tasks of one executor: every decision it reads comes from ``x``, every mechanism is the kit's."""
 
     def __init__(self, b: PlanBuilder, job: Job, x: Executor):
         self.b = b
@@ -47,21 +49,15 @@ class _Emitter:
 
     # -- streams and tensors --------------------------------------------------------------------------
     def streams(self) -> None:
+        """Per GPU compute/h2d/d2h and two activation-copy streams; per rank CPU Adam and NVMe io; dp comm."""
         b, x = self.b, self.x
-        for g in x.gpus:
-            b.stream(f"{g}.compute", g, "compute")
-            b.stream(f"{g}.h2d", g, "h2d")
-            b.stream(f"{g}.d2h", g, "d2h")
-            b.stream(f"{g}.act_out", g, "d2h")
-            b.stream(f"{g}.act_in", g, "h2d")
+        kit.gpu_streams(b, x.gpus, extra=(("act_out", "d2h"), ("act_in", "h2d")))
         for r in range(x.n):
             if x.level >= 2:
-                b.stream(f"cpu.adam{r}", "cpu", "optim")
+                kit.cpu_streams(b, [r], [("adam", "optim")])
             if x.tier.uses_nvme:
-                b.stream(f"nvme.io{r}", "nvme", "io")
-        if x.n > 1:
-            b.stream("dp.param", x.gpus[0], "comm")
-            b.stream("dp.grad", x.gpus[0], "comm")
+                kit.cpu_streams(b, [r], [("io", "io")], device="nvme")
+        kit.comm_streams(b, kit.Layout(x.n, flat_comm=True), order=("param", "grad"))
 
     def tensors(self, workspace: float, act_bytes: tuple[dict[str, float], ...]) -> None:
         b, x = self.b, self.x
@@ -127,21 +123,17 @@ class _Emitter:
         return [f"{task}{j}.r{r}^1" for j in self.x.updated_with(i)]
 
     def upload(self, i: int, use: str, window: dict[str, list[str]]) -> dict[str, str]:
-        """Tasks that bring layer i's parameters to every GPU for ``use`` ("f" or "b"); returns gpu -> the
-        task its compute waits for."""
+        """Sliced fetch of layer i's parameters for ``use`` ("f" or "b"): every GPU uploads its 1/n slice, then
+        the all-gather; returns gpu -> the task its compute waits for."""
         b, x = self.b, self.x
         gpus, n, ub = x.gpus, x.n, x.unit_bytes(i)
         pg, ps = f"pg{use}{i}", f"ps{use}{i}"
-        tags = {"layer": i, "phase": Phase.PARAM_UPLOAD, "use": "fwd" if use == "f" else "bwd"}
-        ready = {}
-        for r, g in enumerate(gpus):
-            b.task(f"up{use}{i}.{g}", "copy", f"{g}.h2d", window[g] + self._fresh(i, r), src=x.tier.params, dst=g,
-                   bytes=ub / n, allocs=[(f"{ps if n > 1 else pg}.{g}", g)], tags={**tags, "rank": r})
-            ready[g] = f"up{use}{i}.{g}"
+        ready = {g: kit.upload(b, f"up{use}{i}.{g}", g, ub / n, window[g] + self._fresh(i, r), layer=i, rank=r,
+                               src=x.tier.params, use=kit.use_of(use), allocs=[(f"{ps if n > 1 else pg}.{g}", g)])
+                 for r, g in enumerate(gpus)}
         if n > 1:
-            t = b.task(f"ag{use}{i}", "collective", "dp.param", list(ready.values()), coll="all_gather",
-                       bytes=ub, ranks=gpus, allocs=[(f"{pg}.{g}", g) for g in gpus],
-                       frees=[(f"{ps}.{g}", g) for g in gpus], tags={"layer": i, "phase": Phase.PARAM_GATHER})
+            t = kit.all_gather(b, f"ag{use}{i}", "dp.param", gpus, ub, list(ready.values()), layer=i,
+                               allocs=[(f"{pg}.{g}", g) for g in gpus], frees=[(f"{ps}.{g}", g) for g in gpus])
             ready = {g: t for g in gpus}
         return ready
 
@@ -157,6 +149,7 @@ class _Emitter:
 
     # -- micro-step -------------------------------------------------------------------------------------
     def forward(self) -> None:
+        """Per layer: its (prefetched) upload, then on every GPU its forward and, if offloaded, the copy-out."""
         b, x = self.b, self.x
         for i, layer in enumerate(self.layers):
             ready: dict[str, str] = {}
@@ -166,19 +159,16 @@ class _Emitter:
             gate = x.copy_out_gate(i)
             for r, g in enumerate(x.gpus):
                 deps = self._param_deps(i, g, ready) + ([f"out{gate}.{g}"] if gate is not None else [])
-                frees = [(f"pgf{i}.{g}", g)] if x.refetched(i) else []
-                b.task(f"fwd{i}.{g}", "compute", f"{g}.compute", deps, flops=layer.fwd_flops,
-                       hbm_bytes=layer.fwd_hbm_bytes, allocs=[(f"act{i}.{g}", g)], frees=frees,
-                       tags={"layer": i, "phase": Phase.FWD, "rank": r})
+                kit.forward(b, i, layer, g, r, deps, allocs=[(f"act{i}.{g}", g)],
+                            frees=[(f"pgf{i}.{g}", g)] if x.refetched(i) else [])
                 if x.offloaded(i):
-                    b.task(f"out{i}.{g}", "copy", f"{g}.act_out", [f"fwd{i}.{g}"], tensor=f"act{i}.{g}", src=g,
-                           dst=x.opts[i].place, alloc_dst=True, free_src=True,
-                           tags={"layer": i, "phase": Phase.ACTIVATION_OFFLOAD, "rank": r})
+                    offload_activation(b, f"out{i}.{g}", g, f"act{i}.{g}", [f"fwd{i}.{g}"], layer=i, rank=r,
+                                       dst=x.opts[i].place, stream=f"{g}.act_out")
 
     def backward(self) -> None:
         """Last layer first: fetch the activations back, recompute a checkpointed layer, backward, gradients."""
         x = self.x
-        for i in reversed(range(x.n_layers)):
+        for i in x.backward_order:
             ready = {}
             if x.refetched(i):
                 ready = self.upload(i, "b", {g: [f"bwd{x.bwd_upload_after(i)}.{g}"] for g in x.gpus})
@@ -192,64 +182,54 @@ class _Emitter:
         if x.offloaded(i):
             gate = x.fetch_gate(i)
             fetch_deps = [f"out{i}.{g}"] + ([f"bwd{gate}.{g}"] if gate is not None else [])
-            b.task(f"in{i}.{g}", "copy", f"{g}.act_in", fetch_deps,
-                   tensor=f"act{i}.{g}", src=x.opts[i].place, dst=g, alloc_dst=True, free_src=True,
-                   tags={"layer": i, "phase": Phase.ACTIVATION_RELOAD, "rank": r})
-            deps = deps + [f"in{i}.{g}"]
+            deps = deps + [reload_activation(b, f"in{i}.{g}", g, f"act{i}.{g}", fetch_deps, layer=i, rank=r,
+                                             src=x.opts[i].place, stream=f"{g}.act_in")]
         if x.opts[i].mode == "ckpt":
-            b.task(f"rc{i}.{g}", "compute", f"{g}.compute", deps, flops=layer.fwd_flops,
-                   hbm_bytes=layer.fwd_hbm_bytes, tags={"layer": i, "phase": Phase.RECOMPUTE, "rank": r})
+            kit.recompute(b, i, layer, g, r, deps, flops=layer.fwd_flops)
             deps = []
         allocs = []
         if x.level >= 2:
             allocs = [(f"gb{i}.{g}", g)]
-            j, prev = x.grad_bucket_gate(i)
-            deps = deps + [f"d2h{j}.{g}@1" if prev else f"d2h{j}.{g}"]
+            deps = deps + kit.bucket_gate(x.backward_order, i, GRAD_BUCKETS, lambda o: f"d2h{o}.{g}")
         frees = [(f"act{i}.{g}", g)]
         if x.streamed:
             frees.append((f"pgb{i}.{g}" if x.refetched(i) else f"pgf{i}.{g}", g))
-        b.task(f"bwd{i}.{g}", "compute", f"{g}.compute", deps, flops=layer.bwd_flops,
-               hbm_bytes=layer.bwd_hbm_bytes, allocs=allocs, frees=frees,
-               tags={"layer": i, "phase": Phase.BWD, "rank": r})
+        kit.backward(b, i, layer, g, r, deps, allocs=allocs, frees=frees)
 
     def grads(self, i: int) -> None:
         """Level 1: all-reduce layer i's gradients; else reduce-scatter them and copy each slice to the CPU."""
         b, x = self.b, self.x
         gpus, n = x.gpus, x.n
+        bwd = [f"bwd{i}.{g}" for g in gpus]
         if x.level == 1:
             if n > 1:
-                b.task(f"red{i}", "collective", "dp.grad", [f"bwd{i}.{g}" for g in gpus], coll="all_reduce",
-                       bytes=self.layers[i].params * x.db, ranks=gpus, tags={"layer": i, "phase": Phase.GRAD_REDUCE})
+                kit.reduce(b, f"red{i}", "dp.grad", gpus, self.layers[i].params * x.db, bwd, coll="all_reduce",
+                           layer=i)
             return
         ub = x.unit_bytes(i)
-        red = None
-        if n > 1:
-            red = b.task(f"rs{i}", "collective", "dp.grad", [f"bwd{i}.{g}" for g in gpus], coll="reduce_scatter",
-                         bytes=ub, ranks=gpus, tags={"layer": i, "phase": Phase.GRAD_REDUCE})
+        red = kit.reduce(b, f"rs{i}", "dp.grad", gpus, ub, bwd, layer=i) if n > 1 else None
         for r, g in enumerate(gpus):
-            b.task(f"d2h{i}.{g}", "copy", f"{g}.d2h", [red or f"bwd{i}.{g}"], src=g, dst="cpu", bytes=ub / n,
-                   frees=[(f"gb{i}.{g}", g)], tags={"layer": i, "phase": Phase.GRAD_OFFLOAD, "rank": r})
+            kit.offload(b, f"d2h{i}.{g}", g, ub / n, [red or f"bwd{i}.{g}"], layer=i, rank=r,
+                        frees=[(f"gb{i}.{g}", g)])
 
     # -- optimizer ----------------------------------------------------------------------------------------
     def gpu_optimizer(self) -> None:
         x = self.x
         for r, g in enumerate(x.gpus):
-            self.b.task(f"opt.{g}", "optimizer", f"{g}.compute", ["red0" if x.n > 1 else f"bwd0.{g}"],
-                        params=x.p_total, tags={"phase": Phase.OPTIMIZER, "rank": r})
+            kit.gpu_step(self.b, f"opt.{g}", f"{g}.compute", ["red0" if x.n > 1 else f"bwd0.{g}"], x.p_total, rank=r)
 
     def _swap_in(self, i: int, r: int) -> None:
         """Read layer i's optimizer states of rank r from NVMe once the write-back two layers before is done."""
         x = self.x
-        self.b.task(f"or{i}.r{r}", "copy", f"nvme.io{r}", [f"ow{i - 2}.r{r}"] if i >= 2 else [], src="nvme",
-                    dst="cpu", bytes=self.layers[i].params / x.n * (x.master_bpp + x.optim_bpp),
-                    allocs=[(f"ostage{i}.r{r}", "cpu")], tags={"layer": i, "phase": Phase.OPTIMIZER_SWAP_IN, "rank": r})
+        kit.swap(self.b, f"or{i}.r{r}", f"nvme.io{r}", Phase.OPTIMIZER_SWAP_IN, "nvme", "cpu",
+                 self.layers[i].params / x.n * (x.master_bpp + x.optim_bpp), kit.read_ahead(i, 2, f"ow{{}}.r{r}"),
+                 layer=i, rank=r, allocs=[(f"ostage{i}.r{r}", "cpu")])
 
     def cpu_optimizer(self) -> None:
         """CPU Adam per layer and rank, behind that layer's gradient copy-down; NVMe swap of its states
         (two layers staged), NVMe write-back of the parameters, or re-upload of a resident copy."""
         x = self.x
-        nvme_states = x.tier.optim == "nvme"
-        if nvme_states:
+        if x.tier.optim == "nvme":
             for r in range(x.n):
                 for i in range(min(2, x.n_layers)):
                     self._swap_in(i, r)
@@ -257,28 +237,26 @@ class _Emitter:
             for r, g in enumerate(x.gpus):
                 self._cpu_adam(i, r, g)
             if x.tier.params == "gpu" and x.n > 1:
-                self.b.task(f"ag{i}", "collective", "dp.param", [f"up{i}.{g}" for g in x.gpus], coll="all_gather",
-                            bytes=self.layers[i].params * x.db, ranks=x.gpus,
-                            tags={"layer": i, "phase": Phase.PARAM_GATHER})
+                kit.all_gather(self.b, f"ag{i}", "dp.param", x.gpus, self.layers[i].params * x.db,
+                               [f"up{i}.{g}" for g in x.gpus], layer=i)
 
     def _cpu_adam(self, i: int, r: int, g: str) -> None:
         b, x = self.b, self.x
         params = self.layers[i].params / x.n
         nvme_states = x.tier.optim == "nvme"
-        b.task(f"adam{i}.r{r}", "optimizer", f"cpu.adam{r}", [f"d2h{i}.{g}"] + ([f"or{i}.r{r}"] if nvme_states else []),
-               params=params, tags={"layer": i, "phase": Phase.OPTIMIZER, "rank": r})
+        kit.cpu_adam(b, f"adam{i}.r{r}", r, [f"d2h{i}.{g}"] + ([f"or{i}.r{r}"] if nvme_states else []), params,
+                     layer=i)
         if nvme_states:
-            b.task(f"ow{i}.r{r}", "copy", f"nvme.io{r}", [f"adam{i}.r{r}"], src="cpu", dst="nvme",
-                   bytes=params * (x.master_bpp + x.optim_bpp), frees=[(f"ostage{i}.r{r}", "cpu")],
-                   tags={"layer": i, "phase": Phase.OPTIMIZER_SWAP_OUT, "rank": r})
+            kit.swap(b, f"ow{i}.r{r}", f"nvme.io{r}", Phase.OPTIMIZER_SWAP_OUT, "cpu", "nvme",
+                     params * (x.master_bpp + x.optim_bpp), [f"adam{i}.r{r}"], layer=i, rank=r,
+                     frees=[(f"ostage{i}.r{r}", "cpu")])
         if x.tier.params == "nvme":
-            b.task(f"pw{i}.r{r}", "copy", f"nvme.io{r}", [f"adam{i}.r{r}"], src="cpu", dst="nvme",
-                   bytes=params * x.db, tags={"layer": i, "phase": Phase.PARAM_SWAP_OUT, "rank": r})
+            kit.swap(b, f"pw{i}.r{r}", f"nvme.io{r}", Phase.PARAM_SWAP_OUT, "cpu", "nvme", params * x.db,
+                     [f"adam{i}.r{r}"], layer=i, rank=r)
         if nvme_states and i + 2 < x.n_layers:
             self._swap_in(i + 2, r)
         if x.tier.params == "gpu":
-            b.task(f"up{i}.{g}", "copy", f"{g}.h2d", [f"adam{i}.r{r}"], src="cpu", dst=g, bytes=params * x.db,
-                   tags={"layer": i, "phase": Phase.PARAM_UPLOAD, "rank": r})
+            kit.upload(b, f"up{i}.{g}", g, params * x.db, [f"adam{i}.r{r}"], layer=i, rank=r)
 
 
 # -- what the plan says about itself ------------------------------------------------------------------------

@@ -12,13 +12,15 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from policies.base import Job
+from policies.kit import gpu
 from policies.lazytrain.milp import Opt
 from policies.lazytrain.schedule import Schedule
 from policies.lazytrain.tiering import Tiering
 
 #: offloaded activations on the GPU at a time: a copy-out (or a fetch) waits for the one this many before it
 ACTIVATION_SLOTS = 2
-#: gradient buckets on the GPU at a time (levels 2 and 3): a backward waits for the copy-down this many after it
+#: gradient buckets on the GPU at a time (levels 2 and 3): a backward waits for the copy-down of the bucket
+#: this many before it in backward order (``policies.kit.bucket_gate``)
 GRAD_BUCKETS = 2
 
 
@@ -43,7 +45,7 @@ class Executor:
         layers = job.trace.layers
         nl = len(layers)
         return cls(
-            tier=s.tiering, gpus=tuple(f"gpu{r}" for r in range(c.n)), n_layers=nl, db=c.db,
+            tier=s.tiering, gpus=tuple(gpu(r) for r in range(c.n)), n_layers=nl, db=c.db,
             depth=min(prefetch_depth, nl - 1), unit=c.unit_params,
             opts=tuple(c.instance.options[i][o] for i, o in enumerate(s.choice)),
             tied=job.model.tied_embeddings and nl > 1, p_total=float(sum(layer.params for layer in layers)),
@@ -61,6 +63,11 @@ class Executor:
     @property
     def streamed(self) -> bool:
         return self.tier.streamed
+
+    @property
+    def backward_order(self) -> tuple[int, ...]:
+        """The layers in the order their backward runs (and their gradient buckets fill): last first."""
+        return tuple(reversed(range(self.n_layers)))
 
     # -- parameters -----------------------------------------------------------------------------------
     @property
@@ -108,10 +115,3 @@ class Executor:
         off = self.offloaded_layers
         k = off.index(i) if i in off else len(off)
         return off[k + ACTIVATION_SLOTS] if k + ACTIVATION_SLOTS < len(off) else None
-
-    # -- gradients ------------------------------------------------------------------------------------
-    def grad_bucket_gate(self, i: int) -> tuple[int, bool]:
-        """(layer, of the previous micro-step?) whose gradient copy-down must end before layer i's backward
-        allocates its bucket: two gradient buckets on the GPU at a time."""
-        j = i + GRAD_BUCKETS
-        return (j, False) if j < self.n_layers else (j - self.n_layers, True)
