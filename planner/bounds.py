@@ -14,7 +14,7 @@ a sweep of policies, models and knobs):
   This counts, e.g., the activations a compute stream keeps from its forward to its backward.
 - time: the measured step repeats with its period in the steady state, so every resource must do one
   step's work within one period; no resource works faster than its capacity. Work per step, priced with
-  the simulator's own cost functions (``simulator.engine``):
+  the functions the engine charges with (``costs``):
   * each GPU's SMs (capacity 1 s/s, shared by all its compute streams): its compute tasks' roofline
     seconds plus launch overhead, and GPU optimizer steps (HBM-bound);
   * each link direction (and the duplex budget where the hardware has one): the bytes routed over it
@@ -30,9 +30,18 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+from costs import (
+    CPU_ADAM,
+    RouteTable,
+    cpu_adam_seconds,
+    gpu_optimizer_seconds,
+    kernel_seconds,
+    link_capacities,
+    ring,
+    sm_resource,
+)
 from hardware_models import HardwareSpec, Topology, build_topology
 from simulator import Plan
-from simulator.engine import compute_seconds, link_resources
 
 BOUND_SLACK = 1e-9
 
@@ -54,9 +63,9 @@ def memory_lower_bound(plan: Plan, topo: Topology) -> dict[str, float]:
     pools = sorted(topo.pools)
     at_start = {p: 0.0 for p in pools}
     tensors = plan.tensor_map()
-    for t in plan.tensors:
-        if t.home is not None:
-            at_start[topo.pool_of[t.home]] += t.bytes
+    for ts in plan.tensors:
+        if ts.home is not None:
+            at_start[topo.pool_of[ts.home]] += ts.bytes
     releasers: dict[tuple[str, str], set[str]] = defaultdict(set)  # (tensor id, location) -> tasks freeing it
     for seg in plan.segments:
         for t in seg.tasks:
@@ -66,9 +75,9 @@ def memory_lower_bound(plan: Plan, topo: Topology) -> dict[str, float]:
                 releasers[(t.tensor.id, t.src)].add(t.id)
     released = set(releasers)
     always = {p: 0.0 for p in pools}
-    for t in plan.tensors:
-        if t.home is not None and (t.id, t.home) not in released:
-            always[topo.pool_of[t.home]] += t.bytes
+    for ts in plan.tensors:
+        if ts.home is not None and (ts.id, ts.home) not in released:
+            always[topo.pool_of[ts.home]] += ts.bytes
     best = dict(at_start)
     for seg in plan.segments:
         by_stream: dict[str, list] = defaultdict(list)
@@ -128,20 +137,8 @@ def resource_work(plan: Plan, hw: HardwareSpec, topo: Topology) -> dict[str, flo
     """Seconds of work per resource in one measured step (each resource's minimum busy time)."""
     streams = plan.stream_map()
     dtype = str(plan.workload.get("precision", "bf16"))
-    caps = link_resources(topo)
-    route_res: dict[tuple[str, str], tuple[str, ...]] = {}
-
-    def route(src: str, dst: str) -> tuple[str, ...]:
-        key = (src, dst)
-        if key not in route_res:
-            res: list[str] = []
-            for h in topo.route(src, dst):
-                res.append(f"{h.link}:{'fwd' if h.forward else 'rev'}")
-                if topo.links[h.link].duplex_bw is not None:
-                    res.append(f"{h.link}:duplex")
-            route_res[key] = tuple(res)
-        return route_res[key]
-
+    caps = link_capacities(topo)
+    route = RouteTable(topo)
     work: dict[str, float] = defaultdict(float)
     nbytes: dict[str, float] = defaultdict(float)
     tensors = plan.tensor_map()
@@ -150,24 +147,20 @@ def resource_work(plan: Plan, hw: HardwareSpec, topo: Topology) -> dict[str, flo
         for t in seg.tasks:
             device = streams[t.stream].device
             if t.op == "compute" and device.startswith("gpu"):
-                sec = compute_seconds(hw, t.flops, t.hbm_bytes, dtype) + hw.gpu.launch_overhead_s
-                work[f"{device}.sm"] += n * sec
+                work[sm_resource(device)] += n * kernel_seconds(hw, t.flops, t.hbm_bytes, dtype)
             elif t.op == "optimizer":
                 if device.startswith("gpu"):
-                    sec = t.params * hw.gpu.optimizer_bytes_per_param / hw.gpu.hbm_bw + hw.gpu.launch_overhead_s
-                    work[f"{device}.sm"] += n * sec
+                    work[sm_resource(device)] += n * gpu_optimizer_seconds(hw, t.params)
                 else:
-                    work["cpu.adam"] += n * t.params / hw.host.optimizer_params_per_s
+                    work[CPU_ADAM] += cpu_adam_seconds(hw, n * t.params)
             elif t.op == "copy" and t.src != t.dst and t.src is not None and t.dst is not None:
                 b = t.bytes if t.bytes > 0 else (tensors[t.tensor.id].bytes if t.tensor is not None else 0.0)
-                for r in route(t.src, t.dst):
+                for r in route(t.src, t.dst).resources:
                     nbytes[r] += n * b
-            elif t.op == "collective" and len(t.ranks) > 1:
-                k = len(t.ranks)
-                per_rank = t.bytes * (k - 1) / k * (2.0 if t.coll == "all_reduce" else 1.0)
-                for i, rank in enumerate(t.ranks):
-                    for r in route(rank, t.ranks[(i + 1) % k]):
-                        nbytes[r] += n * per_rank
+            elif t.op == "collective" and len(t.ranks) > 1 and t.coll is not None:
+                rg = ring(route, t.ranks, t.bytes, t.coll)
+                for r in rg.resources:
+                    nbytes[r] += n * rg.per_rank
     for r, b in nbytes.items():
         work[r] += b / caps[r]
     return dict(work)

@@ -11,9 +11,9 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from costs import compute_seconds
 from hardware_models import Topology, build_topology
 from policies.base import Job, PlanInfeasible, gpu_pool
-from simulator.engine import compute_seconds
 
 TIERS = ("gpu", "peer", "cpu", "nvme")
 FETCHED = ("peer", "cpu", "nvme")      # tiers whose parameters are brought to the GPU before each use

@@ -79,6 +79,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from costs import compute_seconds
 from hardware_models import build_topology
 from policies.base import Job, KnobError, PlanInfeasible, PolicyInfo, gpu_pool, pow2_divisors, unified
 from policies.builder import PlanBuilder
@@ -86,7 +87,6 @@ from policies.dataparallel import dtype_bytes
 from policies.tinypipe_emit import Ctx, Emitter, gpipe, one_f_one_b
 from policies.tinypipe_search import MODES, LayerCost, Problem, Solution, StagePlan, solve
 from simulator import Plan
-from simulator.engine import compute_seconds
 
 NAME = "tinypipe"
 GRAD32_BYTES = 4.0      # CPU-side fp32 gradient accumulator per parameter

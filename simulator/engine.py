@@ -20,6 +20,8 @@ steps and copies all run on the same cores: every such flow is then expressed in
 solo speed and also crosses one ``host.cores`` resource (capacity 1), so that two of them at once share
 the cores (each at half speed) instead of running side by side for free.
 
+Every figure comes from the pure pricing layer ``costs`` (route resources, capacities, shared rates,
+copy/collective/compute/optimizer seconds); the engine adds only time: who runs when, and what shares.
 The engine knows no policy. A fresh ``simpy.Environment`` is built for every run.
 """
 
@@ -28,21 +30,29 @@ from __future__ import annotations
 import gc
 import time
 from collections import defaultdict
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import simpy
 
+from costs import (
+    CPU_ADAM,
+    HOST_CORES,
+    RouteResources,
+    RouteTable,
+    gpu_optimizer_seconds,
+    machine_capacities,
+    ring,
+    sm_resource,
+)
 from hardware_models import HardwareSpec, Topology, build_topology
 from simulator.errors import PlanError
 from simulator.flows import FlowNetwork
 from simulator.memory import MemoryTracker
-from simulator.opcost import ComputeCost, compute_seconds  # noqa: F401 - re-exported (policies, planner)
-from simulator.plan import Plan, validate_plan
+from simulator.opcost import plan_pricer, task_seconds
+from simulator.plan import Plan, TaskSpec, validate_plan
 from simulator.unroll import ConcreteTask, Unroller
-
-HOST_CORES = "host.cores"  # the host's cores, where the "GPU" is the host (gpu.shares_host)
 
 
 class TaskRecord(NamedTuple):
@@ -59,7 +69,7 @@ class TaskRecord(NamedTuple):
     segment: int
     iteration: int
     bytes: float
-    tags: dict
+    tags: Mapping[str, Any]
     gpus: tuple[str, ...] = ()   # GPUs the task involves (its device; a copy's ends; a collective's ranks)
     links: tuple[str, ...] = ()  # links its bytes crossed
 
@@ -81,16 +91,6 @@ class RawRun:
     warmup_repeat: int | None = None
 
 
-def link_resources(topo: Topology) -> dict[str, float]:
-    caps: dict[str, float] = {}
-    for name, ln in topo.links.items():
-        caps[f"{name}:fwd"] = ln.bw_fwd
-        caps[f"{name}:rev"] = ln.bw_rev
-        if ln.duplex_bw is not None:
-            caps[f"{name}:duplex"] = ln.duplex_bw
-    return caps
-
-
 def task_gpus(t: ConcreteTask, device: str) -> tuple[str, ...]:
     """The GPUs a task involves: its device; a copy's GPU ends; a collective's ranks."""
     s = t.spec
@@ -99,6 +99,18 @@ def task_gpus(t: ConcreteTask, device: str) -> tuple[str, ...]:
     if s.op == "copy":
         return tuple(x for x in (s.src, s.dst) if x is not None and x.startswith("gpu"))
     return (device,) if device.startswith("gpu") else ()
+
+
+def copy_ends(s: TaskSpec) -> tuple[str, str]:
+    """A copy's (src, dst); ``validate_plan`` refuses a copy without both."""
+    assert s.src is not None and s.dst is not None
+    return s.src, s.dst
+
+
+def collective_kind(s: TaskSpec) -> str:
+    """A collective's ``coll``; ``validate_plan`` refuses a collective without one."""
+    assert s.coll is not None
+    return s.coll
 
 
 class Engine:
@@ -111,14 +123,8 @@ class Engine:
         validate_plan(plan, "plan", self.topo.locations)
         self.dtype = str(plan.workload.get("precision", "bf16"))
         self.env = simpy.Environment()
-        caps = link_resources(self.topo)
-        for g in self.topo.gpu_locations():
-            caps[f"{g}.sm"] = 1.0
-        caps["cpu.adam"] = hw.host.optimizer_params_per_s
         self.shared_host = hw.gpu.shares_host
-        if self.shared_host:
-            caps[HOST_CORES] = 1.0
-        self.net = FlowNetwork(self.env, caps)
+        self.net = FlowNetwork(self.env, machine_capacities(hw, self.topo))
         # GPUs whose SMs only one stream ever uses: their kernels never share, so they are plain timeouts
         sm_users: dict[str, set[str]] = defaultdict(set)
         streams = plan.stream_map()
@@ -136,27 +142,8 @@ class Engine:
         self.link_bytes_by_step: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self.records: list[TaskRecord] = []
         self.step_end: dict[int, float] = defaultdict(float)
-        self._routes: dict[tuple[str, str], tuple[tuple[str, ...], float, tuple[str, ...]]] = {}
-        self.cost = ComputeCost(plan, hw, self.dtype)
-
-    # -- routing --------------------------------------------------------------------------------------
-    def route(self, src: str, dst: str) -> tuple[tuple[str, ...], float, tuple[str, ...]]:
-        """(flow resources, latency, link names) of a transfer from src to dst."""
-        key = (src, dst)
-        if key not in self._routes:
-            hops = self.topo.route(src, dst)
-            res: list[str] = []
-            links: list[str] = []
-            lat = 0.0
-            for h in hops:
-                ln = self.topo.links[h.link]
-                res.append(f"{h.link}:{'fwd' if h.forward else 'rev'}")
-                if ln.duplex_bw is not None:
-                    res.append(f"{h.link}:duplex")
-                links.append(h.link)
-                lat += ln.latency_s
-            self._routes[key] = (tuple(res), lat, tuple(links))
-        return self._routes[key]
+        self.route: RouteTable = RouteTable(self.topo)  # route(src, dst) -> RouteResources, memoised
+        self.pricer = plan_pricer(plan, hw, self.dtype)
 
     # -- execution ------------------------------------------------------------------------------------
     def run(self) -> RawRun:
@@ -210,7 +197,7 @@ class Engine:
                       events, time.perf_counter() - wall0, self.topo, leaked, self.warmup_repeat)
 
     def _stream(self, sid: str, tasks: list[ConcreteTask],
-                done: dict[str, simpy.Event]) -> Iterator[simpy.Event]:
+                done: dict[str, simpy.Event]) -> Generator[simpy.Event, Any, None]:
         device = self.streams[sid].device
         for t in tasks:
             pending = [done[d] for d in t.deps if d not in self._finished]
@@ -244,17 +231,17 @@ class Engine:
             nbytes, kind = self._kind(inst)
             self.mem.alloc(now, inst, loc, nbytes, kind, t.uid)
         if t.spec.op == "copy" and t.tensor is not None:
-            if not self.mem.is_resident(t.tensor, t.spec.src):
-                raise PlanError(f"task {t.uid!r}: copies tensor {t.tensor!r} from {t.spec.src!r}, "
-                                f"but it is not there")
+            src, dst = copy_ends(t.spec)
+            if not self.mem.is_resident(t.tensor, src):
+                raise PlanError(f"task {t.uid!r}: copies tensor {t.tensor!r} from {src!r}, but it is not there")
             if t.spec.alloc_dst:
                 nbytes, kind = self._kind(t.tensor)
-                self.mem.alloc(now, t.tensor, t.spec.dst, nbytes, kind, t.uid)
+                self.mem.alloc(now, t.tensor, dst, nbytes, kind, t.uid)
 
     def _finish(self, t: ConcreteTask) -> None:
         now = self.env.now
         if t.spec.op == "copy" and t.tensor is not None and t.spec.free_src:
-            self.mem.free(now, t.tensor, t.spec.src, t.uid)
+            self.mem.free(now, t.tensor, copy_ends(t.spec)[0], t.uid)
         for inst, loc in t.frees:
             self.mem.free(now, inst, loc, t.uid)
 
@@ -263,52 +250,43 @@ class Engine:
         s = t.spec
         env = self.env
         if s.op == "compute":
-            if f"{device}.sm" not in self.net.capacity:
+            if sm_resource(device) not in self.net.capacity:
                 raise PlanError(f"task {t.uid!r}: compute on {device!r}, which is not a GPU")
-            yield self._sm(device, self.cost.seconds(s))
+            yield self._sm(device, task_seconds(self.pricer, s))
             return 0.0, ()
         if s.op == "optimizer":
-            if f"{device}.sm" in self.net.capacity:
-                work = s.params * self.hw.gpu.optimizer_bytes_per_param / self.hw.gpu.hbm_bw
-                yield self._sm(device, work + self.hw.gpu.launch_overhead_s)
+            if sm_resource(device) in self.net.capacity:
+                yield self._sm(device, gpu_optimizer_seconds(self.hw, s.params))
             else:
-                yield self._host_flow(s.params, ("cpu.adam",))
+                yield self._host_flow(s.params, (CPU_ADAM,))
             return 0.0, ()
         if s.op == "copy":
             nbytes = s.bytes if s.bytes > 0 else self._kind(t.tensor)[0] if t.tensor else 0.0
-            res, lat, links = self.route(s.src, s.dst)
-            self._count(t.step, links, nbytes)
+            rt: RouteResources = self.route(*copy_ends(s))
+            self._count(t.step, rt.links, nbytes)
+            if rt.latency_s > 0:
+                yield env.timeout(rt.latency_s)
+            yield self._host_flow(nbytes, rt.resources)
+            return nbytes, rt.links
+        if s.op == "collective":
+            rg = ring(self.route, s.ranks, s.bytes, collective_kind(s))
+            if not rg.hops:
+                return 0.0, ()
+            for hop in rg.hops:
+                self._count(t.step, hop.links, rg.per_rank)
+            lat = rg.latency_s
             if lat > 0:
                 yield env.timeout(lat)
-            yield self._host_flow(nbytes, res)
-            return nbytes, links
-        if s.op == "collective":
-            n = len(s.ranks)
-            if n <= 1:
-                return 0.0, ()
-            per_rank = s.bytes * (n - 1) / n * (2.0 if s.coll == "all_reduce" else 1.0)
-            resources: list[str] = []
-            crossed: list[str] = []
-            lat_max = 0.0
-            for i, r in enumerate(s.ranks):
-                res, lat, links = self.route(r, s.ranks[(i + 1) % n])
-                self._count(t.step, links, per_rank)
-                lat_max = max(lat_max, lat)
-                resources.extend(res)
-                crossed.extend(links)
-            steps = (n - 1) * (2 if s.coll == "all_reduce" else 1)
-            if lat_max > 0:
-                yield env.timeout(lat_max * steps)
             # the ring's n transfers move in lockstep: one flow using each resource once per ring hop on it
-            yield self.net.start(per_rank, resources, [1.0] * len(resources))
-            return per_rank * n, tuple(dict.fromkeys(crossed))
+            yield self.net.start(rg.per_rank, rg.resources)
+            return rg.per_rank * len(rg.hops), rg.links
         return 0.0, ()  # alloc / free / noop: instantaneous
 
     def _sm(self, device: str, seconds: float) -> simpy.Event:
         """Seconds of work on a GPU's SMs: shared with concurrent kernels of other streams, if any."""
         if device in self._exclusive_sm:
             return self.env.timeout(seconds)
-        return self._host_flow(seconds, (f"{device}.sm",))
+        return self._host_flow(seconds, (sm_resource(device),))
 
     def _host_flow(self, amount: float, resources: tuple[str, ...]) -> simpy.Event:
         """A flow of ``amount`` over ``resources``; on a shared host, as seconds of work at its solo rate

@@ -7,9 +7,11 @@ capacity max-min fairly across every resource of their path (progressive filling
 whenever a flow starts or ends, but only for the *component* of flows that transitively share a resource
 with the flow that changed, so independent GPUs do not slow each other's bookkeeping.
 
-This is the bandwidth model of ../shared/design.md ("a FIFO simpy.Resource per link is not a bandwidth
-model"); the same progressive-filling idea is the textbook max-min fair allocation (Bertsekas & Gallager,
-Data Networks, §6.5.2).
+This is the bandwidth model of docs/design.md ("a FIFO simpy.Resource per link is not a bandwidth
+model"). The rates themselves are the pure max-min fair allocation of :func:`costs.max_min_rates`
+(progressive filling, Bertsekas & Gallager, Data Networks, §6.5.2), so estimators that price with
+``costs`` get the figures this network runs at; this module keeps only the SimPy side: who is active,
+when each flow's work is done, and the per-resource statistics.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import simpy
+
+from costs import max_min_rates, solo_rate, usage
 
 _EPS = 1e-12
 
@@ -61,9 +65,9 @@ class FlowNetwork:
     def start(self, amount: float, resources: Sequence[str], weights: Sequence[float] | None = None) -> simpy.Event:
         """Start a flow of ``amount`` units over ``resources``; the returned event fires when it is done.
 
-        ``weights`` (one per resource, default 1) say how many units of a resource one unit of the flow
-        uses: a ring collective is one flow whose every link carries it once, except links the ring
-        crosses twice (weight 2).
+        ``weights`` (one per listed resource, default 1) say how many units of a resource one unit of the
+        flow uses; a resource listed more than once adds up its weights (:func:`costs.usage`): a ring
+        collective is one flow whose every link carries it once, except links the ring crosses twice.
         """
         ev = self.env.event()
         if amount <= 0 or not resources:
@@ -88,7 +92,7 @@ class FlowNetwork:
                 alone = False
             on.add(fid)
         if alone:  # fast path: nothing to share with, nobody else's rate changes
-            f.rate = min(self.capacity[r] / x for r, x in zip(f.resources, f.weights, strict=True))
+            f.rate = solo_rate(f.wmap, self.capacity)
             for r, x in zip(f.resources, f.weights, strict=True):
                 self.stats[r].rate_log.append((now, f.rate * x))
             f.version = 1
@@ -102,9 +106,7 @@ class FlowNetwork:
         for r in resources:
             if r not in self.capacity:
                 raise KeyError(f"unknown resource {r!r}")
-        acc: dict[str, float] = {}
-        for r, x in zip(resources, weights if weights is not None else [1.0] * len(resources), strict=True):
-            acc[r] = acc.get(r, 0.0) + float(x) if weights is not None else 1.0
+        acc = usage(resources, weights)
         return tuple(acc), tuple(acc.values()), acc
 
     def active(self) -> int:
@@ -135,10 +137,10 @@ class FlowNetwork:
             f.remaining = max(0.0, f.remaining - f.rate * (now - f.updated))
             f.updated = now
         if len(flows) == 1:  # fast path: a flow alone on its resources gets the narrowest of them
-            f = flows[0]
-            f.rate = min(self.capacity[r] / x for r, x in zip(f.resources, f.weights, strict=True))
-        else:
-            self._fill(flows, resources)
+            flows[0].rate = solo_rate(flows[0].wmap, self.capacity)
+        else:  # the component holds every flow on its resources: share them max-min fairly
+            for f, rate in zip(flows, max_min_rates([f.wmap for f in flows], self.capacity), strict=True):
+                f.rate = rate
         totals = dict.fromkeys(resources, 0.0)  # the component holds every flow on these resources
         for f in flows:
             for r, x in zip(f.resources, f.weights, strict=True):
@@ -155,23 +157,6 @@ class FlowNetwork:
             if f.rate > 0:
                 ev = self.env.timeout(f.remaining / f.rate)
                 ev.callbacks.append(self._make_finisher(f.fid, f.version))
-
-    def _fill(self, flows: list[Flow], resources: set[str]) -> None:
-        """Progressive filling: raise every unfrozen flow's rate until a resource saturates."""
-        cap = {r: self.capacity[r] for r in resources}
-        count = {r: sum(self._flows[fid].wmap[r] for fid in self._on[r]) for r in resources}
-        unfrozen = {f.fid: f for f in flows}
-        while unfrozen:
-            r_star = min((r for r in resources if count[r] > 1e-12), key=lambda r: (cap[r] / count[r], r))
-            share = max(cap[r_star], 0.0) / count[r_star]
-            for fid in sorted(self._on[r_star]):
-                f = unfrozen.pop(fid, None)
-                if f is None:
-                    continue
-                f.rate = share
-                for r, x in zip(f.resources, f.weights, strict=True):
-                    cap[r] -= share * x
-                    count[r] -= x
 
     def _make_finisher(self, fid: int, version: int):  # noqa: ANN202 - SimPy callback
         def finish(_ev: simpy.Event) -> None:

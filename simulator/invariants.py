@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from costs import both_ways_bw
 from simulator.plan import Plan
 from simulator.result import Result
 from simulator.unroll import Unroller
@@ -46,7 +47,7 @@ def check_invariants(result: Result) -> list[str]:
     if topo is not None:
         for ln, nbytes in result.link_bytes.items():
             link = topo.links[ln]
-            cap = link.duplex_bw if link.duplex_bw is not None else link.bw_fwd + link.bw_rev
+            cap = both_ways_bw(link)
             if nbytes / cap > st * (1 + 1e-9) + _EPS:
                 bad.append(f"link {ln}: {nbytes:.4g} B need {nbytes / cap:.6g} s at full rate, "
                            f"more than the step's {st:.6g} s")

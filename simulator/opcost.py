@@ -1,20 +1,8 @@
-"""Seconds of one compute task: a one-kernel roofline, or operator by operator where the hardware says how.
+"""The engine's price of one compute task: the plan's workload and the task's tags handed to ``costs``.
 
-Default (every preset): ``max(flops / (peak * eff(flops)), hbm_bytes / hbm_bw) + launch overhead`` -- the
-layer task as ONE kernel of its total FLOPs, with the efficiency curve standing for everything else.
-
-Operator level (a spec with ``gpu.op_overhead``, as ``tiersim calibrate`` writes): a task tagged with its
-``layer`` and ``phase`` (fwd | bwd | recompute) of the plan's workload runs the operators that
-:func:`workloads.ops.layer_ops` lists, and costs::
-
-    max( sum_i f_i / (peak * eff(f_i))  +  elementwise_bytes / elementwise_bw  +  n_ops * op_overhead,
-         hbm_bytes / hbm_bw )
-
-(the task's own HBM traffic stays a floor, as in the roofline) where f_i are its matmul kernels (each at
-its own size on the curve). A task that carries a share of the layer (a tensor-parallel rank, a chunk of
-the tokens) has FLOPs ``k`` times the layer's: every kernel and the element-wise bytes are scaled by ``k``
-(kernels get smaller, so less efficient), the operator count is not. A compute task without a layer tag
-(or of a plan without a model) keeps the roofline.
+The pricing itself (roofline, or operator by operator where the hardware has ``gpu.op_overhead``) is
+:class:`costs.ComputePricer`; what stays here needs a Plan: reading the plan's workload (model and
+config; a plan without a usable one is priced with the roofline) and a task's ``layer`` / ``phase`` tags.
 """
 
 from __future__ import annotations
@@ -22,28 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from costs import ComputePricer
 from hardware_models import HardwareSpec
 from simulator.plan import Plan, TaskSpec
 from workloads import ModelSpec, WorkloadConfig, WorkloadInputError
-from workloads.ops import PHASES, LayerOps, layer_ops
 
-__all__ = ["ComputeCost", "compute_seconds", "ops_seconds"]
-
-
-def compute_seconds(hw: HardwareSpec, flops: float, hbm_bytes: float, dtype: str) -> float:
-    """Roofline time of one kernel on one GPU (without the launch overhead)."""
-    t_flops = flops / (hw.peak_flops_for(dtype) * hw.gpu.gemm_efficiency(flops)) if flops > 0 else 0.0
-    t_mem = hbm_bytes / hw.gpu.hbm_bw if hbm_bytes > 0 else 0.0
-    return max(t_flops, t_mem)
-
-
-def ops_seconds(hw: HardwareSpec, ops: LayerOps, dtype: str) -> float:
-    """Seconds of a list of operators on one GPU of ``hw`` (needs ``gpu.op_overhead``)."""
-    g = hw.gpu
-    peak = hw.peak_flops_for(dtype)
-    t = sum(f / (peak * g.gemm_efficiency(f)) for f in ops.matmul_flops if f > 0)
-    t += ops.elementwise_bytes / (g.elementwise_bw or g.hbm_bw)
-    return t + ops.n_ops * (g.op_overhead_s or 0.0)
+__all__ = ["plan_pricer", "task_seconds"]
 
 
 def _workload(workload: Mapping[str, Any]) -> tuple[ModelSpec, WorkloadConfig] | None:
@@ -59,39 +31,12 @@ def _workload(workload: Mapping[str, Any]) -> tuple[ModelSpec, WorkloadConfig] |
     return model, config
 
 
-class ComputeCost:
-    """Prices the compute tasks of one plan on one machine (memoised per distinct task shape)."""
+def plan_pricer(plan: Plan, hw: HardwareSpec, dtype: str) -> ComputePricer:
+    """The compute pricer of ``plan`` on ``hw``: operator level where ``hw`` has ``gpu.op_overhead`` and
+    the plan names its model, else the roofline."""
+    return ComputePricer(hw, dtype, _workload(plan.workload) if hw.gpu.op_overhead_s is not None else None)
 
-    def __init__(self, plan: Plan, hw: HardwareSpec, dtype: str):
-        self.hw = hw
-        self.dtype = dtype
-        self.op_level = hw.gpu.op_overhead_s is not None
-        self.workload = _workload(plan.workload) if self.op_level else None
-        self._memo: dict[tuple[float, float, Any, Any], float] = {}
 
-    def seconds(self, s: TaskSpec) -> float:
-        """Seconds of work of compute task ``s`` (launch or operator overheads included)."""
-        layer, phase = s.tags.get("layer"), s.tags.get("phase")
-        key = (s.flops, s.hbm_bytes, layer, phase)
-        got = self._memo.get(key)
-        if got is None:
-            got = self._memo[key] = self._price(s.flops, s.hbm_bytes, layer, phase)
-        return got
-
-    def layer_ops(self, layer: Any, phase: Any, flops: float) -> LayerOps | None:
-        """The operators of a task of ``flops`` FLOPs of ``layer`` in ``phase``; None where not known."""
-        if self.workload is None or phase not in PHASES or not isinstance(layer, int) or isinstance(layer, bool):
-            return None
-        model, config = self.workload
-        if not 0 <= layer <= model.n_layers + 1:
-            return None
-        ops = layer_ops(model, config, layer, phase)
-        if ops.flops > 0 and flops > 0:
-            ops = ops.scaled(flops / ops.flops)
-        return ops
-
-    def _price(self, flops: float, hbm_bytes: float, layer: Any, phase: Any) -> float:
-        ops = self.layer_ops(layer, phase, flops) if self.op_level else None
-        if ops is None:
-            return compute_seconds(self.hw, flops, hbm_bytes, self.dtype) + self.hw.gpu.launch_overhead_s
-        return max(ops_seconds(self.hw, ops, self.dtype), hbm_bytes / self.hw.gpu.hbm_bw)
+def task_seconds(pricer: ComputePricer, s: TaskSpec) -> float:
+    """Seconds of work of compute task ``s`` (launch or operator overheads included), from its tags."""
+    return pricer.seconds(s.flops, s.hbm_bytes, s.tags.get("layer"), s.tags.get("phase"))

@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 
+from costs import both_ways_bw
 from hardware_models import HardwareSpec, Topology
 from simulator.engine import RawRun, run_plan
 from simulator.plan import Plan
@@ -191,7 +192,7 @@ def physically_possible(result: Result) -> bool:
         return True
     for ln, nbytes in result.link_bytes.items():
         link = topo.links[ln]
-        cap = link.duplex_bw if link.duplex_bw is not None else link.bw_fwd + link.bw_rev
+        cap = both_ways_bw(link)
         if nbytes / cap > st:
             return False
     return True

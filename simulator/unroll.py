@@ -92,9 +92,8 @@ class Unroller:
             s = step - ref.steps_back
             if s < 0 or self.reps(s, seg) == 0:
                 return None
-            back: tuple[int, int] | None = (s, self.reps(s, seg) - 1 - ref.iters_back)
-            if back[1] < 0:
-                back = self._back(s, seg, self.reps(s, seg) - 1, ref.iters_back)
+            it_back = self.reps(s, seg) - 1 - ref.iters_back
+            back = (s, it_back) if it_back >= 0 else self._back(s, seg, self.reps(s, seg) - 1, ref.iters_back)
         else:
             back = self._back(step, seg, it, ref.iters_back)
         if back is None:

@@ -27,8 +27,8 @@ from engine_helpers import (
     tensor,
 )
 
+from costs import compute_seconds
 from simulator import Plan, Segment, TaskSpec
-from simulator.engine import compute_seconds
 from simulator.invariants import check_invariants
 from simulator.simulate import EXPLICIT_MAX, simulate_plan
 

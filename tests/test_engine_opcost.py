@@ -11,11 +11,10 @@ from dataclasses import replace
 import pytest
 from engine_helpers import GB, compute, copy, hw, log, one_link, plan, run
 
+from costs import compute_seconds, ops_seconds
 from hardware_models import HardwareInputError, load_hardware
 from planner.job import JobRequest, make_job, make_plan
 from simulator import TaskSpec
-from simulator.engine import compute_seconds
-from simulator.opcost import ops_seconds
 from simulator.simulate import simulate_plan
 from workloads.ops import layer_ops
 

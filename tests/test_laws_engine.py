@@ -30,9 +30,9 @@ from engine_helpers import GB, both_ways, copy, hw, link, noop, place, plan, ref
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from costs import compute_seconds
 from hardware_models import HardwareSpec, Link, Topology
 from simulator import Plan, Result, TaskSpec
-from simulator.engine import compute_seconds
 from simulator.invariants import check_invariants
 from simulator.simulate import simulate_plan
 from simulator.unroll import ConcreteTask, Unroller

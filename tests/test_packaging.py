@@ -18,7 +18,8 @@ def test_every_package_is_in_the_distribution() -> None:
     every = {p for p in find_packages(str(ROOT), exclude=["tests*", "build*"]) if p.split(".")[0] in tops}
     assert every <= shipped
     # and the top-level packages of design.md's picture are all there, with their sub-packages
-    for top in ("hardware_models", "workloads", "policies", "simulator", "planner", "reports", "replay", "tiersim"):
+    for top in ("hardware_models", "workloads", "costs", "policies", "simulator", "planner", "reports", "replay",
+                "tiersim"):
         assert top in shipped
     assert {"tiersim.commands", "planner.sweep", "reports.figures"} <= shipped
     assert not [p for p in shipped if fnmatch.fnmatch(p, "tests*")]

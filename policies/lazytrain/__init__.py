@@ -53,10 +53,11 @@ The MILP (``policies/lazytrain/milp.py`` has the exact algebra), per micro-step 
   n x CPU-placed activations + states + gradients + parameter home. NVMe likewise. On a unified machine
   the GPU and CPU terms add up in the one pool;
 - objective: recomputation seconds + exposed seconds (+ 1e-3 x all transfer seconds as a tie-break).
-Times: the roofline of ``simulator.engine.compute_seconds`` (+ launch overhead), bandwidths and routes
-from the topology. Capacities lose a 1 MiB safety margin. ``plan.info["milp"]`` has the solver's status,
-objective, dual bound, MIP gap and solve time; ``plan.info["lazytrain"]`` the schedule, the estimate,
-the pools' need, every tiering tried and the heuristics' objectives.
+Times: ``costs.kernel_seconds`` (the roofline + launch overhead); routes, link resources, their capacities
+and ring collectives from ``costs``, as the engine prices them. Capacities lose a 1 MiB safety margin.
+``plan.info["milp"]`` has the solver's status, objective, dual bound, MIP gap and the limit that stopped it
+(if any); ``plan.info["lazytrain"]`` the schedule, the estimate, the pools' need, every tiering tried and the
+heuristics' objectives.
 
 Knobs:
 - ``strategy`` (milp|keep_all|checkpoint_all|offload_all, default milp): the MILP, or one of its heuristics
@@ -91,13 +92,19 @@ layers only (no selective checkpointing, no Checkmate-style arbitrary rematerial
 optimizer: which states and what CPU cost; (f) the data-parallel executor itself (the abstract speaks of
 one layer-streaming executor, not of how several GPUs share it). The workload's own ``checkpointing``
 setting is not used: the MILP decides per layer.
+
+Modules: ``knobs`` (the knobs and their validation), ``tiering`` (the three tierings), ``cost_model`` (a job
+and a tiering as an MILP instance), ``links`` (per-resource transfer seconds of all GPUs at once),
+``milp`` (the instance, its MILP, heuristics and evaluation), ``schedule`` (the decision: tiering and
+per-layer choices), ``executor`` (that decision in the executor's terms), ``emit`` (the plan, as calls to
+``policies.kit``).
 """
 
 
 from __future__ import annotations
 
 from policies.base import Job, PolicyInfo
-from policies.lazytrain.costs import Costs, build_costs
+from policies.lazytrain.cost_model import Costs, build_costs
 from policies.lazytrain.emit import emit
 from policies.lazytrain.knobs import HEURISTICS, NAME, Knobs
 from policies.lazytrain.schedule import Schedule, schedule

@@ -1,6 +1,6 @@
 """LazyTrain's decision: the tiering and the per-layer activation choices with the least estimated step.
 
-Every tiering the knobs and the hardware allow is priced (:func:`~policies.lazytrain.costs.build_costs`);
+Every tiering the knobs and the hardware allow is priced (:func:`~policies.lazytrain.cost_model.build_costs`);
 they are tried in order of offloading (``least_offload``) or of their lower bound, the MILP (or the
 heuristic the ``strategy`` knob names) picks each layer's mode and place, and the estimate
 ``micro-steps x (compute + recompute + exposed transfer) + optimizer phase`` ranks the feasible ones.
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from policies.base import Job, KnobError, PlanInfeasible
-from policies.lazytrain.costs import Costs, build_costs
+from policies.lazytrain.cost_model import Costs, build_costs
 from policies.lazytrain.knobs import NAME, Knobs
 from policies.lazytrain.milp import Evaluation, MilpResult, evaluate, heuristic, min_pool_need, solve_milp
 from policies.lazytrain.tiering import Tiering, tierings

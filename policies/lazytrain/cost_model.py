@@ -12,12 +12,12 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import costs
 from policies.base import Job
 from policies.kit import dtype_bytes
 from policies.lazytrain.links import Links, add_into
 from policies.lazytrain.milp import Instance, Opt, Terms, Window
 from policies.lazytrain.tiering import TIERS, Tiering
-from simulator.engine import compute_seconds
 
 SAFETY_BYTES = 2.0**20        # taken off every capacity the MILP sees (rounding of binaries, float sums)
 ADAM8_BLOCK = 2048            # elements per block of an 8-bit optimizer state (one fp32 scale each)
@@ -103,8 +103,8 @@ class _Model:
         self.unit = tuple(unit)
 
     def secs(self, flops: float, hbm: float) -> float:
-        hw = self.job.hw
-        return compute_seconds(hw, flops, hbm, self.job.config.precision) + hw.gpu.launch_overhead_s
+        """A compute task's roofline seconds, launch included (``costs.kernel_seconds``)."""
+        return costs.kernel_seconds(self.job.hw, flops, hbm, self.job.config.precision)
 
     # -- activation options per layer ---------------------------------------------------------------
     def offer(self, places: Sequence[str] | None) -> list[str]:
@@ -239,8 +239,8 @@ class _Model:
         """Estimated optimizer phase of one step (the chunks pipeline, so the slowest resource dominates)."""
         hw, t, p, db = self.job.hw, self.tiering, self.p_total, self.db
         if t.level == 1:
-            return p * hw.gpu.optimizer_bytes_per_param / hw.gpu.hbm_bw + hw.gpu.launch_overhead_s
-        adam = p / hw.host.optimizer_params_per_s
+            return costs.gpu_optimizer_seconds(hw, p)
+        adam = costs.cpu_adam_seconds(hw, p)
         parts = [adam]
         if "nvme" in (t.optim, t.params):
             io = self.topo.links["nvme.io"]
