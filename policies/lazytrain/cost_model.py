@@ -22,6 +22,14 @@ from policies.lazytrain.tiering import TIERS, Tiering
 SAFETY_BYTES = 2.0**20        # taken off every capacity the MILP sees (rounding of binaries, float sums)
 ADAM8_BLOCK = 2048            # elements per block of an 8-bit optimizer state (one fp32 scale each)
 
+# The executor's buffers, budgeted here and scheduled by policies/lazytrain/emit.py:
+#: gradient buckets on the GPU at a time (levels 2, 3): a backward waits for the copy-down of the bucket this
+#: many before it in backward order (``policies.kit.bucket_gate``)
+GRAD_BUCKETS = 2
+#: layers of optimizer states staged in DRAM when they live on NVMe: the read of layer i waits for the
+#: write-back of layer i - OPTIMIZER_STAGES (``policies.kit.read_ahead``)
+OPTIMIZER_STAGES = 2
+
 #: per layer, per activation mode: (saved bytes, transient workspace bytes, recompute seconds)
 Modes = dict[str, tuple[float, float, float]]
 
@@ -211,9 +219,9 @@ class _Model:
         if level == 1:
             return {"param16": p * db, "grad": p * db, "param32": p * self.master_bpp, "optim": p * self.optim_bpp}
         if level == 2:
-            return {"param16": p * db, "grad buckets": 2 * max_unit_b}
+            return {"param16": p * db, "grad buckets": GRAD_BUCKETS * max_unit_b}
         window = (self.depth + 1) * max_unit_b * (1 + (1 / self.n if self.n > 1 else 0.0))
-        return {"param16 window": window, "grad buckets": 2 * max_unit_b}
+        return {"param16 window": window, "grad buckets": GRAD_BUCKETS * max_unit_b}
 
     def fixed_bytes(self, parts: dict[str, float], cpu_grad_bytes: float) -> dict[str, float]:
         """Bytes per pool that every schedule needs: the GPU's parts, CPU gradients, states, parameter home."""
@@ -230,7 +238,7 @@ class _Model:
                 fixed[cpool] += states
             else:
                 fixed[pool_of["nvme"]] += states
-                fixed[cpool] += 2 * max(layer.params for layer in self.layers) * states_bpp
+                fixed[cpool] += OPTIMIZER_STAGES * max(layer.params for layer in self.layers) * states_bpp
             if t.streamed:
                 fixed[pool_of[t.params]] += self.p_total * self.db
         return dict(fixed)

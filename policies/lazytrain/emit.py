@@ -15,7 +15,8 @@ from policies import kit
 from policies.base import Job
 from policies.builder import PlanBuilder
 from policies.kit.activations import offload_activation, reload_activation
-from policies.lazytrain.executor import GRAD_BUCKETS, Executor
+from policies.lazytrain.cost_model import GRAD_BUCKETS, OPTIMIZER_STAGES
+from policies.lazytrain.executor import Executor
 from policies.lazytrain.knobs import HEURISTICS, NAME, Knobs
 from policies.lazytrain.milp import Opt, evaluate, heuristic
 from policies.lazytrain.schedule import Schedule
@@ -219,11 +220,13 @@ class _Emitter:
             kit.gpu_step(self.b, f"opt.{g}", f"{g}.compute", ["red0" if x.n > 1 else f"bwd0.{g}"], x.p_total, rank=r)
 
     def _swap_in(self, i: int, r: int) -> None:
-        """Read layer i's optimizer states of rank r from NVMe once the write-back two layers before is done."""
+        """Read layer i's optimizer states of rank r from NVMe once the write-back OPTIMIZER_STAGES layers before
+        is done."""
         x = self.x
         kit.swap(self.b, f"or{i}.r{r}", f"nvme.io{r}", Phase.OPTIMIZER_SWAP_IN, "nvme", "cpu",
-                 self.layers[i].params / x.n * (x.master_bpp + x.optim_bpp), kit.read_ahead(i, 2, f"ow{{}}.r{r}"),
-                 layer=i, rank=r, allocs=[(f"ostage{i}.r{r}", "cpu")])
+                 self.layers[i].params / x.n * (x.master_bpp + x.optim_bpp),
+                 kit.read_ahead(i, OPTIMIZER_STAGES, f"ow{{}}.r{r}"), layer=i, rank=r,
+                 allocs=[(f"ostage{i}.r{r}", "cpu")])
 
     def cpu_optimizer(self) -> None:
         """CPU Adam per layer and rank, behind that layer's gradient copy-down; NVMe swap of its states
@@ -231,7 +234,7 @@ class _Emitter:
         x = self.x
         if x.tier.optim == "nvme":
             for r in range(x.n):
-                for i in range(min(2, x.n_layers)):
+                for i in range(min(OPTIMIZER_STAGES, x.n_layers)):
                     self._swap_in(i, r)
         for i in range(x.n_layers):
             for r, g in enumerate(x.gpus):
@@ -253,8 +256,8 @@ class _Emitter:
         if x.tier.params == "nvme":
             kit.swap(b, f"pw{i}.r{r}", f"nvme.io{r}", Phase.PARAM_SWAP_OUT, "cpu", "nvme", params * x.db,
                      [f"adam{i}.r{r}"], layer=i, rank=r)
-        if nvme_states and i + 2 < x.n_layers:
-            self._swap_in(i + 2, r)
+        if nvme_states and i + OPTIMIZER_STAGES < x.n_layers:
+            self._swap_in(i + OPTIMIZER_STAGES, r)
         if x.tier.params == "gpu":
             kit.upload(b, f"up{i}.{g}", g, params * x.db, [f"adam{i}.r{r}"], layer=i, rank=r)
 

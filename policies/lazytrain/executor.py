@@ -17,11 +17,9 @@ from policies.lazytrain.milp import Opt
 from policies.lazytrain.schedule import Schedule
 from policies.lazytrain.tiering import Tiering
 
-#: offloaded activations on the GPU at a time: a copy-out (or a fetch) waits for the one this many before it
+#: offloaded activations on the GPU at a time: a forward waits for the copy-out of the offloaded layer this
+#: many before it, a fetch for the backward of the one this many after it (the MILP budgets two, milp.evaluate)
 ACTIVATION_SLOTS = 2
-#: gradient buckets on the GPU at a time (levels 2 and 3): a backward waits for the copy-down of the bucket
-#: this many before it in backward order (``policies.kit.bucket_gate``)
-GRAD_BUCKETS = 2
 
 
 @dataclass(frozen=True)
