@@ -97,7 +97,7 @@ from typing import Any
 
 from policies.base import Job, KnobError, PlanInfeasible, PolicyInfo
 from policies.builder import PlanBuilder
-from policies.dataparallel import Layout, workspace
+from policies.kit import Layout, workspace
 from policies.synergyscale_model import (
     BUCKETS_IN_FLIGHT,
     FETCHED,

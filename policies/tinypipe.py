@@ -83,7 +83,7 @@ from costs import compute_seconds
 from hardware_models import build_topology
 from policies.base import Job, KnobError, PlanInfeasible, PolicyInfo, gpu_pool, pow2_divisors, unified
 from policies.builder import PlanBuilder
-from policies.dataparallel import dtype_bytes
+from policies.kit import dtype_bytes
 from policies.tinypipe_emit import Ctx, Emitter, gpipe, one_f_one_b
 from policies.tinypipe_search import MODES, LayerCost, Problem, Solution, StagePlan, solve
 from simulator import Plan

@@ -19,6 +19,7 @@ from policies.kit import (
     emit_microstep,
     read_ahead,
     saved_activation_bytes,
+    sliced_fetch,
     tags,
 )
 from simulator import TaskSpec
@@ -170,3 +171,27 @@ def test_read_ahead_and_tags() -> None:
     assert [read_ahead(k, 2, "ow{}.r0") for k in range(4)] == [[], [], ["ow0.r0"], ["ow1.r0"]]
     assert tags(Phase.PARAM_UPLOAD, layer=3, rank=1, use="bwd", extra={"chunk": 0}) == {
         "phase": Phase.PARAM_UPLOAD, "layer": 3, "rank": 1, "use": "bwd", "chunk": 0}
+
+
+def test_sliced_fetch_uploads_each_ranks_slice_then_gathers_the_layer() -> None:
+    job = two_layer_job(checkpointing="none")
+    b = PlanBuilder("kit-test", None, job)
+    declare_streams(b, Layout(2, flat_comm=True), comm_order=("param", "grad"))
+    b.segment("micro-steps", 1)
+    ready = sliced_fetch(b, ["gpu0", "gpu1"], 1, "b", 5.0, 10.0, lambda r, g: [f"w{r}"], sfx=".last",
+                         gather_deps=["bwd3.last.gpu0"])
+    assert ready == {"gpu0": "agb1.last", "gpu1": "agb1.last"}
+    up0, up1, ag = tasks_of(b)
+    assert (up0.id, [str(d) for d in up0.deps], up0.stream, up0.src, up0.dst, up0.bytes) == (
+        "upb1.last.gpu0", ["w0"], "gpu0.h2d", "cpu", "gpu0", 5.0)
+    assert [(str(p.tensor), p.loc) for p in up1.allocs] == [("psb1.gpu1", "gpu1")]
+    assert up1.tags == {"phase": Phase.PARAM_UPLOAD, "layer": 1, "rank": 1, "use": "bwd"}
+    assert (ag.id, [str(d) for d in ag.deps], ag.stream, ag.coll, ag.bytes, ag.ranks) == (
+        "agb1.last", ["upb1.last.gpu0", "upb1.last.gpu1", "bwd3.last.gpu0"], "dp.param", "all_gather", 10.0,
+        ("gpu0", "gpu1"))
+    assert [(str(p.tensor), p.loc) for p in ag.frees] == [("psb1.gpu0", "gpu0"), ("psb1.gpu1", "gpu1")]
+    assert [(str(p.tensor), p.loc) for p in ag.allocs] == [("pgb1.gpu0", "gpu0"), ("pgb1.gpu1", "gpu1")]
+    one = PlanBuilder("kit-test", None, job)
+    one.segment("micro-steps", 1)
+    assert sliced_fetch(one, ["gpu0"], 1, "f", 10.0, 10.0, lambda r, g: []) == {"gpu0": "upf1.gpu0"}
+    assert [(str(p.tensor), p.loc) for p in tasks_of(one)[0].allocs] == [("pgf1.gpu0", "gpu0")]

@@ -13,13 +13,15 @@ tags). Mechanisms, who uses them, and their parameters:
   the ports of lazytrain, synergyscale, tinypipe).
 - ``layers``: per-layer compute ``forward`` / ``recompute`` / ``backward`` (``share``: TP degree or chunk
   count; ``flops`` / ``hbm_bytes`` overrides; ``tid``, ``stream``, ``allocs``, ``frees``, ``extra`` tags),
-  Megatron ``tp_sync``, ``saved_activation_bytes`` (Korthikanti's split under TP), ``workspace``. Used by
-  none, zero-offload (through ``microstep``), zero-infinity.
+  ``move_activation`` (saved activations to the CPU and back), Megatron ``tp_sync``,
+  ``saved_activation_bytes`` (Korthikanti's split under TP), ``workspace``. Used by none, zero-offload
+  (through ``microstep``), zero-infinity.
 - ``fetch``: ``upload`` (a parameter copy to a GPU: ``src``, ``use``, ``allocs`` / ``frees`` / ``reads``),
-  ``all_gather`` (a parameter all-gather over ranks), ``gather_layer`` (ZeRO-3: every data-parallel group
-  gathers layer i, with the caller's prefetch bound), ``UseOrder`` (forward-then-backward use order and
-  the prefetch-distance window ``window(u, d, gpus)``). Used by none (stage 3), zero-offload,
-  zero-infinity.
+  ``all_gather`` (a parameter all-gather over ranks), ``sliced_fetch`` (every rank uploads its slice of a
+  layer, then one all-gather assembles it: ZeRO-Infinity's bandwidth-centric fetch), ``gather_layer``
+  (ZeRO-3: every data-parallel group gathers layer i, with the caller's prefetch bound), ``UseOrder``
+  (forward-then-backward use order and the prefetch-distance window ``window(u, d, gpus)``). Used by
+  none (stage 3), zero-offload, zero-infinity.
 - ``grads``: ``bucket_gate(order, i, buckets_in_flight, drained)`` (the one bound on gradient buckets in
   flight: none/zero-offload 2), ``reduce`` (all-reduce / reduce-scatter), ``offload`` (GPU -> CPU copy),
   ``release`` (a free, ``GRAD_RELEASE`` or ``GRAD_ACCUMULATE``), ``Grads`` + ``reduce_and_offload`` (the
@@ -34,13 +36,14 @@ tags). Mechanisms, who uses them, and their parameters:
 - ``tags``: ``tags(phase, layer=, rank=, use=, extra=)``, the tag dict of every kit task.
 """
 
-from policies.kit.fetch import UseOrder, all_gather, gather_layer, upload
+from policies.kit.fetch import UseOrder, all_gather, gather_layer, sliced_fetch, upload
 from policies.kit.grads import Grads, bucket_gate, offload, reduce, reduce_and_offload, release
 from policies.kit.layers import (
     REPLICATED_ACT_FRACTION,
     TP_ALLREDUCES,
     backward,
     forward,
+    move_activation,
     recompute,
     saved_activation_bytes,
     tp_sync,
@@ -64,6 +67,6 @@ __all__ = [
     "REPLICATED_ACT_FRACTION", "TP_ALLREDUCES", "Grads", "Layout", "UseOrder", "all_gather", "backward",
     "bucket_gate", "check_tp", "comm_streams", "cpu_adam", "cpu_streams", "cpu_update_by_layer",
     "declare_streams", "dtype_bytes", "emit_microstep", "forward", "gather_layer", "gpu", "gpu_step",
-    "gpu_streams", "offload", "read_ahead", "recompute", "reduce", "reduce_and_offload", "release",
-    "saved_activation_bytes", "swap", "tags", "tp_sync", "upload", "use_of", "workspace",
+    "gpu_streams", "move_activation", "offload", "read_ahead", "recompute", "reduce", "reduce_and_offload", "release",
+    "saved_activation_bytes", "sliced_fetch", "swap", "tags", "tp_sync", "upload", "use_of", "workspace",
 ]

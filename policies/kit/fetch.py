@@ -39,6 +39,31 @@ def all_gather(b: PlanBuilder, tid: str, stream: str, ranks: Sequence[str], nbyt
                   allocs=allocs, frees=frees, tags=tags(phase, layer=layer, use=use, extra=extra))
 
 
+def sliced_fetch(b: PlanBuilder, gpus: Sequence[str], i: int, ph: str, slice_bytes: float, full_bytes: float,
+                 deps_of: Callable[[int, str], list[str]], *, sfx: str = "", src: str = "cpu",
+                 gather_deps: Sequence[str] = (), stream: str = "dp.param", gather_use: bool = True,
+                 frees_of: Callable[[int], Places] | None = None,
+                 reads_of: Callable[[int], Places] | None = None) -> dict[str, str]:
+    """Layer i's parameters to every GPU for use ``ph`` (``f`` / ``b``): each rank r uploads its slice
+    (``up{ph}{i}{sfx}.{g}``, ``slice_bytes`` from ``src``, waiting for ``deps_of(r, g)``) into
+    ``ps{ph}{i}.{g}``; with more than one rank an all-gather (``ag{ph}{i}{sfx}``, ``full_bytes``, after
+    the uploads and ``gather_deps``) assembles ``pg{ph}{i}.{g}`` and frees the slices. One rank uploads
+    the whole layer straight into ``pg{ph}{i}.{g}``. Returns GPU -> the task its use waits for."""
+    n = len(gpus)
+    full, part = f"pg{ph}{i}", f"ps{ph}{i}"
+    ready = {}
+    for r, g in enumerate(gpus):
+        ready[g] = upload(b, f"up{ph}{i}{sfx}.{g}", g, slice_bytes, deps_of(r, g), layer=i, rank=r, src=src,
+                          use=use_of(ph), allocs=[(f"{part if n > 1 else full}.{g}", g)],
+                          frees=frees_of(r) if frees_of else (), reads=reads_of(r) if reads_of else ())
+    if n > 1:
+        t = all_gather(b, f"ag{ph}{i}{sfx}", stream, gpus, full_bytes, [*ready.values(), *gather_deps], layer=i,
+                       use=use_of(ph) if gather_use else None, allocs=[(f"{full}.{g}", g) for g in gpus],
+                       frees=[(f"{part}.{g}", g) for g in gpus])
+        ready = dict.fromkeys(gpus, t)
+    return ready
+
+
 def gather_layer(b: PlanBuilder, lay: Layout, i: int, phase: str, nbytes: float,
                  deps_of: Mapping[int, Sequence[str]]) -> dict[int, str]:
     """ZeRO-3: all-gather layer i (``nbytes`` per GPU) in every data-parallel group into a transient

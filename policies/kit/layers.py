@@ -75,6 +75,16 @@ def backward(b: PlanBuilder, i: int, layer: LayerTrace, g: str, rank: int | None
                     Phase.BWD, i, rank, allocs, frees, extra)
 
 
+def move_activation(b: PlanBuilder, tid: str, stream: str, tensor: str, src: str, dst: str, deps: Sequence[str],
+                    *, phase: Phase, layer: int, rank: int | None = None,
+                    extra: Mapping[str, Any] | None = None) -> str:
+    """Move a layer's saved activations (``tensor``) between a GPU and CPU memory on a copy stream:
+    ``ACTIVATION_OFFLOAD`` after the forward, ``ACTIVATION_RELOAD`` before the recomputation / backward.
+    The destination is allocated and the source freed by the copy."""
+    return b.task(tid, "copy", stream, deps, tensor=tensor, src=src, dst=dst, alloc_dst=True, free_src=True,
+                  tags=tags(phase, layer=layer, rank=rank, extra=extra))
+
+
 def tp_sync(b: PlanBuilder, lay: Layout, i: int, layer: LayerTrace, phase: str, prefix: str) -> dict[int, str]:
     """Tensor-parallel all-reduces closing layer i's ``phase`` (``f``, ``r`` or ``b``) in every TP group,
     after the tasks ``{prefix}{i}.{g}`` of its GPUs: group k -> task id (empty with tp = 1)."""

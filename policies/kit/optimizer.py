@@ -43,12 +43,13 @@ def cpu_adam(b: PlanBuilder, tid: str, r: int, deps: Sequence[str], params: floa
 
 
 def swap(b: PlanBuilder, tid: str, stream: str, phase: Phase, src: str, dst: str, nbytes: float,
-         deps: Sequence[str], *, layer: int | None = None, rank: int | None = None, allocs: Places = (),
-         frees: Places = (), reads: Places = (), extra: Mapping[str, Any] | None = None) -> str:
+         deps: Sequence[str], *, layer: int | None = None, rank: int | None = None, use: str | None = None,
+         allocs: Places = (), frees: Places = (), reads: Places = (),
+         extra: Mapping[str, Any] | None = None) -> str:
     """A copy between CPU memory and NVMe (``OPTIMIZER_SWAP_IN`` / ``_OUT``, ``PARAM_SWAP_IN`` / ``_OUT``,
     ``GRAD_SWAP_OUT``) on an io stream."""
     return b.task(tid, "copy", stream, deps, src=src, dst=dst, bytes=nbytes, allocs=allocs, frees=frees,
-                  reads=reads, tags=tags(phase, layer=layer, rank=rank, extra=extra))
+                  reads=reads, tags=tags(phase, layer=layer, rank=rank, use=use, extra=extra))
 
 
 def read_ahead(k: int, window: int, written: str) -> list[str]:
