@@ -14,7 +14,6 @@ from typing import Any
 from policies import kit
 from policies.base import Job
 from policies.builder import PlanBuilder
-from policies.kit.activations import offload_activation, reload_activation
 from policies.lazytrain.cost_model import GRAD_BUCKETS, OPTIMIZER_STAGES
 from policies.lazytrain.executor import Executor
 from policies.lazytrain.knobs import HEURISTICS, NAME, Knobs
@@ -124,19 +123,12 @@ class _Emitter:
         return [f"{task}{j}.r{r}^1" for j in self.x.updated_with(i)]
 
     def upload(self, i: int, use: str, window: dict[str, list[str]]) -> dict[str, str]:
-        """Sliced fetch of layer i's parameters for ``use`` ("f" or "b"): every GPU uploads its 1/n slice, then
-        the all-gather; returns gpu -> the task its compute waits for."""
-        b, x = self.b, self.x
-        gpus, n, ub = x.gpus, x.n, x.unit_bytes(i)
-        pg, ps = f"pg{use}{i}", f"ps{use}{i}"
-        ready = {g: kit.upload(b, f"up{use}{i}.{g}", g, ub / n, window[g] + self._fresh(i, r), layer=i, rank=r,
-                               src=x.tier.params, use=kit.use_of(use), allocs=[(f"{ps if n > 1 else pg}.{g}", g)])
-                 for r, g in enumerate(gpus)}
-        if n > 1:
-            t = kit.all_gather(b, f"ag{use}{i}", "dp.param", gpus, ub, list(ready.values()), layer=i,
-                               allocs=[(f"{pg}.{g}", g) for g in gpus], frees=[(f"{ps}.{g}", g) for g in gpus])
-            ready = {g: t for g in gpus}
-        return ready
+        """Sliced fetch of layer i's parameters for ``use`` ("f" or "b") from their home, after ``window`` and
+        the last step's update; returns gpu -> the task its compute waits for."""
+        x = self.x
+        ub = x.unit_bytes(i)
+        return kit.sliced_fetch(self.b, x.gpus, i, use, ub / x.n, ub, lambda r, g: window[g] + self._fresh(i, r),
+                                src=x.tier.params, gather_use=False)
 
     def _param_deps(self, i: int, g: str, ready: dict[str, str]) -> list[str]:
         """What layer i's forward on g waits for: the last step's optimizer (1), the updated slice (2), the
@@ -163,8 +155,8 @@ class _Emitter:
                 kit.forward(b, i, layer, g, r, deps, allocs=[(f"act{i}.{g}", g)],
                             frees=[(f"pgf{i}.{g}", g)] if x.refetched(i) else [])
                 if x.offloaded(i):
-                    offload_activation(b, f"out{i}.{g}", g, f"act{i}.{g}", [f"fwd{i}.{g}"], layer=i, rank=r,
-                                       dst=x.opts[i].place, stream=f"{g}.act_out")
+                    kit.move_activation(b, f"out{i}.{g}", f"{g}.act_out", f"act{i}.{g}", g, x.opts[i].place,
+                                        [f"fwd{i}.{g}"], phase=Phase.ACTIVATION_OFFLOAD, layer=i, rank=r)
 
     def backward(self) -> None:
         """Last layer first: fetch the activations back, recompute a checkpointed layer, backward, gradients."""
@@ -183,8 +175,8 @@ class _Emitter:
         if x.offloaded(i):
             gate = x.fetch_gate(i)
             fetch_deps = [f"out{i}.{g}"] + ([f"bwd{gate}.{g}"] if gate is not None else [])
-            deps = deps + [reload_activation(b, f"in{i}.{g}", g, f"act{i}.{g}", fetch_deps, layer=i, rank=r,
-                                             src=x.opts[i].place, stream=f"{g}.act_in")]
+            deps = deps + [kit.move_activation(b, f"in{i}.{g}", f"{g}.act_in", f"act{i}.{g}", x.opts[i].place, g,
+                                               fetch_deps, phase=Phase.ACTIVATION_RELOAD, layer=i, rank=r)]
         if x.opts[i].mode == "ckpt":
             kit.recompute(b, i, layer, g, r, deps, flops=layer.fwd_flops)
             deps = []
