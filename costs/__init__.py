@@ -28,6 +28,8 @@ Shared rates (:mod:`costs.rates`): concurrent flows share resources max-min fair
   ``transfer_rates(topo, pairs, capacity)`` -> bytes/s of each (src, dst) transfer while all run at once.
   ``slowest_transfer_rate(topo, pairs, capacity)`` -> (bytes/s of the slowest of equal concurrent
   transfers, e.g. every GPU's upload; the largest route latency in s).
+  ``both_ways_transfer_rate(topo, pairs, capacity)`` -> bytes/s both directions together of the slowest of
+  ``pairs`` while each pair and its reverse all run at once (e.g. every GPU swapping with host DRAM).
   ``resource_load(topo, transfers)`` -> {resource: bytes} that (src, dst, bytes) transfers put on links.
 
 Copies (:mod:`costs.transfer`):
@@ -61,6 +63,7 @@ from costs.compute import ComputePricer, compute_seconds, kernel_seconds, ops_se
 from costs.optimizer import cpu_adam_seconds, gpu_optimizer_seconds
 from costs.rates import (
     Usage,
+    both_ways_transfer_rate,
     bottleneck_share,
     max_min_rates,
     resource_load,
@@ -83,10 +86,10 @@ from costs.routes import RouteResources, RouteTable, route_resources
 from costs.transfer import busy_seconds, copy_resource_bytes, copy_seconds
 
 __all__ = [
-    "CPU_ADAM", "HOST_CORES", "ComputePricer", "Ring", "RouteResources", "RouteTable", "Usage",
-    "both_ways_bw", "bottleneck_share", "busy_seconds", "compute_seconds", "copy_resource_bytes",
-    "copy_seconds", "cpu_adam_seconds", "direction_key", "duplex_key", "gpu_optimizer_seconds",
-    "kernel_seconds", "link_capacities", "machine_capacities", "max_min_rates", "ops_seconds",
-    "resource_load", "ring", "ring_factor", "ring_per_rank_bytes", "ring_seconds", "ring_steps",
-    "route_resources", "slowest_transfer_rate", "sm_resource", "solo_rate", "transfer_rates", "usage",
+    "CPU_ADAM", "ComputePricer", "HOST_CORES", "Ring", "RouteResources", "RouteTable", "Usage", "both_ways_bw",
+    "both_ways_transfer_rate", "bottleneck_share", "busy_seconds", "compute_seconds", "copy_resource_bytes",
+    "copy_seconds", "cpu_adam_seconds", "direction_key", "duplex_key", "gpu_optimizer_seconds", "kernel_seconds",
+    "link_capacities", "machine_capacities", "max_min_rates", "ops_seconds", "resource_load", "ring", "ring_factor",
+    "ring_per_rank_bytes", "ring_seconds", "ring_steps", "route_resources", "slowest_transfer_rate", "sm_resource",
+    "solo_rate", "transfer_rates", "usage",
 ]

@@ -56,8 +56,11 @@ class Ring(NamedTuple):
         return tuple(dict.fromkeys(ln for h in self.hops for ln in h.links))
 
     def resource_bytes(self) -> dict[str, float]:
-        """Bytes the ring puts on each resource: ``per_rank`` per hop that crosses it."""
-        return {r: self.per_rank * x for r, x in usage(self.resources).items()}
+        """Bytes the ring puts on each resource: ``per_rank`` per hop that crosses it (added hop by hop)."""
+        acc: dict[str, float] = {}
+        for r in self.resources:
+            acc[r] = acc.get(r, 0.0) + self.per_rank
+        return acc
 
     def seconds(self, capacity: Mapping[str, float]) -> float:
         """Seconds with the machine to itself: latency, then ``per_rank`` bytes at the ring's narrowest

@@ -18,8 +18,8 @@ from costs.routes import RouteTable
 from hardware_models import Topology
 
 __all__ = [
-    "Usage", "bottleneck_share", "max_min_rates", "resource_load", "solo_rate", "transfer_rates",
-    "usage", "slowest_transfer_rate",
+    "Usage", "both_ways_transfer_rate", "bottleneck_share", "max_min_rates", "resource_load", "slowest_transfer_rate",
+    "solo_rate", "transfer_rates", "usage",
 ]
 
 Usage = Mapping[str, float]  # resource -> units of it per unit of flow
@@ -115,6 +115,15 @@ def slowest_transfer_rate(topo: Topology, pairs: Sequence[tuple[str, str]],
     moving = [(s, d) for s, d in pairs if s != d]
     lat = max((routes(s, d).latency_s for s, d in moving), default=0.0)
     return bottleneck_share(_transfer_usages(routes, moving), capacity), lat
+
+
+def both_ways_transfer_rate(topo: Topology, pairs: Sequence[tuple[str, str]],
+                            capacity: Mapping[str, float]) -> float:
+    """Bytes/s both directions together of the slowest of ``pairs`` while every pair moves data both ways at
+    once (each pair's transfer and its reverse all running): twice the :func:`slowest_transfer_rate` of the
+    pairs and their reverses. On one link that is its :func:`costs.both_ways_bw` split among its users."""
+    both = [*pairs, *((d, s) for s, d in pairs)]
+    return 2 * slowest_transfer_rate(topo, both, capacity)[0]
 
 
 def resource_load(topo: Topology, transfers: Iterable[tuple[str, str, float]]) -> dict[str, float]:

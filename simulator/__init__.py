@@ -1,4 +1,4 @@
-"""SimPy engine: executes any Plan on a HardwareSpec (see ../shared/design.md)."""
+"""SimPy engine: executes any Plan on a HardwareSpec (see docs/design.md)."""
 
 from simulator.errors import PlanError
 from simulator.plan import (

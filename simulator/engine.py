@@ -5,11 +5,11 @@ on other streams), applies its allocations, runs, then applies its frees. Time i
 FlowNetwork (see ``flows.py``):
 
 - compute: a roofline, ``max(flops / (peak * eff(flops)), hbm_bytes / hbm_bw) + launch overhead``, or,
-  where the hardware gives per-operator figures, the layer's operators priced one by one (``opcost.py``),
+  where the hardware gives per-operator figures, the layer's operators priced one by one (``costs.compute``),
   pushed as "seconds of work" through the GPU's ``<gpu>.sm`` resource (capacity 1), so concurrent
   kernels of several streams share the GPU (processor sharing);
 - copy: bytes through every hop of the route (each link direction, and the link's duplex budget where
-  the hardware has one), after the route's latency;
+  the hardware has one; a resource the route crosses twice is used twice), after the route's latency;
 - optimizer: parameters through the host's ``cpu.adam`` resource (capacity = CPU-Adam params/s, shared by
   every rank's optimizer), or, on a GPU, seconds of HBM-bound work through its ``.sm`` resource;
 - collective: a ring over the ranks, each rank sending ``(n-1)/n`` of the bytes (twice for all-reduce)
@@ -45,6 +45,8 @@ from costs import (
     machine_capacities,
     ring,
     sm_resource,
+    solo_rate,
+    usage,
 )
 from hardware_models import HardwareSpec, Topology, build_topology
 from simulator.errors import PlanError
@@ -293,7 +295,7 @@ class Engine:
         (the narrowest resource) that also occupy the host's cores."""
         if not self.shared_host:
             return self.net.start(amount, resources)
-        solo = min(self.net.capacity[r] for r in resources)
+        solo = solo_rate(usage(resources), self.net.capacity)
         return self.net.start(amount / solo, (*resources, HOST_CORES), [solo] * len(resources) + [1.0])
 
     def _count(self, step: int, links: tuple[str, ...], nbytes: float) -> None:

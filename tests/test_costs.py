@@ -21,6 +21,7 @@ from costs import (
     RouteResources,
     RouteTable,
     both_ways_bw,
+    both_ways_transfer_rate,
     bottleneck_share,
     busy_seconds,
     compute_seconds,
@@ -39,7 +40,7 @@ from costs import (
     transfer_rates,
     usage,
 )
-from hardware_models import build_topology, load_hardware
+from hardware_models import build_topology, list_presets, load_hardware
 from simulator import TaskSpec
 from simulator.phase import Phase
 from workloads import WorkloadConfig, load_model
@@ -124,6 +125,29 @@ def test_uploads_and_downloads_share_a_duplex_cap() -> None:
     asym = topology({"gpu0": 80.0, "cpu": 1000.0}, [link("l", 10, 4, duplex=12)],
                     both_ways({("cpu", "gpu0"): [("l", True)]}))
     assert _gb(transfer_rates(asym, [("gpu0", "cpu"), ("cpu", "gpu0")], link_capacities(asym))) == [4.0, 8.0]
+
+
+def test_both_ways_rate_is_the_duplex_budget_or_both_directions_split_among_users() -> None:
+    up = [("cpu", "gpu0")]
+    capped, full = one_link(10.0, duplex=15.0), one_link(10.0)
+    assert both_ways_transfer_rate(capped, up, link_capacities(capped)) == 15 * GB
+    assert both_ways_transfer_rate(full, up, link_capacities(full)) == 20 * GB
+    # two GPUs swapping over one 10 GB/s uplink: each gets half of its 20 GB/s both ways
+    topo = switched(gpu_bw=(10.0, 10.0), uplink_bw=10.0)
+    assert both_ways_transfer_rate(topo, [("cpu", "gpu0"), ("cpu", "gpu1")], link_capacities(topo)) == 10 * GB
+
+
+@pytest.mark.parametrize("preset", list_presets())
+def test_every_preset_the_slowest_rate_is_the_smallest_max_min_rate(preset: str) -> None:
+    topo = build_topology(load_hardware(preset))
+    caps = link_capacities(topo)
+    gpus = topo.gpu_locations()
+    ring_pairs = [(g, gpus[(i + 1) % len(gpus)]) for i, g in enumerate(gpus)]
+    for pairs in ([("cpu", g) for g in gpus], [(g, "cpu") for g in gpus], ring_pairs):
+        rates = [x for x in transfer_rates(topo, pairs, caps) if x != float("inf")]
+        slowest, lat = slowest_transfer_rate(topo, pairs, caps)
+        assert slowest == pytest.approx(min(rates, default=float("inf")), rel=1e-12)
+        assert lat == max((route_resources(topo, s, d).latency_s for s, d in pairs if s != d), default=0.0)
 
 
 def test_a_resource_listed_twice_is_used_twice() -> None:
@@ -313,3 +337,18 @@ def test_the_engine_charges_operator_level_compute_what_the_pricer_says() -> Non
     want = costs.ComputePricer(spec, "bf16", (model, config)).seconds(ops.flops, 0.0, 3, "bwd")
     assert want == costs.ops_seconds(spec, ops, "bf16")
     assert rec.end - rec.start == pytest.approx(want, rel=1e-12)
+
+
+def test_the_engine_runs_concurrent_uploads_at_their_transfer_rates() -> None:
+    # gpu0 and gpu1 share one switch uplink on a100x8: both start together and each runs at its max-min rate
+    spec = load_hardware("a100x8")
+    topo = build_topology(spec)
+    pairs = [("cpu", "gpu0"), ("cpu", "gpu1")]
+    p = plan([copy(f"u{i}", f"gpu{i}.h2d", "cpu", f"gpu{i}", 2.0) for i in range(2)],
+             [(f"gpu{i}.h2d", f"gpu{i}", "h2d") for i in range(2)])
+    res = run(p, topo, spec)
+    rates = transfer_rates(topo, pairs, machine_capacities(spec, topo))
+    assert rates[0] == rates[1] < spec.pcie.per_direction_bw  # the uplink, not the GPU's own link, holds them
+    lat = route_resources(topo, "cpu", "gpu0").latency_s
+    for rec, rate in zip(sorted(res.records, key=lambda r: r.id), rates, strict=True):
+        assert rec.end - rec.start == pytest.approx(lat + 2 * GB / rate, rel=1e-12)

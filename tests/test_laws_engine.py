@@ -387,8 +387,10 @@ def test_bytes_are_conserved(case: Case) -> None:
     assert simulated is not None
     tasks = Unroller(simulated, res.warmup_repeat).unroll()
     tensors = case.plan.tensor_map()
-    planned = sum(t.spec.bytes if t.spec.bytes > 0 else tensors[t.spec.tensor.id].bytes  # type: ignore[union-attr]
-                  for t in tasks if t.spec.op == "copy")
+    planned = 0.0
+    for t in tasks:
+        if t.spec.op == "copy":
+            planned += t.spec.bytes if t.spec.bytes > 0 else tensors[t.spec.tensor.id].bytes  # type: ignore[union-attr]
     assert sum(r.bytes for r in res.records if r.op == "copy") == approx(planned)
     assert res.link_bytes == {ln: approx(b) for ln, b in planned_link_bytes(case, tasks, res.measured_step).items()}
     # every byte routed over a link direction went through it at the logged rates
@@ -448,7 +450,8 @@ def _sound() -> Result:
 
 def _records(res: Result, **changes: dict[str, float]) -> Result:
     """``res`` with some task records changed (by task id: field -> value)."""
-    return replace(res, records=tuple(r._replace(**changes[r.id]) if r.id in changes else r for r in res.records))
+    return replace(res, records=tuple(r._replace(**changes[r.id]) if r.id in changes else r  # type: ignore[arg-type]
+                                      for r in res.records))
 
 
 @pytest.mark.parametrize(("doctor", "needle"), [
