@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 
 from policies import KnobError, PlanInfeasible, lazytrain, none
 from policies.base import parse_knobs
-from policies.lazytrain_costs import Tiering, build_costs
-from policies.lazytrain_milp import MEM_TOL_BYTES, Instance, evaluate, heuristic, limit_hit, solve_milp
+from policies.lazytrain.cost_model import build_costs
+from policies.lazytrain.milp import MEM_TOL_BYTES, Instance, evaluate, heuristic, limit_hit, solve_milp
+from policies.lazytrain.tiering import Tiering
 from simulator import simulate_plan
 from simulator.invariants import check_invariants
 from tiersim.api import JobRequest, make_job
@@ -324,3 +325,35 @@ def test_tiering_rule_least_offload_keeps_everything_on_the_gpu_when_it_fits() -
     fastest = lt_plan(job, tiering_rule="fastest_estimate").info["lazytrain"]
     assert least["tiering"]["level"] == 1
     assert fastest["estimated_step_s"] <= least["estimated_step_s"]
+
+
+# -- the executor trains: its plans replay like plain training (torch runner, a tiny model on the CPU) ----------
+REPLAY_MODEL = ModelSpec(name="tiny-llama", family="custom", n_layers=2, hidden=64, n_heads=4, n_kv_heads=2, ffn=192,
+                         vocab=256, max_pos=128, tied_embeddings=False, mlp="swiglu", norm="rmsnorm", bias=False,
+                         learned_pos=False)
+
+
+@pytest.mark.parametrize("knobs,level", [
+    ({"strategy": "offload_all"}, 1),                                              # activations out and back
+    ({"param_home": "gpu", "optimizer_home": "cpu", "strategy": "checkpoint_all"}, 2),  # CPU Adam, re-upload
+    ({"param_home": "cpu", "optimizer_home": "cpu"}, 3),                           # streamed parameters
+])
+def test_plans_replay_like_plain_training(knobs: dict, level: int) -> None:
+    pytest.importorskip("torch")
+    from hardware_models import spec_from_dict
+    from replay.reference import compare, train_reference
+    from replay.runner import Runner
+
+    job, _ = make_job("a100", REPLAY_MODEL, JobRequest(micro_batch=1, seq_len=32, global_batch=2, precision="bf16",
+                                                       checkpointing="full", flash_attention=True))
+    p = lt_plan(job, **knobs)
+    assert p.info["lazytrain"]["tiering"]["level"] == level
+    if knobs.get("strategy") == "offload_all":
+        assert any(not c.endswith("@gpu") for c in p.info["lazytrain"]["choice"])
+    runner = Runner(p, spec_from_dict(p.hardware))
+    meas = runner.run()
+    ref_losses, ref_weights = train_reference(runner.dims, runner.batching, p.steps, dict(runner.accum),
+                                              delayed=False, device=runner.device)
+    verdict = compare(meas.losses, meas.weights, ref_losses, ref_weights, "plain")
+    assert verdict.ok, verdict
+    assert len(meas.losses) == p.steps * 2 and not meas.leaked

@@ -1,0 +1,298 @@
+"""LazyTrain's cost model: a job, a tiering and the knobs become an :class:`~policies.lazytrain.milp.Instance`.
+
+Everything here is per GPU and per micro-step, read from the hardware (roofline compute times as the
+engine computes them, link bandwidths and routes from the topology) and the workload trace. The rules it
+encodes (windows, fixed bytes, staging) are those of the executor in ``policies/lazytrain/emit.py``; the
+package docstring states them in words.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import costs
+from policies.base import Job
+from policies.kit import dtype_bytes
+from policies.lazytrain.links import Links, add_into
+from policies.lazytrain.milp import Instance, Opt, Terms, Window
+from policies.lazytrain.tiering import TIERS, Tiering
+
+SAFETY_BYTES = 2.0**20        # taken off every capacity the MILP sees (rounding of binaries, float sums)
+ADAM8_BLOCK = 2048            # elements per block of an 8-bit optimizer state (one fp32 scale each)
+
+# The executor's buffers, budgeted here and scheduled by policies/lazytrain/emit.py:
+#: gradient buckets on the GPU at a time (levels 2, 3): a backward waits for the copy-down of the bucket this
+#: many before it in backward order (``policies.kit.bucket_gate``)
+GRAD_BUCKETS = 2
+#: layers of optimizer states staged in DRAM when they live on NVMe: the read of layer i waits for the
+#: write-back of layer i - OPTIMIZER_STAGES (``policies.kit.read_ahead``)
+OPTIMIZER_STAGES = 2
+
+#: per layer, per activation mode: (saved bytes, transient workspace bytes, recompute seconds)
+Modes = dict[str, tuple[float, float, float]]
+
+
+@dataclass(frozen=True)
+class Costs:
+    """The instance plus what the executor and the step-time estimate need to know about the job."""
+
+    tiering: Tiering
+    instance: Instance
+    n: int
+    db: int
+    unit_params: tuple[float, ...]   # parameters streamed (and gradients reduced) with layer i
+    fwd_s: tuple[float, ...]
+    bwd_s: tuple[float, ...]
+    act_bytes: tuple[dict[str, float], ...]   # per layer: mode -> saved bytes
+    master_bpp: float
+    optim_bpp: float
+    optimizer_s: float               # estimated optimizer phase per step
+    fixed_gpu_parts: dict[str, float]
+
+    @property
+    def compute_s(self) -> float:
+        return sum(self.fwd_s) + sum(self.bwd_s)
+
+    def lower_bound_s(self, accumulation: int) -> float:
+        return accumulation * self.compute_s + self.optimizer_s
+
+    def estimate_s(self, accumulation: int, pure_objective: float) -> float:
+        return accumulation * (self.compute_s + pure_objective) + self.optimizer_s
+
+
+def optim_bytes_per_param(optimizer_8bit: bool) -> float:
+    """Adam m and v: fp32 (8 B/param) or 8-bit with one fp32 scale per block of ADAM8_BLOCK (2 + 8/2048)."""
+    return 2.0 + 2 * 4.0 / ADAM8_BLOCK if optimizer_8bit else 8.0
+
+
+@dataclass
+class _LayerRows:
+    """One layer's options and their coefficients in the instance."""
+
+    opts: list[Opt] = field(default_factory=list)
+    recompute: list[float] = field(default_factory=list)
+    transfer: list[float] = field(default_factory=list)     # copy out + copy back (tie-break)
+    transient: list[float] = field(default_factory=list)
+    staged: list[float] = field(default_factory=list)
+    pool: dict[str, list[float]] = field(default_factory=dict)
+    out_terms: dict[str, list[tuple[int, int, float]]] = field(default_factory=lambda: defaultdict(list))
+    in_terms: dict[str, list[tuple[int, int, float]]] = field(default_factory=lambda: defaultdict(list))
+    serial: list[tuple[int, int, float]] = field(default_factory=list)
+    rc_terms: list[tuple[int, int, float]] = field(default_factory=list)
+
+
+class _Model:
+    """The shared facts of one job under one tiering, and the parts of its instance."""
+
+    def __init__(self, job: Job, tiering: Tiering, prefetch_depth: int, optimizer_8bit: bool):
+        self.job = job
+        self.tiering = tiering
+        self.links = Links(job)
+        self.topo = self.links.topo
+        self.n = job.hw.gpu.count
+        self.layers = job.trace.layers
+        self.nl = len(self.layers)
+        self.db = dtype_bytes(job)
+        self.depth = prefetch_depth
+        self.gpool = self.topo.pool_of["gpu0"]
+        self.unified = self.gpool == self.topo.pool_of["cpu"]
+        self.master_bpp = 4.0 if any(layer.master_bytes for layer in self.layers) else 0.0
+        self.optim_bpp = optim_bytes_per_param(optimizer_8bit)
+        self.p_total = float(sum(layer.params for layer in self.layers))
+        self.pools = list(dict.fromkeys(self.topo.pool_of[loc] for loc in self.topo.locations
+                                        if loc in ("gpu0", "cpu", "nvme")))
+        self.fwd = tuple(self.secs(layer.fwd_flops, layer.fwd_hbm_bytes) for layer in self.layers)
+        self.bwd = tuple(self.secs(layer.bwd_flops, layer.bwd_hbm_bytes) for layer in self.layers)
+        unit = [float(layer.params) for layer in self.layers]
+        if job.model.tied_embeddings and self.nl > 1:
+            unit[-1] += self.layers[0].params  # the head's matmul reads (and its backward writes) the embedding
+        self.unit = tuple(unit)
+
+    def secs(self, flops: float, hbm: float) -> float:
+        """A compute task's roofline seconds, launch included (``costs.kernel_seconds``)."""
+        return costs.kernel_seconds(self.job.hw, flops, hbm, self.job.config.precision)
+
+    # -- activation options per layer ---------------------------------------------------------------
+    def offer(self, places: Sequence[str] | None) -> list[str]:
+        """The activation tiers offered: the GPU always, the CPU where it is a pool of its own, NVMe if any."""
+        offer = [p for p in (places or TIERS) if p == "gpu" or (p == "cpu" and not self.unified)
+                 or (p == "nvme" and "nvme" in self.topo.locations)]
+        if "gpu" not in offer:
+            offer.insert(0, "gpu")
+        return offer
+
+    def modes(self, i: int) -> Modes:
+        """keep (full activations) for every layer; ckpt (the input only, forward recomputed) for blocks."""
+        layers = self.layers
+        layer = layers[i]
+        full = float(layer.activation_bytes_nockpt)
+        two_largest = float(layer.peak_transient_bytes - (layer.activation_bytes_nockpt - layer.activation_bytes))
+        modes = {"keep": (full, two_largest if layer.kind == "block" else float(layer.peak_transient_bytes), 0.0)}
+        if layer.kind == "block" and layer.fwd_flops > 0:
+            ckpt_full = self.job.config.checkpointing == "full"
+            ck = float(layer.activation_bytes if ckpt_full else layers[i - 1].output_bytes)
+            if ck < full:
+                modes["ckpt"] = (ck, full - ck + two_largest, self.secs(layer.fwd_flops, layer.fwd_hbm_bytes))
+        return modes
+
+    def layer_rows(self, i: int, modes: Modes, offer: list[str]) -> _LayerRows:
+        row = _LayerRows(pool={pk: [] for pk in self.pools})
+        for mode, (nbytes, transient, rc) in modes.items():
+            for place in offer:
+                if place != "gpu" and nbytes <= 0:
+                    continue
+                k = len(row.opts)
+                row.opts.append(Opt(mode, place))
+                row.recompute.append(rc)
+                row.transient.append(transient)
+                row.staged.append(nbytes if place != "gpu" else 0.0)
+                for pk in self.pools:
+                    row.pool[pk].append(0.0)
+                if place == "gpu":
+                    row.pool[self.gpool][k] += nbytes
+                    row.transfer.append(0.0)
+                else:
+                    row.pool[self.topo.pool_of[place]][k] += self.n * nbytes
+                    row.transfer.append(self._offload_terms(row, i, k, place, nbytes))
+                if rc > 0:
+                    row.rc_terms.append((i, k, rc))
+        return row
+
+    def _offload_terms(self, row: _LayerRows, i: int, k: int, place: str, nbytes: float) -> float:
+        """Record option k's copy out to ``place`` and back; returns the two copies' serial seconds."""
+        out_c = self.links.copy("gpu", place, nbytes)
+        in_c = self.links.copy(place, "gpu", nbytes)
+        for r, s in out_c.items():
+            row.out_terms[r].append((i, k, s))
+        for r, s in in_c.items():
+            row.in_terms[r].append((i, k, s))
+        both = max(out_c.values()) + max(in_c.values())
+        row.serial.append((i, k, both))
+        return both
+
+    # -- the executor's fixed transfers, window by window ---------------------------------------------
+    def upload(self, j: int) -> dict[str, float]:
+        """Layer j's parameters to every GPU (a slice each, then the all-gather), where they are streamed."""
+        if not self.tiering.streamed:
+            return {}
+        unit_b = self.unit[j] * self.db
+        out = dict(self.links.copy(self.tiering.params, "gpu", unit_b / self.n))
+        add_into(out, self.links.ring(unit_b, "all_gather"))
+        return out
+
+    def grads(self, j: int) -> dict[str, float]:
+        """Layer j's gradients: all-reduced (level 1), or reduce-scattered and copied to the CPU."""
+        if self.tiering.level == 1:
+            return self.links.ring(self.layers[j].params * self.db, "all_reduce")
+        out = dict(self.links.ring(self.unit[j] * self.db, "reduce_scatter"))
+        add_into(out, self.links.copy("gpu", "cpu", self.unit[j] * self.db / self.n))
+        return out
+
+    def windows(self, rows: list[_LayerRows]) -> tuple[Window, ...]:
+        """start, fwd 0..L-1, turn, bwd L-1..0, end: what each window's compute may hide."""
+        nl = self.nl
+        tail_from = nl - 1 - self.depth  # layers >= tail_from keep their parameters from forward to backward
+        out = [Window("start", 0.0, (), self.upload(0))]
+        for i in range(nl):
+            ahead = self.upload(i + 1) if i + 1 < nl else {}
+            out.append(Window(f"fwd{i}", self.fwd[i], (), ahead, _terms(rows[i - 1].out_terms) if i >= 1 else {}))
+        last = rows[nl - 1].serial
+        out.append(Window("turn", 0.0, (), {}, {"serial": tuple(last)} if last else {}))
+        for i in reversed(range(nl)):
+            const: dict[str, float] = {}
+            if i >= 1 and i - 1 < tail_from:
+                add_into(const, self.upload(i - 1))
+            if i + 1 < nl:
+                add_into(const, self.grads(i + 1))
+            var = _terms(rows[i - 1].in_terms) if i >= 1 else {}
+            out.append(Window(f"bwd{i}", self.bwd[i], tuple(rows[i].rc_terms), const, var))
+        out.append(Window("end", 0.0, (), self.grads(0)))
+        return tuple(out)
+
+    # -- bytes every schedule holds ----------------------------------------------------------------------
+    def gpu_parts(self) -> dict[str, float]:
+        """What the GPU holds whatever the activations: model states (1), parameters (2) or their window (3)."""
+        p, db, max_unit_b = self.p_total, self.db, max(self.unit) * self.db
+        level = self.tiering.level
+        if level == 1:
+            return {"param16": p * db, "grad": p * db, "param32": p * self.master_bpp, "optim": p * self.optim_bpp}
+        if level == 2:
+            return {"param16": p * db, "grad buckets": GRAD_BUCKETS * max_unit_b}
+        window = (self.depth + 1) * max_unit_b * (1 + (1 / self.n if self.n > 1 else 0.0))
+        return {"param16 window": window, "grad buckets": GRAD_BUCKETS * max_unit_b}
+
+    def fixed_bytes(self, parts: dict[str, float], cpu_grad_bytes: float) -> dict[str, float]:
+        """Bytes per pool that every schedule needs: the GPU's parts, CPU gradients, states, parameter home."""
+        fixed: dict[str, float] = defaultdict(float)
+        fixed[self.gpool] += sum(parts.values())
+        t = self.tiering
+        if t.level >= 2:
+            pool_of = self.topo.pool_of
+            cpool = pool_of["cpu"]
+            fixed[cpool] += cpu_grad_bytes * self.p_total
+            states_bpp = self.master_bpp + self.optim_bpp
+            states = self.p_total * states_bpp
+            if t.optim == "cpu":
+                fixed[cpool] += states
+            else:
+                fixed[pool_of["nvme"]] += states
+                fixed[cpool] += OPTIMIZER_STAGES * max(layer.params for layer in self.layers) * states_bpp
+            if t.streamed:
+                fixed[pool_of[t.params]] += self.p_total * self.db
+        return dict(fixed)
+
+    def optimizer_seconds(self) -> float:
+        """Estimated optimizer phase of one step (the chunks pipeline, so the slowest resource dominates)."""
+        hw, t, p, db = self.job.hw, self.tiering, self.p_total, self.db
+        if t.level == 1:
+            return costs.gpu_optimizer_seconds(hw, p)
+        adam = costs.cpu_adam_seconds(hw, p)
+        parts = [adam]
+        if "nvme" in (t.optim, t.params):
+            io = self.topo.links["nvme.io"]
+            rd = p * (self.master_bpp + self.optim_bpp) if t.optim == "nvme" else 0.0
+            wr = rd + (p * db if t.params == "nvme" else 0.0)
+            parts.append(rd / io.bw_rev + wr / io.bw_fwd)
+        if t.level == 2:
+            up = dict(self.links.copy("cpu", "gpu", p * db / len(self.links.gpus)))
+            add_into(up, self.links.ring(p * db, "all_gather"))
+            parts.append(max(up.values(), default=0.0))
+        return max(parts) + adam / self.nl
+
+
+def _terms(by_resource: dict[str, list[tuple[int, int, float]]]) -> dict[str, Terms]:
+    return {r: tuple(v) for r, v in by_resource.items()}
+
+
+def build_costs(job: Job, tiering: Tiering, *, prefetch_depth: int = 1, optimizer_8bit: bool = False,
+                cpu_grad_bytes: float = 4.0, places: Sequence[str] | None = None,
+                capacity: Callable[[str, float], float] | None = None) -> Costs:
+    """The LazyTrain instance of ``job`` under ``tiering``.
+
+    ``places`` restricts the activation tiers offered (default: every tier the hardware has, the CPU only
+    where it is a pool of its own); ``capacity(pool, usable_bytes)`` lets a caller (a test) change what the
+    MILP may use of a pool.
+    """
+    m = _Model(job, tiering, prefetch_depth, optimizer_8bit)
+    offer = m.offer(places)
+    modes = [m.modes(i) for i in range(m.nl)]
+    rows = [m.layer_rows(i, modes[i], offer) for i in range(m.nl)]
+    parts = m.gpu_parts()
+
+    def usable(pk: str) -> float:
+        cap = m.topo.pools[pk].capacity_bytes
+        cap = capacity(pk, cap) if capacity is not None else cap
+        return cap - SAFETY_BYTES
+
+    inst = Instance(
+        options=tuple(tuple(r.opts) for r in rows), recompute_s=tuple(tuple(r.recompute) for r in rows),
+        transfer_s=tuple(tuple(r.transfer) for r in rows), transient=tuple(tuple(r.transient) for r in rows),
+        staged=tuple(tuple(r.staged) for r in rows),
+        pool_bytes={pk: tuple(tuple(r.pool[pk]) for r in rows) for pk in m.pools},
+        fixed_bytes=m.fixed_bytes(parts, cpu_grad_bytes), capacity={k: usable(k) for k in m.pools},
+        peak_pool=m.gpool, windows=m.windows(rows))
+    act_bytes = tuple({mode: v[0] for mode, v in md.items()} for md in modes)
+    return Costs(tiering, inst, m.n, m.db, m.unit, m.fwd, m.bwd, act_bytes, m.master_bpp, m.optim_bpp,
+                 m.optimizer_seconds(), parts)
