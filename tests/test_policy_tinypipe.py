@@ -7,11 +7,14 @@ import itertools
 import math
 
 import pytest
+from engine_helpers import GB, copy, plan, switched
+from engine_helpers import run as run_plan
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from policies import KnobError, PlanInfeasible, parse_knobs
 from policies import tinypipe as tp
+from policies.tinypipe.cost_model import swap_rates
 from policies.tinypipe.packing import MODES, LayerCost, Model, Problem, solve
 from simulator import simulate_plan
 from simulator.invariants import check_invariants
@@ -313,3 +316,19 @@ def test_all_gpu_need_is_a_lower_bound_of_every_all_gpu_partition(model: str) ->
         assert need / d <= max(keep) * (1 + 1e-12)
         if d == 1:  # one stage holds exactly the bound (the tied table once)
             assert need == pytest.approx(keep[0], rel=1e-12)
+
+
+# -- the swap link is priced as the engine shares links -------------------------------------------------------
+def test_swap_rates_are_what_the_engine_gives_every_gpu_swapping_at_once() -> None:
+    """gpu0 (10 GB/s) and gpu1 (2 GB/s) behind one 10 GB/s uplink: with both uploading, max-min sharing
+    gives gpu1 2 GB/s and gpu0 the other 8 (an even split of the uplink would say 5 for each). The search's
+    rates are the slowest GPU's, and the engine moves the bytes in exactly the time they predict."""
+    topo = switched(gpu_bw=(10.0, 2.0), uplink_bw=10.0)
+    one, both, lat = swap_rates(topo)
+    assert (one, both, lat) == (2 * GB, 4 * GB, 0.0)
+    streams = [(f"gpu{i}.{k}", f"gpu{i}", k) for i in range(2) for k in ("h2d", "d2h")]
+    up = run_plan(plan([copy(f"up{i}", f"gpu{i}.h2d", "cpu", f"gpu{i}", 1.0) for i in range(2)], streams), topo)
+    assert up.step_time_s == pytest.approx(GB / one, rel=1e-9)
+    both_ways = run_plan(plan([copy(f"up{i}", f"gpu{i}.h2d", "cpu", f"gpu{i}", 1.0) for i in range(2)]
+                         + [copy(f"dn{i}", f"gpu{i}.d2h", f"gpu{i}", "cpu", 1.0) for i in range(2)], streams), topo)
+    assert both_ways.step_time_s == pytest.approx(2 * GB / both, rel=1e-9)
