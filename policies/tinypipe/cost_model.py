@@ -1,21 +1,22 @@
 """``tinypipe``'s cost model: what the packing search knows of each layer, and per-parameter state bytes.
 
-A layer's time per micro-batch is its compute (forward, recompute, backward, a launch each, priced by
-``costs.compute_seconds`` as the engine prices a roofline task) and, when swapped, its transfers over a
-GPU's DRAM route with every GPU swapping (``swap_link``, the engine's max-min sharing): two fetches of its
-16-bit weights (forward and backward) one way and its gradient the other,
-``max(2 w / one-way, 3 w / both-ways)``. A pack adds the route's copy latency three times
+A layer's time per micro-batch is its compute (forward, recompute, backward: each task priced by
+``costs.ComputePricer`` as the engine charges it, a roofline plus a launch on the presets, operator by
+operator on a calibrated spec) and, when swapped, its transfers over a GPU's DRAM route with every GPU
+swapping (``swap_link``, the engine's max-min sharing): two fetches of its 16-bit weights (forward and
+backward) one way and its gradient the other, ``max(2 w / one-way, 3 w / both-ways)``. A pack adds the route's copy latency three times
 (``pack_overhead_s``). The tied embedding table counts in the head's figures too.
 """
 
 from __future__ import annotations
 
-from costs import compute_seconds, link_capacities, slowest_transfer_rate, transfer_rates
+from costs import ComputePricer, link_capacities, slowest_transfer_rate, transfer_rates
 from hardware_models import Topology, build_topology
 from policies.base import Job
 from policies.dataparallel import dtype_bytes
 from policies.tinypipe.packing import LayerCost
 from policies.tinypipe.pipeline import Pipeline
+from simulator.phase import Phase
 
 GRAD32_BYTES = 4.0      # CPU-side fp32 gradient accumulator per parameter
 ADAM_BYTES = 8.0        # Adam m and v, fp32
@@ -53,8 +54,7 @@ def swap_rates(topo: Topology) -> tuple[float, float, float]:
 
 def layer_costs(job: Job) -> tuple[list[LayerCost], float]:
     """Per-layer costs for the search, and the per-pack overhead (seconds per micro-batch)."""
-    hw, dtype = job.hw, job.config.precision
-    launch = hw.gpu.launch_overhead_s
+    price = ComputePricer(job.hw, job.config.precision, (job.model, job.config)).seconds
     one, both, lat = swap_link(job)
     db = dtype_bytes(job)
     master = master_bytes(job)
@@ -62,10 +62,10 @@ def layer_costs(job: Job) -> tuple[list[LayerCost], float]:
     last = len(job.trace.layers) - 1
     out = []
     for i, ly in enumerate(job.trace.layers):
-        c = compute_seconds(hw, ly.fwd_flops, ly.fwd_hbm_bytes, dtype) + launch
+        c = price(ly.fwd_flops, ly.fwd_hbm_bytes, i, Phase.FWD)
         if ly.recompute_flops > 0:
-            c += compute_seconds(hw, ly.recompute_flops, ly.fwd_hbm_bytes, dtype) + launch
-        c += compute_seconds(hw, ly.bwd_flops, ly.bwd_hbm_bytes, dtype) + launch
+            c += price(ly.recompute_flops, ly.fwd_hbm_bytes, i, Phase.RECOMPUTE)
+        c += price(ly.bwd_flops, ly.bwd_hbm_bytes, i, Phase.BWD)
         extra = table if i == last else 0.0
         w = float(ly.param_bytes) + extra * db
         x = max(2 * w / one, 3 * w / both)
