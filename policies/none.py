@@ -30,9 +30,18 @@ from dataclasses import dataclass
 
 from policies.base import Job, KnobError, PlanInfeasible, PolicyInfo, gpu_pool, pow2_divisors
 from policies.builder import PlanBuilder
-from policies.dataparallel import Grads, Layout, check_tp, declare_streams, dtype_bytes, emit_microstep, workspace
+from policies.kit import (
+    Grads,
+    Layout,
+    all_gather,
+    check_tp,
+    declare_streams,
+    dtype_bytes,
+    emit_microstep,
+    gpu_step,
+    workspace,
+)
 from simulator import Plan
-from simulator.phase import Phase
 
 NAME = "none"
 
@@ -92,14 +101,13 @@ def plan(job: Job, knobs: Knobs) -> Plan:
     b.segment("optimizer", 1)
     for r, g in enumerate(lay.gpus()):
         j = r % lay.tp
-        b.task(f"opt.{g}", "optimizer", f"{g}.compute", [f"red0.d{j}" if dp > 1 else f"bwd0.{g}"],
-               params=job.trace.params / lay.tp / (dp if stage >= 1 else 1), tags={"phase": Phase.OPTIMIZER, "rank": r})
+        gpu_step(b, f"opt.{g}", f"{g}.compute", [f"red0.d{j}" if dp > 1 else f"bwd0.{g}"],
+                 job.trace.params / lay.tp / (dp if stage >= 1 else 1), rank=r)
     if 1 <= stage <= 2:
         for j in range(lay.tp):
             grp = lay.dp_group(j)
-            b.task(f"agp.d{j}", "collective", f"dp{j}.param", [f"opt.{g}" for g in grp], coll="all_gather",
-                   bytes=job.trace.params / lay.tp * dtype_bytes(job), ranks=tuple(grp),
-                   tags={"phase": Phase.PARAM_GATHER})
+            all_gather(b, f"agp.d{j}", lay.dp_stream(j, "param"), grp, job.trace.params / lay.tp * dtype_bytes(job),
+                       [f"opt.{g}" for g in grp])
     notes = [f"ZeRO stage {stage} over {dp} data-parallel rank(s) x tp={lay.tp}, {accum} micro-step(s) per step"]
     if knobs.stage != stage:
         notes.append(f"stage {knobs.stage} requested; with one data-parallel rank every stage is stage 0")

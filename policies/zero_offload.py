@@ -43,11 +43,20 @@ from dataclasses import dataclass
 
 from policies.base import Job, KnobError, PlanInfeasible, PolicyInfo, gpu_pool, pow2_divisors, unified
 from policies.builder import PlanBuilder
-from policies.dataparallel import Grads, Layout, check_tp, declare_streams, dtype_bytes, emit_microstep, workspace
+from policies.kit import (
+    Grads,
+    Layout,
+    check_tp,
+    cpu_update_by_layer,
+    declare_streams,
+    dtype_bytes,
+    emit_microstep,
+    workspace,
+)
 from simulator import Plan
-from simulator.phase import Phase
 
 NAME = "zero-offload"
+GRAD_BUCKETS_IN_FLIGHT = 2  # gradient buckets in flight to the CPU per GPU (DeepSpeed's double-buffered ipg bucket)
 
 
 @dataclass(frozen=True)
@@ -121,25 +130,12 @@ def plan(job: Job, knobs: Knobs) -> Plan:
         ready = {i: [f"up{i}.{g}^{back}" for g in lay.gpus()] for i in range(len(layers))}
     b.segment("micro-steps", accum)
     emit_microstep(b, job, lay, Grads(reduce="reduce_scatter", bucket=True, offload=True,
-                                      offload_bytes_per_param=knobs.grad_offload_bytes_per_param),
+                                      offload_bytes_per_param=knobs.grad_offload_bytes_per_param,
+                                      buckets_in_flight=GRAD_BUCKETS_IN_FLIGHT),
                    gather_params=False, param_ready=ready)
     b.segment("optimizer", 1)
-    for i, layer in enumerate(layers):
-        for r, g in enumerate(lay.gpus()):
-            b.task(f"adam{i}.r{r}", "optimizer", f"cpu.adam{r}", [f"d2h0.{g}"] if i == 0 else [],
-                   params=layer.params / n, tags={"layer": i, "phase": Phase.OPTIMIZER, "rank": r})
-            b.task(f"up{i}.{g}", "copy", f"{g}.h2d", [f"adam{i}.r{r}"], src="cpu", dst=g,
-                   bytes=layer.params / n * knobs.upload_bytes_per_param,
-                   allocs=[(f"stage32_{i}.{g}", g)] if staged else [],
-                   frees=[(f"stage32_{i}.{g}", g)] if staged and lay.dp == 1 else [],
-                   tags={"layer": i, "phase": Phase.PARAM_UPLOAD, "rank": r})
-        if lay.dp > 1:
-            for j in range(tp):
-                grp = lay.dp_group(j)
-                b.task(f"ag{i}.d{j}", "collective", f"dp{j}.param", [f"up{i}.{g}" for g in grp],
-                       coll="all_gather", bytes=layer.params / tp * db, ranks=tuple(grp),
-                       frees=[(f"stage32_{i}.{g}", g) for g in grp] if staged else [],
-                       tags={"layer": i, "phase": Phase.PARAM_GATHER})
+    cpu_update_by_layer(b, job, lay, upload_bytes_per_param=knobs.upload_bytes_per_param, staged=staged,
+                        first_deps={r: [f"d2h0.{g}"] for r, g in enumerate(lay.gpus())})
     notes = [f"ZeRO-2 + CPU optimizer over {lay.dp} data-parallel rank(s) x tp={tp}, {accum} micro-step(s) per "
              f"step; gradients offloaded every micro-step ({knobs.grad_offload_bytes_per_param:g} B/param), "
              f"parameters uploaded once per step ({knobs.upload_bytes_per_param:g} B/param)"]

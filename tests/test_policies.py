@@ -78,16 +78,16 @@ def test_delayed_update_hides_the_cpu_optimizer() -> None:
 @pytest.mark.parametrize("dpu", [False, True])
 def test_zero_offload_slow_link_stalls_the_backward_instead_of_piling_gradients_up(dpu: bool) -> None:
     """Gradient offload is double-buffered (DeepSpeed overlap_comm): when PCIe is slower than the backward,
-    the backward waits for the bucket two layers back, so at most OFFLOAD_BUCKETS + 1 layers' gradient buckets
+    the backward waits for the bucket two layers back, so at most GRAD_BUCKETS_IN_FLIGHT + 1 layers' gradient buckets
     are on the GPU however slow the link (before, a 7B job on a100 at Gen4 held 92 GB of gradients)."""
-    from policies.dataparallel import OFFLOAD_BUCKETS
+    from policies.zero_offload import GRAD_BUCKETS_IN_FLIGHT
 
     job, _ = make_job("a100", "llama2-7b", JobRequest(seq_len=256, global_batch=4, micro_batch=1),
                       hw_overrides=["pcie.gen=3"])
     result = simulate_plan(make_plan(job, "zero-offload", {"delayed_update": dpu}), job.hw)
     assert result.feasible, result.oom
     bucket = max(layer.params for layer in job.trace.layers) * 2
-    assert result.peak_by_kind["gpu0"]["grad"] <= (OFFLOAD_BUCKETS + 1) * bucket * (1 + 1e-9)
+    assert result.peak_by_kind["gpu0"]["grad"] <= (GRAD_BUCKETS_IN_FLIGHT + 1) * bucket * (1 + 1e-9)
     # the gradient copies are the bottleneck of this case, and the step cannot be shorter than them
     assert result.stream_busy_s["gpu0.d2h"] > result.stream_busy_s["gpu0.compute"]
     assert result.step_time_s >= result.stream_busy_s["gpu0.d2h"] * (1 - 1e-9)
