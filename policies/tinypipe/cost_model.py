@@ -4,8 +4,8 @@ A layer's time per micro-batch is its compute (forward, recompute, backward: eac
 ``costs.ComputePricer`` as the engine charges it, a roofline plus a launch on the presets, operator by
 operator on a calibrated spec) and, when swapped, its transfers over a GPU's DRAM route with every GPU
 swapping (``swap_link``, the engine's max-min sharing): two fetches of its 16-bit weights (forward and
-backward) one way and its gradient the other, ``max(2 w / one-way, 3 w / both-ways)``. A pack adds the route's copy latency three times
-(``pack_overhead_s``). The tied embedding table counts in the head's figures too.
+backward) one way and its gradient the other, ``max(2 w / one-way, 3 w / both-ways)``. A pack adds the
+route's copy latency three times (``pack_overhead_s``). The tied embedding table counts in the head's figures too.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from costs import ComputePricer, link_capacities, slowest_transfer_rate, transfer_rates
 from hardware_models import Topology, build_topology
 from policies.base import Job
-from policies.dataparallel import dtype_bytes
+from policies.kit import dtype_bytes
 from policies.tinypipe.packing import LayerCost
 from policies.tinypipe.pipeline import Pipeline
 from simulator.phase import Phase
