@@ -22,6 +22,7 @@ from simulator import Plan
 from simulator.phase import Phase
 
 PIPE_STREAMS = (("fsend", "copy"), ("bsend", "copy"))   # activations to the next stage, gradients back
+CPU_STREAMS = (("adam", "optim"),)                       # a CPU-optimised stage's Adam, per GPU rank
 
 
 def plan(job: Job, knobs: Knobs) -> Plan:
@@ -61,7 +62,7 @@ def declare_gpu_side(b: PlanBuilder, pipe: Pipeline, master: float) -> None:
             g = pipe.gpu(r, st.index)
             kit.gpu_streams(b, [g], extra=PIPE_STREAMS)
             if st.mode != "gpu":
-                b.stream(f"cpu.adam{g}", "cpu", "optim")
+                kit.cpu_streams(b, [pipe.rank(r, st.index)], CPU_STREAMS)
             b.tensor(f"ws.{g}", pipe.workspace(st), "buffer", home=g, persistent=True)
             if st.mode != "swap":
                 b.tensor(f"p16.{g}", pipe.stage_bytes(st), "param16", home=g, persistent=True)

@@ -125,13 +125,13 @@ class OptimizerSegment:
         pipe, s = self.pipe, st.index
         g, dp = pipe.gpu(r, s), pipe.dp
         wb = pipe.layer_bytes(s, x)
-        tags = {"stage": s, "rank": r, "layer": x}
         kit.offload(self.sink, f"dn{x}.{g}", g, wb / dp, deps, layer=x, rank=r, extra={"stage": s})
         dn = self.sink.ev()
         bounce = self.rec.tensor(f"bounce{x}.{g}", wb / dp, "buffer", "step", x)
-        ad = self._ev(f"adam{x}.{g}", "optimizer", f"cpu.adam{g}", [dn] if gate is None else [dn, gate],
+        # kit.cpu_adam's task, plus the bounce buffer it writes the 16-bit update into (kit.cpu_adam takes no allocs)
+        ad = self._ev(f"adam{x}.{g}", "optimizer", f"cpu.adam{pipe.rank(r, s)}", [dn] if gate is None else [dn, gate],
                       params=pipe.layer_params(s, x) / dp, allocs=[(bounce, "cpu")],
-                      tags={**tags, "phase": Phase.OPTIMIZER})
+                      tags=kit.tags(Phase.OPTIMIZER, layer=x, rank=r, extra={"stage": s}))
         updated: list[Dep] = [ad]
         kit.upload(self.sink, f"up{x}.{g}", g, wb / dp, updated, layer=x, rank=r, frees=[(bounce, "cpu")],
                    extra={"stage": s})
@@ -146,6 +146,5 @@ class OptimizerSegment:
                 g = pipe.gpu(r, s)
                 deps: list[Dep] = [self.final_d2h[(rr, s, p)] for rr in range(dp)]
                 deps += [y for rr in range(dp) for y in self.tied_dep(rr, s, range(u, t + 1))]
-                self._ev(f"adam{p}.{g}", "optimizer", f"cpu.adam{g}", deps, params=prm / dp,
-                         tags={"stage": s, "rank": r, "pack": p, "layers": list(range(u, t + 1)),
-                               "phase": Phase.OPTIMIZER})
+                kit.cpu_adam(self.sink, f"adam{p}.{g}", pipe.rank(r, s), deps, prm / dp, rank=r,
+                             extra={"stage": s, "pack": p, "layers": list(range(u, t + 1))})
