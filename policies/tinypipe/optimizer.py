@@ -23,6 +23,9 @@ from simulator.phase import Phase
 
 
 class OptimizerSegment:
+    """Emits the optimizer segment, after ``final_bwd`` (each layer's last backward per replica and stage)
+    and ``final_d2h`` (each swapped pack's last gradient copy)."""
+
     def __init__(self, rec: Recorder, pipe: Pipeline, final_bwd: dict[Key, Ev], final_d2h: dict[Key, Ev]):
         self.rec, self.pipe = rec, pipe
         self.final_bwd, self.final_d2h = final_bwd, final_d2h
