@@ -7,14 +7,19 @@ import itertools
 import math
 
 import pytest
+from engine_helpers import GB, copy, plan, switched
+from engine_helpers import run as run_plan
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from costs import kernel_seconds
 from policies import KnobError, PlanInfeasible, parse_knobs
 from policies import tinypipe as tp
+from policies.tinypipe.cost_model import swap_rates
 from policies.tinypipe.packing import MODES, LayerCost, Model, Problem, solve
 from simulator import simulate_plan
 from simulator.invariants import check_invariants
+from simulator.opcost import plan_pricer, task_seconds
 from tiersim.api import JobRequest, make_job, make_plan
 from workloads import ModelSpec
 
@@ -313,3 +318,41 @@ def test_all_gpu_need_is_a_lower_bound_of_every_all_gpu_partition(model: str) ->
         assert need / d <= max(keep) * (1 + 1e-12)
         if d == 1:  # one stage holds exactly the bound (the tied table once)
             assert need == pytest.approx(keep[0], rel=1e-12)
+
+
+# -- the swap link is priced as the engine shares links -------------------------------------------------------
+def test_swap_rates_are_what_the_engine_gives_every_gpu_swapping_at_once() -> None:
+    """gpu0 (10 GB/s) and gpu1 (2 GB/s) behind one 10 GB/s uplink: with both uploading, max-min sharing
+    gives gpu1 2 GB/s and gpu0 the other 8 (an even split of the uplink would say 5 for each). The search's
+    rates are the slowest GPU's, and the engine moves the bytes in exactly the time they predict."""
+    topo = switched(gpu_bw=(10.0, 2.0), uplink_bw=10.0)
+    one, both, lat = swap_rates(topo)
+    assert (one, both, lat) == (2 * GB, 4 * GB, 0.0)
+    streams = [(f"gpu{i}.{k}", f"gpu{i}", k) for i in range(2) for k in ("h2d", "d2h")]
+    up = run_plan(plan([copy(f"up{i}", f"gpu{i}.h2d", "cpu", f"gpu{i}", 1.0) for i in range(2)], streams), topo)
+    assert up.step_time_s == pytest.approx(GB / one, rel=1e-9)
+    both_ways = run_plan(plan([copy(f"up{i}", f"gpu{i}.h2d", "cpu", f"gpu{i}", 1.0) for i in range(2)]
+                         + [copy(f"dn{i}", f"gpu{i}.d2h", f"gpu{i}", "cpu", 1.0) for i in range(2)], streams), topo)
+    assert both_ways.step_time_s == pytest.approx(2 * GB / both, rel=1e-9)
+
+
+def test_layer_compute_is_what_the_engine_charges_on_a_calibrated_spec() -> None:
+    """On a spec with operator-level compute, the search's per-layer compute is the sum of what the engine
+    charges the layer's forward, recompute and backward tasks (not the one-kernel roofline)."""
+    job = job_for("a100", "gpt2", ("gpu.op_overhead=10us", "gpu.elementwise_bw=500GB/s", "gpu.memory=2TB"),
+                  global_batch=2)
+    costs, _ = tp.cost_model.layer_costs(job)
+    plan = tp.plan(job, tp.Knobs())
+    pricer = plan_pricer(plan, job.hw, job.config.precision)
+    charged: dict[int, float] = {}
+    for seg in plan.segments:
+        for t in seg.tasks:
+            if t.op == "compute" and t.tags.get("mb", 0) == 0 and t.tags.get("phase") in ("fwd", "recompute", "bwd"):
+                charged[t.tags["layer"]] = charged.get(t.tags["layer"], 0.0) + task_seconds(pricer, t)
+    assert sorted(charged) == list(range(len(job.trace.layers)))
+    assert [c.compute_s for c in costs] == pytest.approx([charged[x] for x in sorted(charged)], rel=1e-12)
+    dtype = job.config.precision
+    roofline = [kernel_seconds(job.hw, ly.fwd_flops, ly.fwd_hbm_bytes, dtype)
+                + (kernel_seconds(job.hw, ly.recompute_flops, ly.fwd_hbm_bytes, dtype) if ly.recompute_flops else 0)
+                + kernel_seconds(job.hw, ly.bwd_flops, ly.bwd_hbm_bytes, dtype) for ly in job.trace.layers]
+    assert all(abs(c.compute_s - r) > 1e-3 * r for c, r in zip(costs, roofline, strict=True))

@@ -75,10 +75,13 @@ Knobs:
 Where each part lives: ``knobs`` (the knobs and their validation), ``decide`` (stage count, partition,
 dropping the tolerance), ``packing`` (the exact search), ``cost_model`` (what the search knows of a layer,
 the DRAM a plan keeps), ``build`` (``plan``: streams, persistent tensors, notes and ``info``),
-``schedule`` (1F1B and GPipe as segments), ``stage`` and ``optimizer`` (the tasks), ``emit`` (a step
-recorded concretely and folded into segments). The package's one piece of module-level state is
-``packing.solve``'s bounded memo (``functools.lru_cache``, ``SOLVE_CACHE`` entries) of a pure function of
-its frozen ``Problem``: it changes no result, only how often the same search runs.
+``schedule`` (1F1B and GPipe as segments), ``stage`` and ``optimizer`` (the tasks: per-layer compute,
+uploads, gradient offload and reduction, GPU and CPU optimizer steps, streams are ``policies.kit`` calls;
+the pipeline's sends, the tied-table sum and GPipe's stash are tinypipe's own), ``emit`` (a step recorded
+concretely and folded into segments; ``Sink`` lets kit calls record into it). The package's one piece
+of module-level state is ``packing.solve``'s bounded memo (``functools.lru_cache``, ``SOLVE_CACHE``
+entries) of a pure function of its frozen ``Problem``: it changes no result, only how often the same
+search runs.
 """
 
 from __future__ import annotations

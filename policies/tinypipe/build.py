@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from hardware_models import build_topology
+from policies import kit
 from policies.base import Job, PlanInfeasible, unified
 from policies.builder import PlanBuilder
-from policies.dataparallel import dtype_bytes
 from policies.tinypipe.cost_model import ADAM_BYTES, GRAD32_BYTES, dram_bytes, master_bytes, table_params
 from policies.tinypipe.decide import Decision, decide
 from policies.tinypipe.emit import Ev, Key, Recorder
@@ -21,13 +21,16 @@ from policies.tinypipe.stage import StageRun
 from simulator import Plan
 from simulator.phase import Phase
 
+PIPE_STREAMS = (("fsend", "copy"), ("bsend", "copy"))   # activations to the next stage, gradients back
+CPU_STREAMS = (("adam", "optim"),)                       # a CPU-optimised stage's Adam, per GPU rank
+
 
 def plan(job: Job, knobs: Knobs) -> Plan:
     knobs.validate()
     d = decide(job, knobs)
     pipe = Pipeline(job.trace.layers, d.solution.stages, d.dp, d.accumulation,
                     make_schedule(knobs.schedule, d.stages, d.accumulation), knobs.prefetch_packs, knobs.gpipe,
-                    job.model.tied_embeddings, table_params(job), dtype_bytes(job), knobs.active_cpu_mm,
+                    job.model.tied_embeddings, table_params(job), kit.dtype_bytes(job), knobs.active_cpu_mm,
                     unified(job))
     dram = dram_bytes(pipe, job)
     if not pipe.unified:
@@ -52,16 +55,14 @@ def check_dram(job: Job, dram: dict[str, float]) -> None:
 
 # -- streams and persistent tensors -------------------------------------------------------------------------
 def declare_gpu_side(b: PlanBuilder, pipe: Pipeline, master: float) -> None:
-    """Per GPU: its streams, workspace, the stage's resident weights, gradients and (``gpu`` mode) states."""
+    """Per GPU: its streams (the kit's compute, h2d, d2h and the pipeline's sends), workspace, the stage's
+    resident weights, gradients and (``gpu`` mode) states."""
     for r in range(pipe.dp):
         for st in pipe.stages:
             g = pipe.gpu(r, st.index)
-            for kind in ("compute", "h2d", "d2h"):
-                b.stream(f"{g}.{kind}", g, kind)
-            b.stream(f"{g}.fsend", g, "copy")
-            b.stream(f"{g}.bsend", g, "copy")
+            kit.gpu_streams(b, [g], extra=PIPE_STREAMS)
             if st.mode != "gpu":
-                b.stream(f"cpu.adam{g}", "cpu", "optim")
+                kit.cpu_streams(b, [pipe.rank(r, st.index)], CPU_STREAMS)
             b.tensor(f"ws.{g}", pipe.workspace(st), "buffer", home=g, persistent=True)
             if st.mode != "swap":
                 b.tensor(f"p16.{g}", pipe.stage_bytes(st), "param16", home=g, persistent=True)

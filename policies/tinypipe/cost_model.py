@@ -1,21 +1,22 @@
 """``tinypipe``'s cost model: what the packing search knows of each layer, and per-parameter state bytes.
 
-A layer's time per micro-batch is its compute (forward, recompute, backward, a launch each) and, when
-swapped, its transfers over gpu0's DRAM route: two fetches of its 16-bit weights (forward and backward)
-one way and its gradient the other, ``max(2 w / one-way, 3 w / both-ways)``. A pack adds the route's copy
-latency three times (``pack_overhead_s``). The tied embedding table counts in the head's figures too.
+A layer's time per micro-batch is its compute (forward, recompute, backward: each task priced by
+``costs.ComputePricer`` as the engine charges it, a roofline plus a launch on the presets, operator by
+operator on a calibrated spec) and, when swapped, its transfers over a GPU's DRAM route with every GPU
+swapping (``swap_link``, the engine's max-min sharing): two fetches of its 16-bit weights (forward and
+backward) one way and its gradient the other, ``max(2 w / one-way, 3 w / both-ways)``. A pack adds the
+route's copy latency three times (``pack_overhead_s``). The tied embedding table counts in the head's figures too.
 """
 
 from __future__ import annotations
 
-import math
-
-from costs import compute_seconds
-from hardware_models import build_topology
+from costs import ComputePricer, link_capacities, slowest_transfer_rate, transfer_rates
+from hardware_models import Topology, build_topology
 from policies.base import Job
-from policies.dataparallel import dtype_bytes
+from policies.kit import dtype_bytes
 from policies.tinypipe.packing import LayerCost
 from policies.tinypipe.pipeline import Pipeline
+from simulator.phase import Phase
 
 GRAD32_BYTES = 4.0      # CPU-side fp32 gradient accumulator per parameter
 ADAM_BYTES = 8.0        # Adam m and v, fp32
@@ -33,25 +34,27 @@ def table_params(job: Job) -> float:
 
 
 def swap_link(job: Job) -> tuple[float, float, float]:
-    """(one-way bytes/s, both-ways bytes/s, latency) of gpu0's DRAM route, shared links split evenly."""
-    topo = build_topology(job.hw)
+    """:func:`swap_rates` of the job's machine."""
+    return swap_rates(build_topology(job.hw))
+
+
+def swap_rates(topo: Topology) -> tuple[float, float, float]:
+    """(one-way bytes/s, both-ways bytes/s, latency) of a GPU's DRAM route while every GPU swaps at once,
+    priced as the engine shares links (max-min fair over the routes' resources, ``costs``): one way, the
+    slowest of every GPU's upload; both ways, the least over GPUs of its upload's and download's rates with
+    every GPU uploading and downloading; the largest route latency. The search gives every stage these
+    rates (the slowest GPU's), as it gives every stage one cost per layer."""
+    caps = link_capacities(topo)
     gpus = topo.gpu_locations()
-    users: dict[str, int] = {}
-    for g in gpus:
-        for h in topo.route("cpu", g):
-            users[h.link] = users.get(h.link, 0) + 1
-    one, both = math.inf, math.inf
-    for h in topo.route("cpu", "gpu0"):
-        ln = topo.links[h.link]
-        one = min(one, ln.bw(h.forward) / users[h.link])
-        both = min(both, (ln.duplex_bw or ln.bw_fwd + ln.bw_rev) / users[h.link])
-    return one, both, topo.route_latency("cpu", "gpu0")
+    one, lat = slowest_transfer_rate(topo, [("cpu", g) for g in gpus], caps)
+    rates = transfer_rates(topo, [pair for g in gpus for pair in (("cpu", g), (g, "cpu"))], caps)
+    both = min(rates[2 * k] + rates[2 * k + 1] for k in range(len(gpus)))
+    return one, both, lat
 
 
 def layer_costs(job: Job) -> tuple[list[LayerCost], float]:
     """Per-layer costs for the search, and the per-pack overhead (seconds per micro-batch)."""
-    hw, dtype = job.hw, job.config.precision
-    launch = hw.gpu.launch_overhead_s
+    price = ComputePricer(job.hw, job.config.precision, (job.model, job.config)).seconds
     one, both, lat = swap_link(job)
     db = dtype_bytes(job)
     master = master_bytes(job)
@@ -59,10 +62,10 @@ def layer_costs(job: Job) -> tuple[list[LayerCost], float]:
     last = len(job.trace.layers) - 1
     out = []
     for i, ly in enumerate(job.trace.layers):
-        c = compute_seconds(hw, ly.fwd_flops, ly.fwd_hbm_bytes, dtype) + launch
+        c = price(ly.fwd_flops, ly.fwd_hbm_bytes, i, Phase.FWD)
         if ly.recompute_flops > 0:
-            c += compute_seconds(hw, ly.recompute_flops, ly.fwd_hbm_bytes, dtype) + launch
-        c += compute_seconds(hw, ly.bwd_flops, ly.bwd_hbm_bytes, dtype) + launch
+            c += price(ly.recompute_flops, ly.fwd_hbm_bytes, i, Phase.RECOMPUTE)
+        c += price(ly.bwd_flops, ly.bwd_hbm_bytes, i, Phase.BWD)
         extra = table if i == last else 0.0
         w = float(ly.param_bytes) + extra * db
         x = max(2 * w / one, 3 * w / both)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from hardware_models import build_topology
 from policies.base import Job, KnobError, PlanInfeasible, gpu_pool, unified
-from policies.dataparallel import dtype_bytes
+from policies.kit import dtype_bytes
 from policies.tinypipe.cost_model import ADAM_BYTES, layer_costs, master_bytes, table_params
 from policies.tinypipe.knobs import NAME, Knobs
 from policies.tinypipe.packing import MODES, Problem, Solution, solve

@@ -12,6 +12,7 @@ ever to a later instance of the same thing, which can delay a prefetch but never
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +40,31 @@ class Ev:
     tags: dict[str, Any] = field(default_factory=dict)
 
 
+class Sink(PlanBuilder):
+    """What ``policies.kit`` functions emit into: each task they build becomes an :class:`Ev` of the recorder
+    at one position of the concrete step (segment, iteration), its dependencies left as given (Ev, Key or
+    raw reference) for the fold; ``last`` is the latest. Only ``task`` is used: tensors are declared on the
+    real builder through the recorder."""
+
+    def __init__(self, rec: Recorder, seg: int, it: int):  # no PlanBuilder state: nothing is built here
+        self.rec, self.seg, self.it = rec, seg, it
+        self.last: Ev | None = None
+
+    def task(self, tid: str, op: str, stream: str, deps: Sequence[Dep] = (), *,
+             allocs: Sequence[tuple[str, str]] = (), frees: Sequence[tuple[str, str]] = (),
+             reads: Sequence[tuple[str, str]] = (), tensor: str | None = None, **fields: Any) -> str:
+        if tensor is not None:
+            fields["tensor"] = tensor
+        self.last = self.rec.ev(tid, self.seg, self.it, op, stream, list(deps), allocs=allocs, frees=frees,
+                                reads=reads, **fields)
+        return tid
+
+    def ev(self) -> Ev:
+        """The task the last kit call emitted."""
+        assert self.last is not None
+        return self.last
+
+
 class Recorder:
     """Concrete task instances of one step, with keyed look-ups, then written to the builder as segments."""
 
@@ -61,6 +87,10 @@ class Recorder:
         if key is not None:
             self.keyed[key] = e
         return e
+
+    def at(self, seg: int, it: int) -> Sink:
+        """A builder for kit calls whose tasks go at (segment, iteration) of the step."""
+        return Sink(self, seg, it)
 
     def tensor(self, tid: str, nbytes: float, kind: str, scope: str, layer: int | None = None) -> str:
         """Declare a scoped tensor once (its first use); later uses return the id."""

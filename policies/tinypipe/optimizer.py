@@ -15,17 +15,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from policies.tinypipe.emit import Dep, Ev, Key, Recorder
+from policies import kit
+from policies.tinypipe.emit import Dep, Ev, Key, Recorder, Sink
 from policies.tinypipe.packing import StagePlan
 from policies.tinypipe.pipeline import Pipeline
 from simulator.phase import Phase
 
 
 class OptimizerSegment:
+    """Emits the optimizer segment, after ``final_bwd`` (each layer's last backward per replica and stage)
+    and ``final_d2h`` (each swapped pack's last gradient copy)."""
+
     def __init__(self, rec: Recorder, pipe: Pipeline, final_bwd: dict[Key, Ev], final_d2h: dict[Key, Ev]):
         self.rec, self.pipe = rec, pipe
         self.final_bwd, self.final_d2h = final_bwd, final_d2h
         self.seg = rec.opt_seg
+        self.sink: Sink = rec.at(rec.opt_seg, 0)
         self.tie: dict[int, Ev] = {}
 
     def _ev(self, tid: str, op: str, stream: str, deps: list[Dep] | None = None, **fields: Any) -> Ev:
@@ -90,13 +95,13 @@ class OptimizerSegment:
         ars: list[Ev] = []
         if pipe.dp > 1:
             for x in reversed(layers):
-                ars.append(self._ev(f"ar{x}.s{s}", "collective", f"dp{s}", self._grads_of(s, x),
-                                    coll="all_reduce", bytes=pipe.layer_bytes(s, x), ranks=tuple(gpus),
-                                    tags={"stage": s, "layer": x, "phase": Phase.GRAD_REDUCE}))
+                kit.reduce(self.sink, f"ar{x}.s{s}", f"dp{s}", gpus, pipe.layer_bytes(s, x), self._grads_of(s, x),
+                           coll="all_reduce", layer=x, extra={"stage": s})
+                ars.append(self.sink.ev())
         for r, g in enumerate(gpus):
             deps: list[Dep] = list(ars[-1:]) if ars else self.tied_dep(r, s, layers)
-            self._ev(f"opt.{g}", "optimizer", f"{g}.compute", deps, params=pipe.stage_params(st),
-                     tags={"stage": s, "rank": r, "phase": Phase.OPTIMIZER})
+            kit.gpu_step(self.sink, f"opt.{g}", f"{g}.compute", deps, pipe.stage_params(st), rank=r,
+                         extra={"stage": s})
 
     def resident_stage(self, st: StagePlan) -> None:
         pipe, s, dp = self.pipe, st.index, self.pipe.dp
@@ -106,17 +111,16 @@ class OptimizerSegment:
             wb = pipe.layer_bytes(s, x)
             rs = None
             if dp > 1:
-                rs = self._ev(f"rs{x}.s{s}", "collective", f"dp{s}", self._grads_of(s, x),
-                              coll="reduce_scatter", bytes=wb, ranks=tuple(gpus),
-                              tags={"stage": s, "layer": x, "phase": Phase.GRAD_REDUCE})
+                kit.reduce(self.sink, f"rs{x}.s{s}", f"dp{s}", gpus, wb, self._grads_of(s, x), coll="reduce_scatter",
+                           layer=x, extra={"stage": s})
+                rs = self.sink.ev()
             for r in range(dp):
                 deps: list[Dep] = [rs] if rs else [self.final_bwd[(r, s, x)], *self.tied_dep(r, s, range(x, x + 1))]
                 gate = ups[r][n - 2] if n >= 2 else None
                 ups[r].append(self.cpu_update(st, r, x, deps, gate))
             if dp > 1:
-                self._ev(f"ag{x}.s{s}", "collective", f"dp{s}", [ups[r][n] for r in range(dp)],
-                         coll="all_gather", bytes=wb, ranks=tuple(gpus),
-                         tags={"stage": s, "layer": x, "phase": Phase.PARAM_GATHER})
+                uploaded: list[Dep] = [ups[r][n] for r in range(dp)]
+                kit.all_gather(self.sink, f"ag{x}.s{s}", f"dp{s}", gpus, wb, uploaded, layer=x, extra={"stage": s})
 
     def cpu_update(self, st: StagePlan, r: int, x: int, deps: list[Dep], gate: Ev | None) -> Ev:
         """Rank r's share of layer x: gradient down, CPU Adam into a bounce buffer (``gate``: the upload
@@ -124,15 +128,17 @@ class OptimizerSegment:
         pipe, s = self.pipe, st.index
         g, dp = pipe.gpu(r, s), pipe.dp
         wb = pipe.layer_bytes(s, x)
-        tags = {"stage": s, "rank": r, "layer": x}
-        dn = self._ev(f"dn{x}.{g}", "copy", f"{g}.d2h", deps, src=g, dst="cpu", bytes=wb / dp,
-                      tags={**tags, "phase": Phase.GRAD_OFFLOAD})
+        kit.offload(self.sink, f"dn{x}.{g}", g, wb / dp, deps, layer=x, rank=r, extra={"stage": s})
+        dn = self.sink.ev()
         bounce = self.rec.tensor(f"bounce{x}.{g}", wb / dp, "buffer", "step", x)
-        ad = self._ev(f"adam{x}.{g}", "optimizer", f"cpu.adam{g}", [dn] if gate is None else [dn, gate],
+        # kit.cpu_adam's task, plus the bounce buffer it writes the 16-bit update into (kit.cpu_adam takes no allocs)
+        ad = self._ev(f"adam{x}.{g}", "optimizer", f"cpu.adam{pipe.rank(r, s)}", [dn] if gate is None else [dn, gate],
                       params=pipe.layer_params(s, x) / dp, allocs=[(bounce, "cpu")],
-                      tags={**tags, "phase": Phase.OPTIMIZER})
-        return self._ev(f"up{x}.{g}", "copy", f"{g}.h2d", [ad], src="cpu", dst=g, bytes=wb / dp,
-                        frees=[(bounce, "cpu")], tags={**tags, "phase": Phase.PARAM_UPLOAD})
+                      tags=kit.tags(Phase.OPTIMIZER, layer=x, rank=r, extra={"stage": s}))
+        updated: list[Dep] = [ad]
+        kit.upload(self.sink, f"up{x}.{g}", g, wb / dp, updated, layer=x, rank=r, frees=[(bounce, "cpu")],
+                   extra={"stage": s})
+        return self.sink.ev()
 
     def swap_stage(self, st: StagePlan) -> None:
         pipe, s, dp = self.pipe, st.index, self.pipe.dp
@@ -143,6 +149,5 @@ class OptimizerSegment:
                 g = pipe.gpu(r, s)
                 deps: list[Dep] = [self.final_d2h[(rr, s, p)] for rr in range(dp)]
                 deps += [y for rr in range(dp) for y in self.tied_dep(rr, s, range(u, t + 1))]
-                self._ev(f"adam{p}.{g}", "optimizer", f"cpu.adam{g}", deps, params=prm / dp,
-                         tags={"stage": s, "rank": r, "pack": p, "layers": list(range(u, t + 1)),
-                               "phase": Phase.OPTIMIZER})
+                kit.cpu_adam(self.sink, f"adam{p}.{g}", pipe.rank(r, s), deps, prm / dp, rank=r,
+                             extra={"stage": s, "pack": p, "layers": list(range(u, t + 1))})

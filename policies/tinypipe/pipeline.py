@@ -34,8 +34,12 @@ class Pipeline:
     def S(self) -> int:
         return len(self.stages)
 
+    def rank(self, r: int, s: int) -> int:
+        """The GPU rank that runs stage s of replica r."""
+        return r * len(self.stages) + s
+
     def gpu(self, r: int, s: int) -> str:
-        return f"gpu{r * len(self.stages) + s}"
+        return f"gpu{self.rank(r, s)}"
 
     def head_copy(self, s: int) -> bool:
         """Does stage s hold its own copy of the tied embedding table (the head's stage, S > 1)?"""

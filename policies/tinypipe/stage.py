@@ -17,7 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from policies.tinypipe.emit import Dep, Ev, Key, Recorder
+from policies import kit
+from policies.tinypipe.emit import Dep, Ev, Key, Recorder, Sink
 from policies.tinypipe.packing import StagePlan
 from policies.tinypipe.pipeline import Pipeline
 from policies.tinypipe.schedule import Op
@@ -26,17 +27,23 @@ from simulator.phase import Phase
 
 @dataclass(frozen=True)
 class At:
-    """Where an op's tasks go: its segment and iteration, id suffix, tensor scope and tags."""
+    """Where an op's tasks go: its segment and iteration, id suffix, tensor scope and tags beside the rank's
+    (``extra``: the stage, and the micro-batch of an op outside a repeated segment)."""
 
     op: Op
     suffix: str
     scope: str
-    tags: dict[str, Any]
+    rank: int
+    extra: dict[str, Any]
     repeated: bool
 
     @property
     def mb_label(self) -> str:
         return ".t" if self.repeated else f".m{self.op.mb}"
+
+    @property
+    def tags(self) -> dict[str, Any]:
+        return {**self.extra, "rank": self.rank}
 
 
 @dataclass
@@ -88,12 +95,15 @@ class StageRun:
 
     def _at(self, op: Op) -> At:
         rep = self.pipe.schedule.repeated(op.seg)
-        base = {"stage": self.s, "rank": self.r}
+        extra: dict[str, Any] = {"stage": self.s} if rep else {"stage": self.s, "mb": op.mb}
         return At(op, f".t{op.slot}{op.kind}" if rep else f".m{op.mb}{op.kind}", "iteration" if rep else "step",
-                  base if rep else {**base, "mb": op.mb}, rep)
+                  self.r, extra, rep)
 
-    def _ev(self, name: str, at: At, op: str, stream: str, deps: list[Dep], **fields: Any) -> Ev:
-        return self.rec.ev(f"{name}.{self.g}{at.suffix}", at.op.seg, at.op.it, op, stream, deps, **fields)
+    def _sink(self, at: At) -> Sink:
+        return self.rec.at(at.op.seg, at.op.it)
+
+    def _tid(self, name: str, at: At) -> str:
+        return f"{name}.{self.g}{at.suffix}"
 
     def _refresh(self, unit: int) -> list[str]:
         """The previous step's update of ``unit``, the first time this stage uses it in the step."""
@@ -113,12 +123,12 @@ class StageRun:
         if j - self.pipe.prefetch - 1 >= 0:
             deps.append(self.fetches[j - self.pipe.prefetch - 1])
         deps += self._refresh(p)
-        e = self._ev(f"ld{p}", at, "copy", f"{self.g}.h2d", deps, src="cpu", dst=self.g, bytes=nbytes,
-                     allocs=[(buf, self.g)], reads=[(f"home.s{self.s}.p{p}", "cpu")],
-                     tags={**at.tags, "pack": p, "layers": list(range(u, t + 1)),
-                           "phase": Phase.PARAM_UPLOAD, "use": use})
+        sink = self._sink(at)
+        kit.upload(sink, self._tid(f"ld{p}", at), self.g, nbytes, deps, layer=None, rank=self.r, use=use,
+                   allocs=[(buf, self.g)], reads=[(f"home.s{self.s}.p{p}", "cpu")],
+                   extra={**at.extra, "pack": p, "layers": list(range(u, t + 1))})
         self.fetches.append(("res", self.r, self.s, j))
-        return Fetched(buf, j, e)
+        return Fetched(buf, j, sink.ev())
 
     def _resident_until(self, f: Fetched, last: Ev) -> None:
         self.rec.keyed[("res", self.r, self.s, f.j)] = last
@@ -160,9 +170,10 @@ class StageRun:
             allocs.append((self.rec.tensor(f"a{x}.{self.g}{at.mb_label}", lay.activation_bytes, "activation",
                                            at.scope, x), self.g))
         frees = [(release.buf, self.g)] if release is not None else []
-        return self._ev(f"f{x}", at, "compute", f"{self.g}.compute", deps, flops=lay.fwd_flops,
-                        hbm_bytes=lay.fwd_hbm_bytes, allocs=allocs, frees=frees,
-                        tags={**at.tags, "layer": x, "phase": Phase.FWD})
+        sink = self._sink(at)
+        kit.forward(sink, x, lay, self.g, self.r, deps, tid=self._tid(f"f{x}", at), allocs=allocs, frees=frees,
+                    extra=at.extra)
+        return sink.ev()
 
     # -- backward ---------------------------------------------------------------------------------------
     def backward(self, at: At) -> None:
@@ -229,21 +240,21 @@ class StageRun:
                        frees: list[tuple[str, str]]) -> Ev:
         """Layer x's recomputation (when checkpointing; it takes ``deps``) and backward (``gate`` too)."""
         lay = self.pipe.layers[x]
-        comp = f"{self.g}.compute"
+        sink = self._sink(at)
         if lay.recompute_flops > 0:
-            self._ev(f"r{x}", at, "compute", comp, deps, flops=lay.recompute_flops, hbm_bytes=lay.fwd_hbm_bytes,
-                     tags={**at.tags, "layer": x, "phase": Phase.RECOMPUTE})
+            kit.recompute(sink, x, lay, self.g, self.r, deps, tid=self._tid(f"r{x}", at), extra=at.extra)
             deps = []
-        e = self._ev(f"b{x}", at, "compute", comp, deps + gate, flops=lay.bwd_flops, hbm_bytes=lay.bwd_hbm_bytes,
-                     allocs=allocs, frees=frees, tags={**at.tags, "layer": x, "phase": Phase.BWD})
-        self.final_bwd[(self.r, self.s, x)] = e
+        kit.backward(sink, x, lay, self.g, self.r, deps + gate, tid=self._tid(f"b{x}", at), allocs=allocs,
+                     frees=frees, extra=at.extra)
+        self.final_bwd[(self.r, self.s, x)] = e = sink.ev()
         return e
 
     def grad_down(self, at: At, p: int, last: Ev, gb: str) -> Ev:
         """Pack p's gradient to DRAM after its last backward (the CPU accumulates micro-batches)."""
         u, t = self.st.packs[p]
-        dn = self._ev(f"dn{p}", at, "copy", f"{self.g}.d2h", [last], src=self.g, dst="cpu",
-                      bytes=self.pipe.pack_bytes(self.s, u, t), frees=[(gb, self.g)],
-                      tags={**at.tags, "pack": p, "layers": list(range(u, t + 1)), "phase": Phase.GRAD_OFFLOAD})
-        self.final_d2h[(self.r, self.s, p)] = dn
+        sink = self._sink(at)
+        after: list[Dep] = [last]
+        kit.offload(sink, self._tid(f"dn{p}", at), self.g, self.pipe.pack_bytes(self.s, u, t), after, layer=None,
+                    rank=self.r, frees=[(gb, self.g)], extra={**at.extra, "pack": p, "layers": list(range(u, t + 1))})
+        self.final_d2h[(self.r, self.s, p)] = dn = sink.ev()
         return dn
