@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hardware_models import HardwareSpec
-from planner.job import JobRequest, make_job, resolve_hardware
+from planner.job import JobRequest, make_job, make_plan, resolve_hardware
 from planner.result_json import infeasible_json, simulated_json
 from policies import PlanInfeasible, get_policy, parse_knobs
 from simulator import simulate_plan
@@ -61,7 +61,7 @@ def simulate_point(inputs: Mapping[str, Any], loaded: Loaded) -> dict[str, Any]:
     info = get_policy(inputs["policy"])
     knobs = parse_knobs(info, inputs["knobs"])
     try:
-        plan = info.plan(job, knobs)
+        plan = make_plan(job, info.name, inputs["knobs"])
     except PlanInfeasible as e:
         return infeasible_json(e, job, knobs)
     return simulated_json(simulate_plan(plan, job.hw))
