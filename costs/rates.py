@@ -100,8 +100,7 @@ def transfer_rates(topo: Topology, pairs: Sequence[tuple[str, str]],
     their routes' resources, ``capacity`` as :func:`costs.link_capacities` gives). A pair with
     src == dst moves nothing: its rate is inf."""
     routes = RouteTable(topo)
-    moving = [(s, d) for s, d in pairs if s != d]
-    rates = iter(max_min_rates(_transfer_usages(routes, moving), capacity)) if moving else iter(())
+    rates = iter(max_min_rates(_transfer_usages(routes, pairs), capacity))
     return [next(rates) if s != d else float("inf") for s, d in pairs]
 
 
