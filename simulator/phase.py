@@ -50,9 +50,11 @@ class Phase(StrEnum):
     @classmethod
     def parse(cls, value: object) -> Phase | None:
         """The member spelled ``value``, or None."""
+        if not isinstance(value, str):
+            return None
         try:
             return cls(value)
-        except (ValueError, TypeError):
+        except ValueError:
             return None
 
 
