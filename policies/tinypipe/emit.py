@@ -23,7 +23,7 @@ Key = tuple[Any, ...]
 Dep = Any   # Ev | Key (resolved when folding) | str (a raw reference, e.g. ``x^1``)
 
 
-@dataclass
+@dataclass(slots=True)
 class Ev:
     """One concrete task instance of the step (a template task has one per iteration)."""
 
@@ -55,8 +55,9 @@ class Sink(PlanBuilder):
              reads: Sequence[tuple[str, str]] = (), tensor: str | None = None, **fields: Any) -> str:
         if tensor is not None:
             fields["tensor"] = tensor
-        self.last = self.rec.ev(tid, self.seg, self.it, op, stream, list(deps), allocs=allocs, frees=frees,
-                                reads=reads, **fields)
+        tags = fields.pop("tags", {})
+        self.last = self.rec.add(Ev(tid, self.seg, self.it, op, stream, list(deps), fields, list(allocs),
+                                    list(frees), list(reads), tags))
         return tid
 
     def ev(self) -> Ev:
@@ -75,6 +76,7 @@ class Recorder:
         self.declared: set[str] = set()
         self.keyed: dict[Key, Ev] = {}
         self.opt_seg = len(schedule.segments)
+        self._sinks: dict[tuple[int, int], Sink] = {}
 
     def ev(self, tid: str, seg: int, it: int, op: str, stream: str, deps: list[Dep] | None = None,
            key: Key | None = None, **fields: Any) -> Ev:
@@ -82,15 +84,22 @@ class Recorder:
         allocs = fields.pop("allocs", [])
         frees = fields.pop("frees", [])
         reads = fields.pop("reads", [])
-        e = Ev(tid, seg, it, op, stream, list(deps or []), fields, list(allocs), list(frees), list(reads), tags)
-        self.events.append(e)
+        e = self.add(Ev(tid, seg, it, op, stream, list(deps or []), fields, list(allocs), list(frees), list(reads),
+                        tags))
         if key is not None:
             self.keyed[key] = e
         return e
 
+    def add(self, e: Ev) -> Ev:
+        self.events.append(e)
+        return e
+
     def at(self, seg: int, it: int) -> Sink:
-        """A builder for kit calls whose tasks go at (segment, iteration) of the step."""
-        return Sink(self, seg, it)
+        """A builder for kit calls whose tasks go at (segment, iteration) of the step (one per position)."""
+        sink = self._sinks.get((seg, it))
+        if sink is None:
+            sink = self._sinks[(seg, it)] = Sink(self, seg, it)
+        return sink
 
     def tensor(self, tid: str, nbytes: float, kind: str, scope: str, layer: int | None = None) -> str:
         """Declare a scoped tensor once (its first use); later uses return the id."""

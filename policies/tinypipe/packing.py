@@ -175,7 +175,8 @@ class Model:
         key = (i, j, s)
         hit = self._mode.get(key)
         if hit is None:
-            other = {m: self.mode_memory(i, j, s, m) for m in self.p.modes if m != "swap"}
+            base = self.fixed(i, j, s) + 2 * self.weights(i, j)   # mode_memory, the common part once
+            other = {m: base + self.states(i, j) if m == "gpu" else base for m in self.p.modes if m != "swap"}
             hit = min(other, key=other.__getitem__) if other else "swap"
             for m in self.p.modes:
                 if m == "swap":
@@ -275,17 +276,21 @@ class Search(Model):
             packs.reverse()
         return best[j - i + 1], tuple(packs)
 
+    def least_time(self, i: int, j: int, cap: float) -> float:
+        """The time of :meth:`min_time` alone (the search asks for it far more often than for a packing)."""
+        return self._row(i, cap, j)[0][j - i + 1]
+
     def min_cap(self, i: int, j: int, bound: float) -> float | None:
         """Least largest-pack size whose best packing of i..j meets the time bound (None: none does)."""
         caps = self.caps()
         limit = bound * (1 + _REL)
-        if self.min_time(i, j, INF)[0] > limit:
+        if self.least_time(i, j, INF) > limit:
             return None
         lo = bisect.bisect_left(caps, self.largest_layer(i, j) * (1 - _REL))
         hi = len(caps) - 1
         while lo < hi:
             mid = (lo + hi) // 2
-            if self.min_time(i, j, caps[mid])[0] <= limit:
+            if self.least_time(i, j, caps[mid]) <= limit:
                 hi = mid
             else:
                 lo = mid + 1
@@ -296,7 +301,7 @@ class Search(Model):
         self.evals["stage"] += 1
         if self.mode(i, j, s) != "swap":
             return self.compute(i, j)
-        return self.min_time(i, j, INF)[0]
+        return self.least_time(i, j, INF)
 
     def mem_within(self, i: int, j: int, s: int, bound: float) -> float:
         self.evals["stage"] += 1
@@ -322,7 +327,7 @@ class Search(Model):
         if m != "swap":
             return self.compute(i, j) if self.mode_memory(i, j, s, m) <= peak * (1 + _REL) else INF
         cap = self._swap_cap(i, j, s, peak)
-        return INF if cap is None else self.min_time(i, j, cap)[0]
+        return INF if cap is None else self.least_time(i, j, cap)
 
     # -- the min-max programme over stage boundaries ---------------------------------------------------
     def minmax(self, cost: Callable[[int, int, int], float],
