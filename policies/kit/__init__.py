@@ -23,9 +23,10 @@ tags). Mechanisms, who uses them, and their parameters:
   (forward-then-backward use order and the prefetch-distance window ``window(u, d, gpus)``). Used by
   none (stage 3), zero-offload, zero-infinity.
 - ``grads``: ``bucket_gate(order, i, buckets_in_flight, drained)`` (the one bound on gradient buckets in
-  flight: none/zero-offload 2), ``reduce`` (all-reduce / reduce-scatter), ``offload`` (GPU -> CPU copy),
-  ``release`` (a free, ``GRAD_RELEASE`` or ``GRAD_ACCUMULATE``), ``Grads`` + ``reduce_and_offload`` (the
-  data/tensor-parallel path). Used by none, zero-offload, zero-infinity.
+  flight; each policy passes its own: zero-offload 2, lazytrain 2, synergyscale 3), ``reduce`` (all-reduce
+  / reduce-scatter), ``offload`` (GPU -> CPU copy), ``release`` (a free: ``GRAD_RELEASE``,
+  ``GRAD_ACCUMULATE`` or a staging buffer's phase), ``Grads`` + ``reduce_and_offload`` (the data/tensor-
+  parallel path). Used by none, zero-offload, zero-infinity.
 - ``optimizer``: ``gpu_step`` (GPU optimizer over a partition), ``cpu_adam`` (per rank, layer or
   sub-group), ``swap`` (CPU <-> NVMe of optimizer states, parameters, gradients), ``read_ahead(k, window,
   written)`` (the NVMe read-ahead window), ``cpu_update_by_layer`` (ZeRO-Offload's Adam + upload +

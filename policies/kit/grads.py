@@ -59,10 +59,12 @@ def offload(b: PlanBuilder, tid: str, g: str, nbytes: float, deps: Sequence[str]
 
 
 def release(b: PlanBuilder, tid: str, g: str, frees: Places, *, layer: int | None, rank: int | None,
-            phase: Phase = Phase.GRAD_RELEASE, deps: Sequence[str] = (), stream: str | None = None) -> str:
-    """A free task on GPU g's compute stream (``GRAD_RELEASE``, or ``GRAD_ACCUMULATE`` for a bucket folded
-    into a resident gradient buffer)."""
-    return b.task(tid, "free", stream or f"{g}.compute", deps, frees=frees, tags=tags(phase, layer=layer, rank=rank))
+            phase: Phase = Phase.GRAD_RELEASE, deps: Sequence[str] = (), stream: str | None = None,
+            use: str | None = None, extra: Mapping[str, Any] | None = None) -> str:
+    """A free task, by default on GPU g's compute stream (``GRAD_RELEASE``, ``GRAD_ACCUMULATE`` for a bucket
+    folded into a resident gradient buffer, or the phase of whatever staging buffer it frees)."""
+    return b.task(tid, "free", stream or f"{g}.compute", deps, frees=frees,
+                  tags=tags(phase, layer=layer, rank=rank, use=use, extra=extra))
 
 
 @dataclass(frozen=True)

@@ -2,19 +2,9 @@
 
 from __future__ import annotations
 
+from policies import kit
 from policies.base import Job, PlanInfeasible, gpu_pool
 from policies.builder import PlanBuilder
-from policies.kit import (
-    Grads,
-    Layout,
-    all_gather,
-    check_tp,
-    declare_streams,
-    dtype_bytes,
-    emit_microstep,
-    gpu_step,
-    workspace,
-)
 from policies.none.knobs import NAME, Knobs
 from simulator import Plan
 
@@ -22,7 +12,7 @@ from simulator import Plan
 def model_state_bytes(job: Job, stage: int, n: int, tp: int = 1) -> dict[str, float]:
     """Per-GPU persistent model-state bytes by kind (ZeRO §5.1 formulas, per stage, Nd = n)."""
     p = float(job.trace.params) / tp
-    db = dtype_bytes(job)
+    db = kit.dtype_bytes(job)
     master = 4.0 * p if job.config.precision != "fp32" else 0.0
     return {
         "param16": db * p / (n if stage >= 3 else 1),
@@ -32,7 +22,7 @@ def model_state_bytes(job: Job, stage: int, n: int, tp: int = 1) -> dict[str, fl
     }
 
 
-def param_ready(lay: Layout, stage: int, n_layers: int) -> dict[int, list[str]]:
+def param_ready(lay: kit.Layout, stage: int, n_layers: int) -> dict[int, list[str]]:
     """What makes layer i's parameters usable in the next step: the optimizer (stage 0, and stage 3's
     first gather), or the all-gather of the updated parameters (stage 1/2)."""
     opt_all = [f"opt.{g}^1" for g in lay.gpus()]
@@ -44,35 +34,35 @@ def param_ready(lay: Layout, stage: int, n_layers: int) -> dict[int, list[str]]:
 
 
 def plan(job: Job, knobs: Knobs) -> Plan:
-    check_tp(job, knobs.tp, NAME)
-    lay = Layout(job.n_gpus, knobs.tp)
+    kit.check_tp(job, knobs.tp, NAME)
+    lay = kit.Layout(job.n_gpus, knobs.tp)
     dp = lay.dp
     stage = knobs.stage if dp > 1 else 0
     accum = job.accumulation(dp)
     b = PlanBuilder(NAME, knobs, job)
-    declare_streams(b, lay)
+    kit.declare_streams(b, lay)
     states = model_state_bytes(job, stage, dp, lay.tp)
     for g in lay.gpus():
         for kind, nbytes in states.items():
             b.tensor(f"{kind}.{g}", nbytes, kind, home=g, persistent=True)
-    workspace(b, job, lay)
+    kit.workspace(b, job, lay)
     pool = gpu_pool(job)
     if sum(states.values()) > pool.capacity_bytes:
         raise PlanInfeasible(NAME, pool.name, sum(states.values()), pool.capacity_bytes,
                              f"ZeRO-{stage} model states (tp={lay.tp})")
     b.segment("micro-steps", accum)
-    emit_microstep(b, job, lay, Grads(reduce="all_reduce" if stage < 2 else "reduce_scatter", bucket=stage >= 2,
-                                      offload=False),
-                   gather_params=stage >= 3, param_ready=param_ready(lay, stage, len(job.trace.layers)))
+    grads = kit.Grads(reduce="all_reduce" if stage < 2 else "reduce_scatter", bucket=stage >= 2, offload=False)
+    kit.emit_microstep(b, job, lay, grads, gather_params=stage >= 3,
+                       param_ready=param_ready(lay, stage, len(job.trace.layers)))
     b.segment("optimizer", 1)
     for r, g in enumerate(lay.gpus()):
-        gpu_step(b, f"opt.{g}", f"{g}.compute", [f"red0.d{r % lay.tp}" if dp > 1 else f"bwd0.{g}"],
-                 job.trace.params / lay.tp / (dp if stage >= 1 else 1), rank=r)
+        kit.gpu_step(b, f"opt.{g}", f"{g}.compute", [f"red0.d{r % lay.tp}" if dp > 1 else f"bwd0.{g}"],
+                     job.trace.params / lay.tp / (dp if stage >= 1 else 1), rank=r)
     if 1 <= stage <= 2:
         for j in range(lay.tp):
             grp = lay.dp_group(j)
-            all_gather(b, f"agp.d{j}", lay.dp_stream(j, "param"), grp, job.trace.params / lay.tp * dtype_bytes(job),
-                       [f"opt.{g}" for g in grp])
+            kit.all_gather(b, f"agp.d{j}", lay.dp_stream(j, "param"), grp,
+                           job.trace.params / lay.tp * kit.dtype_bytes(job), [f"opt.{g}" for g in grp])
     notes = [f"ZeRO stage {stage} over {dp} data-parallel rank(s) x tp={lay.tp}, {accum} micro-step(s) per step"]
     if knobs.stage != stage:
         notes.append(f"stage {knobs.stage} requested; with one data-parallel rank every stage is stage 0")

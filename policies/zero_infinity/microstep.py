@@ -8,23 +8,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from policies import kit
 from policies.base import Job
 from policies.builder import PlanBuilder
-from policies.kit import (
-    UseOrder,
-    backward,
-    dtype_bytes,
-    forward,
-    gpu,
-    move_activation,
-    offload,
-    recompute,
-    reduce,
-    release,
-    sliced_fetch,
-    swap,
-    use_of,
-)
 from policies.zero_infinity.knobs import Knobs
 from policies.zero_infinity.sizes import offloads_ckpt, per_param_bytes
 from simulator.phase import Phase
@@ -51,9 +37,9 @@ class MicroStep:
     last_opt: list[str]
 
     def __post_init__(self) -> None:
-        self.gpus = [gpu(r) for r in range(self.n)]
-        self.db = dtype_bytes(self.job)
-        self.order = UseOrder(len(self.job.trace.layers), self.sfx, self.prev)
+        self.gpus = [kit.gpu(r) for r in range(self.n)]
+        self.db = kit.dtype_bytes(self.job)
+        self.order = kit.UseOrder(len(self.job.trace.layers), self.sfx, self.prev)
 
     def emit(self) -> None:
         first_fetch = True
@@ -74,27 +60,29 @@ class MicroStep:
     def fetch(self, u: int, i: int, ph: str, first_fetch: bool) -> None:
         b, n, k, sfx = self.b, self.n, self.knobs, self.sfx
         s = self.job.trace.layers[i].params / n
-        use = use_of(ph)
+        use = kit.use_of(ph)
         opt_dep = [f"{self.last_opt[r]}^1" for r in range(n)] if first_fetch else []
         if k.param_nvme:  # every rank reads its slice at once: one flow of n slices over the shared drives
-            swap(b, f"nr{ph}{i}{sfx}", "cpu.pread", Phase.PARAM_SWAP_IN, "nvme", "cpu", n * s * self.db,
-                 self.order.window(u, k.nvme_prefetch, self.gpus) + opt_dep, layer=i, use=use,
-                 allocs=[(f"pin{ph}{i}.r{r}", "cpu") for r in range(n)],
-                 reads=[(f"param16.r{r}", "nvme") for r in range(n)])
+            kit.swap(b, f"nr{ph}{i}{sfx}", "cpu.pread", Phase.PARAM_SWAP_IN, "nvme", "cpu", n * s * self.db,
+                     self.order.window(u, k.nvme_prefetch, self.gpus) + opt_dep, layer=i, use=use,
+                     allocs=[(f"pin{ph}{i}.r{r}", "cpu") for r in range(n)],
+                     reads=[(f"param16.r{r}", "nvme") for r in range(n)])
         window = self.order.window
-        sliced_fetch(b, self.gpus, i, ph, s * self.db, self.job.trace.layers[i].params * self.db,
-                     lambda r, g: window(u, k.cpu_prefetch, [g]) + ([f"nr{ph}{i}{sfx}"] if k.param_nvme
-                                                                   else opt_dep[r:r + 1]),
-                     sfx=sfx, gather_deps=window(u, k.gather_prefetch, self.gpus),
-                     frees_of=lambda r: [(f"pin{ph}{i}.r{r}", "cpu")] if k.param_nvme else [],
-                     reads_of=lambda r: [] if k.param_nvme else [(f"param16.r{r}", "cpu")])
+
+        def upload_deps(r: int, g: str) -> list[str]:
+            return window(u, k.cpu_prefetch, [g]) + ([f"nr{ph}{i}{sfx}"] if k.param_nvme else opt_dep[r:r + 1])
+
+        kit.sliced_fetch(b, self.gpus, i, ph, s * self.db, self.job.trace.layers[i].params * self.db, upload_deps,
+                         sfx=sfx, gather_deps=window(u, k.gather_prefetch, self.gpus),
+                         frees_of=lambda r: [(f"pin{ph}{i}.r{r}", "cpu")] if k.param_nvme else [],
+                         reads_of=lambda r: [] if k.param_nvme else [(f"param16.r{r}", "cpu")])
 
     def reload(self, u: int, i: int) -> None:
         """The checkpoint of layer i back from CPU memory before its recomputation (``cpu_prefetch``)."""
         for g in self.gpus:
-            move_activation(self.b, f"cki{i}{self.sfx}.{g}", f"{g}.h2d", f"act{i}.{g}", "cpu", g,
-                            [f"cko{i}{self.sfx}.{g}"] + self.order.window(u, self.knobs.cpu_prefetch, [g]),
-                            phase=Phase.ACTIVATION_RELOAD, layer=i)
+            kit.move_activation(self.b, f"cki{i}{self.sfx}.{g}", f"{g}.h2d", f"act{i}.{g}", "cpu", g,
+                                [f"cko{i}{self.sfx}.{g}"] + self.order.window(u, self.knobs.cpu_prefetch, [g]),
+                                phase=Phase.ACTIVATION_RELOAD, layer=i)
 
     # -- compute ---------------------------------------------------------------------------------------
     def ready(self, i: int, ph: str, g: str, layer: LayerTrace) -> list[str]:
@@ -105,11 +93,11 @@ class MicroStep:
     def forward(self, i: int, layer: LayerTrace) -> None:
         sfx = self.sfx
         for r, g in enumerate(self.gpus):
-            forward(self.b, i, layer, g, r, self.ready(i, "f", g, layer), tid=f"fwd{i}{sfx}.{g}",
-                    allocs=[(f"act{i}.{g}", g)], frees=[(f"pgf{i}.{g}", g)] if layer.params > 0 else [])
+            kit.forward(self.b, i, layer, g, r, self.ready(i, "f", g, layer), tid=f"fwd{i}{sfx}.{g}",
+                        allocs=[(f"act{i}.{g}", g)], frees=[(f"pgf{i}.{g}", g)] if layer.params > 0 else [])
             if offloads_ckpt(self.job, self.knobs, i):
-                move_activation(self.b, f"cko{i}{sfx}.{g}", f"{g}.d2h", f"act{i}.{g}", g, "cpu", [f"fwd{i}{sfx}.{g}"],
-                                phase=Phase.ACTIVATION_OFFLOAD, layer=i, rank=r)
+                kit.move_activation(self.b, f"cko{i}{sfx}.{g}", f"{g}.d2h", f"act{i}.{g}", g, "cpu",
+                                    [f"fwd{i}{sfx}.{g}"], phase=Phase.ACTIVATION_OFFLOAD, layer=i, rank=r)
 
     def backward(self, i: int, layer: LayerTrace) -> None:
         sfx = self.sfx
@@ -117,28 +105,28 @@ class MicroStep:
             deps = self.ready(i, "b", g, layer) + ([f"cki{i}{sfx}.{g}"] if offloads_ckpt(self.job, self.knobs, i)
                                                    else [])
             if layer.recompute_flops > 0:
-                recompute(self.b, i, layer, g, r, deps, tid=f"rc{i}{sfx}.{g}")
+                kit.recompute(self.b, i, layer, g, r, deps, tid=f"rc{i}{sfx}.{g}")
                 deps = []
-            backward(self.b, i, layer, g, r, deps, tid=f"bwd{i}{sfx}.{g}", allocs=[(f"gb{i}.{g}", g)],
-                     frees=[(f"act{i}.{g}", g)] + ([(f"pgb{i}.{g}", g)] if layer.params > 0 else []))
+            kit.backward(self.b, i, layer, g, r, deps, tid=f"bwd{i}{sfx}.{g}", allocs=[(f"gb{i}.{g}", g)],
+                         frees=[(f"act{i}.{g}", g)] + ([(f"pgb{i}.{g}", g)] if layer.params > 0 else []))
 
     # -- gradients: reduce-scatter, slice to the CPU accumulation buffer (and NVMe at the boundary) ----
     def gradients(self, i: int, layer: LayerTrace) -> None:
         b, n, sfx, gpus = self.b, self.n, self.sfx, self.gpus
         if layer.params <= 0:
             for r, g in enumerate(gpus):
-                release(b, f"gfree{i}{sfx}.{g}", g, [(f"gb{i}.{g}", g)], layer=i, rank=r)
+                kit.release(b, f"gfree{i}{sfx}.{g}", g, [(f"gb{i}.{g}", g)], layer=i, rank=r)
             return
         s = layer.params / n
         if n > 1:
-            reduce(b, f"rs{i}{sfx}", "dp.grad", gpus, layer.params * self.db, [f"bwd{i}{sfx}.{g}" for g in gpus],
-                   layer=i, allocs=[(f"gs{i}.{g}", g) for g in gpus], frees=[(f"gb{i}.{g}", g) for g in gpus])
+            kit.reduce(b, f"rs{i}{sfx}", "dp.grad", gpus, layer.params * self.db, [f"bwd{i}{sfx}.{g}" for g in gpus],
+                       layer=i, allocs=[(f"gs{i}.{g}", g) for g in gpus], frees=[(f"gb{i}.{g}", g) for g in gpus])
         for r, g in enumerate(gpus):
-            offload(b, f"gd{i}{sfx}.{g}", g, s * self.knobs.grad_bytes_per_param,
-                    [f"rs{i}{sfx}" if n > 1 else f"bwd{i}{sfx}.{g}"], layer=i, rank=r,
-                    frees=[(f"gs{i}.{g}" if n > 1 else f"gb{i}.{g}", g)], reads=[(f"grad.r{r}", "cpu")])
+            kit.offload(b, f"gd{i}{sfx}.{g}", g, s * self.knobs.grad_bytes_per_param,
+                        [f"rs{i}{sfx}" if n > 1 else f"bwd{i}{sfx}.{g}"], layer=i, rank=r,
+                        frees=[(f"gs{i}.{g}" if n > 1 else f"gb{i}.{g}", g)], reads=[(f"grad.r{r}", "cpu")])
         if self.boundary and self.knobs.optimizer_nvme:  # all ranks' fp32 gradient slices: one flow to the drives
-            swap(b, f"gw{i}{sfx}", "cpu.gwrite", Phase.GRAD_SWAP_OUT, "cpu", "nvme",
-                 n * s * per_param_bytes(self.job, self.knobs)["grad32"], [f"gd{i}{sfx}.{g}" for g in gpus],
-                 layer=i, allocs=[(f"gst{i}.r{r}", "cpu") for r in range(n)],
-                 frees=[(f"gst{i}.r{r}", "cpu") for r in range(n)])
+            kit.swap(b, f"gw{i}{sfx}", "cpu.gwrite", Phase.GRAD_SWAP_OUT, "cpu", "nvme",
+                     n * s * per_param_bytes(self.job, self.knobs)["grad32"], [f"gd{i}{sfx}.{g}" for g in gpus],
+                     layer=i, allocs=[(f"gst{i}.r{r}", "cpu") for r in range(n)],
+                     frees=[(f"gst{i}.r{r}", "cpu") for r in range(n)])

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from policies import kit
 from policies.base import Job, unified
 from policies.builder import PlanBuilder
-from policies.kit import Layout, declare_streams, dtype_bytes, workspace
 from policies.zero_infinity.knobs import NAME, Knobs
 from policies.zero_infinity.microstep import MicroStep
 from policies.zero_infinity.optimizer import emit_optimizer, last_optimizer_tasks
@@ -34,15 +34,15 @@ def plan(job: Job, knobs: Knobs) -> Plan:
     groups = sub_groups(job, n, knobs.sub_group_size)
     need = check_fit(job, knobs, n, groups)
     b = PlanBuilder(NAME, knobs, job)
-    lay = Layout(n, flat_comm=True)
-    declare_streams(b, lay, cpu_adam=True,
-                    cpu_per_rank=[("owrite", "io")] * (knobs.param_nvme or knobs.optimizer_nvme)  # fp16 + states
-                    + [("oread", "io")] * knobs.optimizer_nvme,                                   # swapper reads
-                    shared=[("cpu.pread", "cpu", "io")] * knobs.param_nvme       # parameter reads, all ranks
-                    + [("cpu.gwrite", "cpu", "io")] * knobs.optimizer_nvme,      # fp32 gradients, all ranks
-                    comm_order=("param", "grad"))
+    lay = kit.Layout(n, flat_comm=True)
+    kit.declare_streams(b, lay, cpu_adam=True,
+                        cpu_per_rank=[("owrite", "io")] * (knobs.param_nvme or knobs.optimizer_nvme)  # fp16 + states
+                        + [("oread", "io")] * knobs.optimizer_nvme,                                   # swapper reads
+                        shared=[("cpu.pread", "cpu", "io")] * knobs.param_nvme       # parameter reads, all ranks
+                        + [("cpu.gwrite", "cpu", "io")] * knobs.optimizer_nvme,      # fp32 gradients, all ranks
+                        comm_order=("param", "grad"))
     state_tensors(b, job, knobs, n)
-    workspace(b, job, lay)
+    kit.workspace(b, job, lay)
     step_tensors(b, job, knobs, n, groups)
     last_opt = last_optimizer_tasks(knobs, n, len(groups))
     segs: list[tuple[str, int, bool]] = [("micro-steps", accum - 1, False)] if accum > 1 else []
@@ -77,7 +77,7 @@ def step_tensors(b: PlanBuilder, job: Job, knobs: Knobs, n: int, groups: list[li
                 pp = per_param_bytes(job, knobs)
                 b.tensor(f"osb{k}.r{r}", q * (pp["param32"] + pp["optim"] + pp["grad32"]), "buffer", scope="step")
             if knobs.param_nvme:
-                b.tensor(f"pst{k}.r{r}", q * dtype_bytes(job), "buffer", scope="step")
+                b.tensor(f"pst{k}.r{r}", q * kit.dtype_bytes(job), "buffer", scope="step")
 
 
 def layer_tensors(b: PlanBuilder, job: Job, knobs: Knobs, n: int, r: int, i: int) -> None:
@@ -85,7 +85,7 @@ def layer_tensors(b: PlanBuilder, job: Job, knobs: Knobs, n: int, r: int, i: int
     gradient staging buffer, and per use the gathered layer, its GPU slice and its pinned CPU slice."""
     layer = job.trace.layers[i]
     g = f"gpu{r}"
-    db = dtype_bytes(job)
+    db = kit.dtype_bytes(job)
     s = layer.params / n
     ckpt_kind = "checkpoint" if job.config.checkpointing == "full" else "activation"
     b.tensor(f"act{i}.{g}", layer.activation_bytes, ckpt_kind if offloads_ckpt(job, knobs, i) else "activation",

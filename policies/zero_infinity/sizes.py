@@ -4,8 +4,8 @@ NVMe traffic per step, and the lower bounds of what each memory pool must hold (
 from __future__ import annotations
 
 from hardware_models import build_topology
+from policies import kit
 from policies.base import Job, PlanInfeasible
-from policies.kit import dtype_bytes
 from policies.zero_infinity.knobs import NAME, Knobs
 
 DS_PARAM_BUFFERS = 5          # DeepSpeed offload_param.buffer_count
@@ -15,7 +15,7 @@ DS_OPTIMIZER_BUFFERS = 4      # DeepSpeed offload_optimizer.buffer_count (p32, g
 
 def per_param_bytes(job: Job, knobs: Knobs) -> dict[str, float]:
     """Bytes per parameter of each model state (ZeRO-Infinity's 20 B/param with bf16/fp16)."""
-    db = dtype_bytes(job)
+    db = kit.dtype_bytes(job)
     mixed = db < 4
     return {"param16": float(db), "grad": knobs.grad_bytes_per_param, "param32": 4.0 if mixed else 0.0,
             "optim": 8.0, "grad32": 4.0}
@@ -56,7 +56,7 @@ def sub_groups(job: Job, n: int, size: int) -> list[list[int]]:
 def nvme_bytes_per_step(job: Job, knobs: Knobs, accumulation: int) -> dict[str, float]:
     """Bytes read and written over nvme.io per step (package docstring)."""
     p = float(job.trace.params)
-    db = dtype_bytes(job)
+    db = kit.dtype_bytes(job)
     pp = per_param_bytes(job, knobs)
     read = write = 0.0
     if knobs.param_device == "nvme":
@@ -87,7 +87,7 @@ def check_fit(job: Job, knobs: Knobs, n: int, groups: list[list[int]]) -> dict[s
     """Lower bounds of what each pool must hold at once; PlanInfeasible when one is over capacity."""
     topo = build_topology(job.hw)
     layers = job.trace.layers
-    db = dtype_bytes(job)
+    db = kit.dtype_bytes(job)
     pp = per_param_bytes(job, knobs)
     full = max(layer.params for layer in layers) * db
     ws = max(layer.peak_transient_bytes for layer in layers)
