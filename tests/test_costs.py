@@ -43,6 +43,7 @@ from costs import (
 from hardware_models import build_topology, list_presets, load_hardware
 from simulator import TaskSpec
 from simulator.phase import Phase
+from simulator.plan_workload import PlanWorkload
 from workloads import WorkloadConfig, load_model
 from workloads.ops import layer_ops
 
@@ -332,7 +333,7 @@ def test_the_engine_charges_operator_level_compute_what_the_pricer_says() -> Non
     ops = layer_ops(model, config, 3, "bwd")
     p = plan([compute("c", "gpu0.compute", ops.flops, tags={"layer": 3, "phase": Phase.BWD})],
              [("gpu0.compute", "gpu0", "compute")])
-    p = replace(p, workload={"precision": "bf16", "micro_batch": 2, "seq_len": 256, "model": model.to_dict()})
+    p = replace(p, workload=PlanWorkload(model, config, "test: one layer's backward"))
     (rec,) = run(p, build_topology(spec), spec).records
     want = costs.ComputePricer(spec, "bf16", (model, config)).seconds(ops.flops, 0.0, 3, "bwd")
     assert want == costs.ops_seconds(spec, ops, "bf16")
