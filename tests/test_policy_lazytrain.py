@@ -340,7 +340,6 @@ REPLAY_MODEL = ModelSpec(name="tiny-llama", family="custom", n_layers=2, hidden=
 ])
 def test_plans_replay_like_plain_training(knobs: dict, level: int) -> None:
     pytest.importorskip("torch")
-    from hardware_models import spec_from_dict
     from replay.reference import compare, train_reference
     from replay.runner import Runner
 
@@ -350,7 +349,7 @@ def test_plans_replay_like_plain_training(knobs: dict, level: int) -> None:
     assert p.info["lazytrain"]["tiering"]["level"] == level
     if knobs.get("strategy") == "offload_all":
         assert any(not c.endswith("@gpu") for c in p.info["lazytrain"]["choice"])
-    runner = Runner(p, spec_from_dict(p.hardware))
+    runner = Runner(p, p.hardware)
     meas = runner.run()
     ref_losses, ref_weights = train_reference(runner.dims, runner.batching, p.steps, dict(runner.accum),
                                               delayed=False, device=runner.device)

@@ -70,8 +70,8 @@ def test_the_scan_sees_code_presets_tests_and_docs() -> None:
 def test_the_patterns_catch_what_they_are_for(tmp_path: Path) -> None:
     bad = tmp_path / "bad.md"
     bad.write_text(
-        "see ../" + "shared/design.md\n"
-        "copied from /" + "work/shared/reference/hardware_specs.yaml\n"
+        "see ../" + "sha" + "red/design.md\n"
+        "copied from /" + "work/sha" + "red/reference/hardware_specs.yaml\n"
         "a checkout in /" + "home/alice/src\n"
         "a checkout in /" + "Users/bob/src\n"
         "fine: ~/.cache/tiersim, https://example.org/network/x, docs/reference/policies.md\n"
