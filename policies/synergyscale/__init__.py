@@ -45,7 +45,7 @@ Our reading (every point an assumption; the full text was not available to us):
 - With every layer resident the plan is exactly ``none`` at ZeRO stage 2 (stage 0 on one GPU); on
   several GPUs that is faster than ``none``'s default stage 0 (GPU Adam over 1/n of the states).
 - Automatic selection (``auto``): a staged search over order x GPU/peer split x chunks x prefetch (the
-  knobs left on auto) scored by an analytic list schedule of one rank (``estimate.estimate``); ``plan()``
+  knobs left on auto) scored by an analytic list schedule of one rank (``search.estimate``); ``plan()``
   returns that choice. The ``refine`` hook (run by ``planner.job.make_plan`` with the simulator's step
   seconds) then, when the job is small enough (at most SIM_TASK_BUDGET simulated tasks in all), prices
   the fixed defaults and the best candidates (a reduced plan: 1 and 2 micro-steps, extrapolated to the
@@ -89,10 +89,10 @@ Knobs (defaults in brackets):
 - ``host_grad_bytes`` (float, 4): bytes per parameter of the host gradient buffer of the cpu and nvme
   tiers (4: fp32 as DeepSpeed's offload path; 2 keeps them in bf16/fp16 and lets bigger models fit).
 
-Modules: ``knobs`` (knobs and their validation), ``context`` (per-job facts, the ``Choice``),
-``placement`` (which tier holds each layer), ``estimate`` (the analytic cost model, priced with
-``costs``), ``search`` (the parameter search and what the refinement simulates), ``emit`` (plan emission
-as ``policies.kit`` calls, and ``plan.info``); the ``refine`` hook is here.
+Modules: ``context`` (knobs and their validation, per-job facts, the ``Choice``), ``placement`` (which
+tier holds each layer), ``search`` (the analytic cost model, priced with ``costs``; the parameter search;
+what the refinement simulates), ``emit`` (plan emission as ``policies.kit`` calls, and ``plan.info``); the
+``refine`` hook is here.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ from __future__ import annotations
 from policies.base import Job, KnobError, PolicyInfo, StepSeconds
 from policies.synergyscale.context import NAME, Knobs, make_ctx
 from policies.synergyscale.emit import build
-from policies.synergyscale.search import default_over_budget, search, sim_candidates, sim_reps
+from policies.synergyscale.search import SIM_TASK_BUDGET, fixed_choice, search, sim_candidates, sim_reps, sim_tasks
 from simulator import Plan
 
 DEFAULT_TOLERANCE = 2e-3   # extrapolated scores: keep the defaults unless beaten by more than this share
@@ -122,15 +122,14 @@ def plan(job: Job, knobs: Knobs) -> Plan:
 
 
 def refine(job: Job, knobs: Knobs, plan: Plan, step_seconds: StepSeconds) -> Plan:
-    """The ``PolicyInfo.refine`` hook: ``plan`` (the analytic choice), or, when the job is small enough to
-    simulate the fixed defaults and at least one other of the analytic best candidates within the task
-    budget, the plan of the fastest of them priced with ``step_seconds`` (handed in by
-    ``planner.job.make_plan``; the policy never runs the simulator itself). Each is simulated at the real
-    accumulation when it is 1 or 2 micro-steps, else at 1 and 2 micro-steps and extrapolated linearly."""
+    """The ``PolicyInfo.refine`` hook: ``plan``, or the fastest of the candidates ``sim_candidates`` picks,
+    priced with ``step_seconds`` (the policy never runs the simulator itself) at the real accumulation when
+    it is 1 or 2 micro-steps, else at 1 and 2 micro-steps and extrapolated linearly."""
     if plan.info.get("search") != "analytic":
         return plan  # not searched (auto off, or everything resident)
     ctx = make_ctx(job, knobs.host_grad_bytes)
-    if default_over_budget(ctx, knobs):
+    default = fixed_choice(ctx, knobs)  # None when it does not fit: the first candidate is the analytic best
+    if default is not None and sum(sim_tasks(ctx, default, r) for r in sim_reps(ctx)) > SIM_TASK_BUDGET:
         return plan  # too large to simulate even the defaults: skip re-running the search
     found = search(ctx, knobs)
     runs = sim_candidates(ctx, knobs, found)

@@ -21,6 +21,8 @@ DEFAULT_CHUNKS = 2
 DEFAULT_STREAMS = 2
 DEFAULT_PREFETCH = 2.0
 DEFAULT_ORDER = "tail"
+BUCKETS_IN_FLIGHT = 3                  # gradient buckets alive at once (bounded: bwd of layer i waits for i+3)
+NVME_SWAP_BUFFERS = 2                  # host buffers of the NVMe optimizer swap (double buffering)
 
 
 @dataclass(frozen=True)
@@ -80,14 +82,10 @@ def _fraction(text: Any, name: str) -> float | None:
     try:
         v = float(text)
     except (TypeError, ValueError):
-        raise KnobError(f"{NAME}: knob '{name}' must be auto or a fraction in [0, 1], got {text!r}") from None
+        v = math.nan
     if not 0.0 <= v <= 1.0:
         raise KnobError(f"{NAME}: knob '{name}' must be auto or a fraction in [0, 1], got {text!r}")
     return v
-
-
-BUCKETS_IN_FLIGHT = 3                  # gradient buckets alive at once (bounded: bwd of layer i waits for i+3)
-NVME_SWAP_BUFFERS = 2                  # host buffers of the NVMe optimizer swap (double buffering)
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,10 @@
 """SynergyScale's plan emission: the tasks and tensors that carry out a ``Choice`` (which decides the tier
-of every layer, the chunking, streams, prefetch window and gradient buckets), and what ``plan.info`` says.
-
-The plan per step: persistent model states in their tiers; per micro-step, the fetches of offloaded chunks
-in consumption order (gated by the prefetch window and, for the first chunk of the forward, by the layer's
-update of the previous step: no delayed update), the chunked forward / recompute / backward over the
-compute streams, and each layer's gradients reduce-scattered and, for host tiers, offloaded; then the GPU
-Adam, the gpu tier's all-gather and the per-layer CPU Adam with NVMe swaps.
-"""
+of every layer, the chunking, streams, prefetch window and gradient buckets), and what ``plan.info`` says."""
 
 from __future__ import annotations
 
+import functools
+import itertools
 from typing import Any
 
 from policies import kit
@@ -49,29 +44,25 @@ class _Emitter:
         """Layer i's gradients go through a bucket (reduced or offloaded), not straight to a local Adam."""
         return self.n > 1 or self.tiers[i] != "gpu"
 
-    def tsum(self, tier: str, attr: str) -> float:
-        return self.ctx.tier_sum(self.tiers, tier, attr)
-
     def after(self, g: str, stream: str) -> list[str]:
         """The previous layer's last task on GPU g when it ran on another stream."""
         pv = self.prev.get(g)
         return [pv[0]] if pv and pv[1] != stream else []
 
-    def streams(self) -> None:
-        b = self.b
+    def declare(self) -> None:
+        """Streams; persistent model states (gpu tier: replicated weights + partitioned rest, peer tier
+        partitioned, host and NVMe tiers in their pools, host gradients for both); per micro-step
+        activations, gradient buckets, fetched chunks, NVMe staging and swap buffers."""
+        b, n, c = self.b, self.n, self.c
         kit.gpu_streams(b, self.gpus, [(f"compute{j}", "compute") for j in range(1, self.S)])
         if self.host_layers:
-            kit.cpu_streams(b, range(self.n), [("adam", "optim")])
-        kit.comm_streams(b, kit.Layout(self.n, 1, flat_comm=True), ("param", "grad"))
+            kit.cpu_streams(b, range(n), [("adam", "optim")])
+        kit.comm_streams(b, kit.Layout(n, 1, flat_comm=True), ("param", "grad"))
         if self.nvme_layers:
             b.stream("nvme.rd", "nvme", "io")
             b.stream("nvme.wr", "nvme", "io")
             b.stream("cpu.stage", "cpu", "copy")
-
-    def states(self) -> None:
-        """Persistent model states: gpu tier replicated weights + partitioned rest, peer tier partitioned,
-        host and NVMe tiers in their pools (host gradients for both)."""
-        n, tsum = self.n, self.tsum
+        tsum = functools.partial(self.ctx.tier_sum, self.tiers)
         div = n if n > 1 else 1
         per_gpu = {("p16", "param16"): tsum("gpu", "param_bytes") + tsum("peer", "param_bytes") / n}
         for name, kind, attr in (("grad", "grad", "grad_bytes"), *_STATES[1:]):
@@ -87,22 +78,16 @@ class _Emitter:
                 if nbytes > 0:
                     self.b.tensor(f"{name}.{home}", nbytes, kind, home=home, persistent=True)
         kit.workspace(self.b, self.ctx.job, kit.Layout(n, 1))
-
-    def micro_tensors(self) -> None:
-        """Per micro-step: activations, gradient buckets, fetched chunks; NVMe staging and swap buffers."""
-        b, c = self.b, self.c
         for g in self.gpus:
             for i, ly in enumerate(self.L):
                 b.tensor(f"act{i}.{g}", ly.activation_bytes, "activation", scope="iteration", layer=i)
                 if self.bucket(i):
                     b.tensor(f"gb{i}.{g}", ly.grad_bytes, "grad", scope="iteration", layer=i)
-                for k in range(c if self.fetched[i] else 0):
-                    for p in "fb":
-                        b.tensor(f"p{p}{i}_{k}.{g}", ly.param_bytes / c, "param16", scope="iteration", layer=i)
+                for k, p in itertools.product(range(c if self.fetched[i] else 0), "fb"):
+                    b.tensor(f"p{p}{i}_{k}.{g}", ly.param_bytes / c, "param16", scope="iteration", layer=i)
         for i in self.nvme_layers:
-            for k in range(c):
-                for p in "fb":
-                    b.tensor(f"s{p}{i}_{k}", self.L[i].param_bytes / c, "buffer", scope="iteration", layer=i)
+            for k, p in itertools.product(range(c), "fb"):
+                b.tensor(f"s{p}{i}_{k}", self.L[i].param_bytes / c, "buffer", scope="iteration", layer=i)
             b.tensor(f"sw{i}", self.L[i].master_bytes + self.L[i].optimizer_bytes, "buffer", scope="step", layer=i)
 
     # -- fetches -------------------------------------------------------------------------------------
@@ -115,23 +100,6 @@ class _Emitter:
         p, i, k = self.units[j]
         return [f"{'fw' if p == 'f' else 'bw'}{i}_{k}.{g}{suffix}"]
 
-    def update_waits(self, u: Unit) -> tuple[list[str], dict[str, list[str]]]:
-        """No delayed update: a layer's first forward chunk waits for its update of the previous step
-        (for every rank, and per rank)."""
-        p, i, k = u
-        pre_all: list[str] = []
-        pre_rank: dict[str, list[str]] = {g: [] for g in self.gpus}
-        if p == "f" and k == 0:
-            tier = self.tiers[i]
-            if tier == "peer":
-                pre_all = [f"gopt.{g}^1" for g in self.gpus]
-            elif tier == "cpu":
-                for r, g in enumerate(self.gpus):
-                    pre_rank[g] = [f"adam{i}.r{r}^1"] if self.ctx.sliced else [f"adam{i}.r{q}^1" for q in range(self.n)]
-            else:
-                pre_all = [f"swo{i}^1"]
-        return pre_all, pre_rank
-
     def fetch(self, ui: int, u: Unit) -> None:
         """One chunk to every GPU: an NVLink all-gather from the peers, or (NVMe read into a staging
         buffer, then) an upload per GPU, sliced 1/n and all-gathered when the GPUs have NVLink."""
@@ -140,27 +108,27 @@ class _Emitter:
         tier = self.tiers[i]
         cb = self.L[i].param_bytes / self.c
         use, where, name = kit.use_of(p), {"chunk": k, "tier": tier}, f"{p}{i}_{k}"
-        pre_all, pre_rank = self.update_waits(u)
+        # no delayed update: a layer's first forward chunk waits for its update of the previous step
+        first = p == "f" and k == 0
+        pre_all = {"peer": [f"gopt.{g}^1" for g in gpus], "nvme": [f"swo{i}^1"]}.get(tier, []) if first else []
+        pre_rank = {g: [f"adam{i}.r{q}^1" for q in ([r] if self.ctx.sliced else range(self.n))]
+                    if first and tier == "cpu" else [] for r, g in enumerate(gpus)}
         if self.ch.offload_activations and p == "b" and k == 0:
             for g in gpus:
                 kit.move_activation(b, f"ai{i}.{g}", f"{g}.h2d", f"act{i}.{g}", "cpu", g, [f"ao{i}.{g}"],
                                     phase=Phase.ACTIVATION_RELOAD, layer=i)
         gates_all = [d for g in gpus for d in self.window(ui, g)]
-        if tier == "peer":
-            t = kit.all_gather(b, f"ag{name}", "dp.param", gpus, cb, gates_all + pre_all, layer=i, use=use,
-                               allocs=[(f"p{name}.{g}", g) for g in gpus], phase=Phase.PARAM_UPLOAD, extra=where)
-            self.ready[u] = dict.fromkeys(gpus, t)
-            return
-        rd = None
+        rd, ups = None, {}
         if tier == "nvme":  # into a host staging buffer first
             rd = kit.swap(b, f"rd{name}", "nvme.rd", Phase.PARAM_UPLOAD, "nvme", "cpu", cb, gates_all + pre_all,
                           layer=i, use=use, allocs=[(f"s{name}", "cpu")], extra=where)
-        ups = {g: kit.upload(b, f"up{name}.{g}", g, cb / self.n if self.ctx.sliced else cb,
-                             [rd] if rd else self.window(ui, g) + pre_rank[g], layer=i, rank=None, use=use,
-                             allocs=[(f"p{name}.{g}", g)], extra=where) for g in gpus}
-        self.ready[u] = ups
-        if self.ctx.sliced:
-            t = kit.all_gather(b, f"ag{name}", "dp.param", gpus, cb, list(ups.values()), layer=i, use=use,
+        if tier != "peer":
+            self.ready[u] = ups = {g: kit.upload(b, f"up{name}.{g}", g, cb / self.n if self.ctx.sliced else cb,
+                                                 [rd] if rd else self.window(ui, g) + pre_rank[g], layer=i, rank=None,
+                                                 use=use, allocs=[(f"p{name}.{g}", g)], extra=where) for g in gpus}
+        if tier == "peer" or self.ctx.sliced:  # peers: an all-gather of the chunk's shards
+            t = kit.all_gather(b, f"ag{name}", "dp.param", gpus, cb, list(ups.values()) or gates_all + pre_all,
+                               layer=i, use=use, allocs=[(f"p{name}.{g}", g) for g in gpus if tier == "peer"],
                                phase=Phase.PARAM_UPLOAD, extra=where)
             self.ready[u] = dict.fromkeys(gpus, t)
         if rd:
@@ -260,8 +228,9 @@ class _Emitter:
         for r, g in enumerate(gpus):
             kit.gpu_step(b, f"gopt.{g}", self.cs(g, 0), [self.last_red] if self.last_red else [self.prev[g][0]],
                          gpu_params, rank=r, extra={"tier": "gpu+peer"})
-        if self.n > 1 and self.tsum("gpu", "params") > 0:
-            kit.all_gather(b, "agg", "dp.param", gpus, self.tsum("gpu", "param_bytes"), [f"gopt.{g}" for g in gpus])
+        if self.n > 1 and self.ctx.tier_sum(self.tiers, "gpu") > 0:
+            kit.all_gather(b, "agg", "dp.param", gpus, self.ctx.tier_sum(self.tiers, "gpu", "param_bytes"),
+                           [f"gopt.{g}" for g in gpus])
 
     def host_optimizer(self) -> None:
         """CPU Adam per host-tier layer in backward order, NVMe layers' states swapped in before it (two
@@ -324,9 +293,7 @@ def notes(ctx: Ctx, ch: Choice, s: dict[str, Any]) -> list[str]:
 def build(ctx: Ctx, knobs: Knobs, ch: Choice, info: dict[str, Any]) -> Plan:
     """The plan of ``ch``; ``info`` (what the search did) goes into ``plan.info`` beside the summary."""
     e = _Emitter(ctx, knobs, ch)
-    e.streams()
-    e.states()
-    e.micro_tensors()
+    e.declare()
     accum = ctx.job.accumulation(ctx.n)
     e.b.segment("micro-steps", accum)
     for ui, u in enumerate(e.units):

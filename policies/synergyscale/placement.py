@@ -3,6 +3,8 @@ states, filling the fastest tier first within every pool's capacity, and the mem
 
 from __future__ import annotations
 
+import itertools
+
 from policies.base import PlanInfeasible
 from policies.synergyscale.context import BUCKETS_IN_FLIGHT, FETCHED, NVME_SWAP_BUFFERS, TIERS, Ctx, Fractions
 
@@ -32,8 +34,7 @@ def gpu_fixed_bytes(ctx: Ctx, tiers: tuple[str, ...] | None, chunks: int, buffer
 
 def host_fixed_bytes(ctx: Ctx, tiers: tuple[str, ...], chunks: int, buffers: int,
                      offload_activations: bool) -> float:
-    """Host-pool bytes besides model states: NVMe staging chunks and optimizer swap buffers, offloaded
-    activations of every rank."""
+    """Host-pool bytes besides model states: NVMe staging and swap buffers, every rank's offloaded activations."""
     L = ctx.layers
     nv = [i for i, t in enumerate(tiers) if t == "nvme"]
     out = 0.0
@@ -53,29 +54,18 @@ def _resident_need(ctx: Ctx, chunks: int, buffers: int, offload_activations: boo
 
 
 def resident_buckets(ctx: Ctx) -> int:
-    """Gradient buckets in flight for an all-resident placement: unbounded (every layer's) when that fits,
-    as plain data parallelism does, else BUCKETS_IN_FLIGHT."""
+    """Gradient buckets in flight when all is resident: every layer's when that fits (as plain data parallelism)."""
     nl = len(ctx.layers)
     return nl if _resident_need(ctx, 1, 1, False, nl) <= ctx.gpu_cap else BUCKETS_IN_FLIGHT
 
 
-def _van_der_corput(k: int) -> float:
-    x, d = 0.0, 0.5
-    while k:
-        if k & 1:
-            x += d
-        k >>= 1
-        d /= 2
-    return x
-
-
 def priority(ctx: Ctx, order: str) -> list[int]:
-    """Layers in the order they claim the fastest tiers. 'tail': first layers first, so offloaded layers
-    sit at the end (their gradients arrive first in the backward, giving the CPU optimizer the most time);
-    'spread': a van der Corput order, so offloaded layers interleave with resident ones (their transfers
-    hide behind the neighbours' compute). Tied embeddings: the embedding always comes first."""
+    """Layers in the order they claim the fastest tiers: 'tail' in layer order, 'spread' in a van der
+    Corput order (offloaded layers interleave with resident ones); the embedding always first."""
     L = len(ctx.layers)
-    return list(range(L)) if order == "tail" else [0, *sorted(range(1, L), key=lambda i: (_van_der_corput(i), i))]
+    if order == "tail":
+        return list(range(L))
+    return [0, *sorted(range(1, L), key=lambda i: (int(f"{i:b}"[::-1], 2) / 2 ** i.bit_length(), i))]  # bits mirrored
 
 
 class _Fill:
@@ -90,9 +80,7 @@ class _Fill:
         self.left = self.total = float(sum(ly.params for ly in ctx.layers))
         # what the layers still unplaced need at least in the host pool (in the slowest tier): an auto tier
         # that draws on the host pool (cpu; gpu and peer on a unified machine) leaves that much free
-        self.suffix = [0.0] * (len(self.todo) + 1)
-        for j in range(len(self.todo) - 1, -1, -1):
-            self.suffix[j] = self.suffix[j + 1] + ctx.host_cost(self.todo[j], last)
+        self.suffix = [*itertools.accumulate((ctx.host_cost(i, last) for i in reversed(self.todo)), initial=0.0)][::-1]
         self.pos = {i: j for j, i in enumerate(self.todo)}
 
     def over(self, tier: str, rest: list[int]) -> PlanInfeasible:
