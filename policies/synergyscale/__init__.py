@@ -45,7 +45,7 @@ Our reading (every point an assumption; the full text was not available to us):
 - With every layer resident the plan is exactly ``none`` at ZeRO stage 2 (stage 0 on one GPU); on
   several GPUs that is faster than ``none``'s default stage 0 (GPU Adam over 1/n of the states).
 - Automatic selection (``auto``): a staged search over order x GPU/peer split x chunks x prefetch (the
-  knobs left on auto) scored by an analytic list schedule of one rank (``estimate.estimate``); ``plan()``
+  knobs left on auto) scored by an analytic list schedule of one rank (``search.estimate``); ``plan()``
   returns that choice. The ``refine`` hook (run by ``planner.job.make_plan`` with the simulator's step
   seconds) then, when the job is small enough (at most SIM_TASK_BUDGET simulated tasks in all), prices
   the fixed defaults and the best candidates (a reduced plan: 1 and 2 micro-steps, extrapolated to the
@@ -89,40 +89,64 @@ Knobs (defaults in brackets):
 - ``host_grad_bytes`` (float, 4): bytes per parameter of the host gradient buffer of the cpu and nvme
   tiers (4: fp32 as DeepSpeed's offload path; 2 keeps them in bf16/fp16 and lets bigger models fit).
 
-Modules: ``knobs`` (knobs and their validation), ``context`` (per-job facts, the ``Choice``),
-``placement`` (which tier holds each layer), ``estimate`` (the analytic cost model, priced with
-``costs``), ``search`` (the parameter search), ``refine`` (the simulated refinement), ``emit`` (plan
-emission as ``policies.kit`` calls), ``summary`` (``plan.info``).
+Modules: ``context`` (knobs and their validation, per-job facts, the ``Choice``), ``placement`` (which
+tier holds each layer), ``search`` (the analytic cost model, priced with ``costs``; the parameter search;
+what the refinement simulates), ``emit`` (plan emission as ``policies.kit`` calls, and ``plan.info``); the
+``refine`` hook is here.
 """
 
 from __future__ import annotations
 
-from policies.base import Job, KnobError, PolicyInfo
-from policies.synergyscale.context import make_ctx
+from policies.base import Job, KnobError, PolicyInfo, StepSeconds
+from policies.synergyscale.context import NAME, Knobs, make_ctx
 from policies.synergyscale.emit import build
-from policies.synergyscale.knobs import NAME, Knobs
-from policies.synergyscale.refine import refine
-from policies.synergyscale.search import search
+from policies.synergyscale.search import SIM_TASK_BUDGET, fixed_choice, search, sim_candidates, sim_reps, sim_tasks
 from simulator import Plan
 
-
-def _require_hardware(job: Job, knobs: Knobs, peer_ok: bool, has_nvme: bool) -> None:
-    fr = knobs.fractions()
-    if (fr.peer or 0) > 0 and not peer_ok:
-        raise KnobError(f"{NAME}: knob 'peer_fraction' needs more than one GPU joined by NVLink; "
-                        f"'{job.hw.name}' has {'no NVLink' if job.n_gpus > 1 else 'one GPU'} (use 0 or auto)")
-    if (fr.nvme or 0) > 0 and not has_nvme:
-        raise KnobError(f"{NAME}: knob 'nvme_fraction' needs NVMe drives; '{job.hw.name}' has none (use 0 or auto)")
+DEFAULT_TOLERANCE = 2e-3   # extrapolated scores: keep the defaults unless beaten by more than this share
 
 
 def plan(job: Job, knobs: Knobs) -> Plan:
     """The plan of the analytic choice (``refine`` may replace it after simulating the alternatives)."""
     knobs.validate()
     ctx = make_ctx(job, knobs.host_grad_bytes)
-    _require_hardware(job, knobs, ctx.peer_ok, ctx.has_nvme)
+    fr = knobs.fractions()
+    if (fr.peer or 0) > 0 and not ctx.peer_ok:
+        raise KnobError(f"{NAME}: knob 'peer_fraction' needs more than one GPU joined by NVLink; "
+                        f"'{job.hw.name}' has {'no NVLink' if job.n_gpus > 1 else 'one GPU'} (use 0 or auto)")
+    if (fr.nvme or 0) > 0 and not ctx.has_nvme:
+        raise KnobError(f"{NAME}: knob 'nvme_fraction' needs NVMe drives; '{job.hw.name}' has none (use 0 or auto)")
     job.accumulation(ctx.n)  # a clear error for a global batch that does not divide
     found = search(ctx, knobs)
     return build(ctx, knobs, found.choice, found.info)
+
+
+def refine(job: Job, knobs: Knobs, plan: Plan, step_seconds: StepSeconds) -> Plan:
+    """The ``PolicyInfo.refine`` hook: ``plan``, or the fastest of the candidates ``sim_candidates`` picks,
+    priced with ``step_seconds`` (the policy never runs the simulator itself) at the real accumulation when
+    it is 1 or 2 micro-steps, else at 1 and 2 micro-steps and extrapolated linearly."""
+    if plan.info.get("search") != "analytic":
+        return plan  # not searched (auto off, or everything resident)
+    ctx = make_ctx(job, knobs.host_grad_bytes)
+    default = fixed_choice(ctx, knobs)  # None when it does not fit: the first candidate is the analytic best
+    if default is not None and sum(sim_tasks(ctx, default, r) for r in sim_reps(ctx)) > SIM_TASK_BUDGET:
+        return plan  # too large to simulate even the defaults: skip re-running the search
+    found = search(ctx, knobs)
+    runs = sim_candidates(ctx, knobs, found)
+    if len(runs) < 2 or runs[-1][0] == 0:
+        return plan
+    accum = job.accumulation(ctx.n)
+    scored = []
+    for k, ch in runs:
+        p = build(ctx, knobs, ch, {})
+        times = [step_seconds(p.with_repeats({"micro-steps": r})) for r in sim_reps(ctx)]
+        scored.append((times[0] if len(times) == 1 else times[0] + (accum - 1) * (times[1] - times[0]), k, ch))
+    t_def = scored[0][0]
+    t_best, _, ch_best = min(scored, key=lambda x: (x[0], x[2].streams))
+    keep_default = found.default is not None and not t_best < t_def * (1 - (0.0 if accum <= 2 else DEFAULT_TOLERANCE))
+    info = {**found.info, "candidates_simulated": len(scored), "search": "analytic + simulated",
+            "simulated_step_s": t_def if keep_default else t_best}
+    return build(ctx, knobs, scored[0][2] if keep_default else ch_best, info)
 
 
 POLICY = PolicyInfo(NAME, "hierarchical offloading over peer GPUs, CPU and NVMe with multi-stream chunking and "

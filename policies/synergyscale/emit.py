@@ -1,58 +1,40 @@
-"""SynergyScale's plan emission: the tasks and tensors that carry out a ``Choice``.
-
-Nothing here decides anything: the tier of every layer, the chunking, streams, prefetch window and
-gradient buckets all come from the Choice (``search.py``, ``placement.py``). The plan per step:
-persistent model states in their tiers; per micro-step, the fetches of offloaded chunks in consumption
-order (gated by the prefetch window and, for the first chunk of the forward, by the layer's update of
-the previous step: no delayed update), the chunked forward / recompute / backward over the compute
-streams, and each layer's gradients reduce-scattered and, for host tiers, offloaded; then the GPU Adam,
-the gpu tier's all-gather and the per-layer CPU Adam with NVMe swaps.
-"""
+"""SynergyScale's plan emission: the tasks and tensors that carry out a ``Choice`` (which decides the tier
+of every layer, the chunking, streams, prefetch window and gradient buckets), and what ``plan.info`` says."""
 
 from __future__ import annotations
 
+import functools
+import itertools
 from typing import Any
 
 from policies import kit
-from policies.base import Job
 from policies.builder import PlanBuilder
-from policies.synergyscale.context import NVME_SWAP_BUFFERS, Choice, Ctx, chunk_hbm
-from policies.synergyscale.knobs import FETCHED, NAME, Knobs
-from policies.synergyscale.placement import tier_params
-from policies.synergyscale.summary import notes, summary
+from policies.synergyscale.context import FETCHED, HOST, NAME, NVME_SWAP_BUFFERS, TIERS, Choice, Ctx, Knobs, chunk_hbm
+from policies.synergyscale.placement import gpu_fixed_bytes
 from simulator import Plan
 from simulator.phase import Phase
 
 Unit = tuple[str, int, int]   # a fetch unit: (pass "f" | "b", layer, chunk)
+_STATES = (("p16", "param16", "param_bytes"), ("m32", "param32", "master_bytes"), ("opt", "optim", "optimizer_bytes"))
 
 
 class _Emitter:
     """Emits one Choice's plan into a PlanBuilder, section by section."""
 
     def __init__(self, ctx: Ctx, knobs: Knobs, ch: Choice):
-        self.ctx = ctx
-        self.ch = ch
-        self.job: Job = ctx.job
-        self.n = ctx.n
-        self.L = ctx.layers
+        self.ctx, self.ch, self.n, self.L, self.tiers = ctx, ch, ctx.n, ctx.layers, ch.tiers
         self.gpus = [f"gpu{r}" for r in range(self.n)]
-        self.tiers = ch.tiers
         self.c, self.S, self.D = ch.chunks, max(1, min(ch.streams, ch.chunks)), ch.buffers
         self.fetched = [t in FETCHED for t in ch.tiers]
-        self.host_layers = [i for i, t in enumerate(ch.tiers) if t in ("cpu", "nvme")]
+        self.host_layers = [i for i, t in enumerate(ch.tiers) if t in HOST]
         self.nvme_layers = [i for i, t in enumerate(ch.tiers) if t == "nvme"]
-        self.act_off = ch.offload_activations
-        self.b = PlanBuilder(NAME, knobs, self.job)
+        self.b = PlanBuilder(NAME, knobs, ctx.job)
         self.prev: dict[str, tuple[str, str]] = {}  # gpu -> (task that completes the previous layer, its stream)
-        units = [("f", i, k) for i in range(len(self.L)) if self.fetched[i] for k in range(self.c)]
-        self.units: list[Unit] = units + [("b", i, k) for i in reversed(range(len(self.L))) if self.fetched[i]
-                                          for k in range(self.c)]
+        self.units: list[Unit] = ch.units()
         self.ready: dict[Unit, dict[str, str]] = {}  # fetch unit -> gpu -> task after which the chunk is there
         self.blay = [i for i in reversed(range(len(self.L))) if self.bucket(i)]
-        self.bpos = {i: j for j, i in enumerate(self.blay)}
         self.last_red: str | None = None
 
-    # -- names and small facts -----------------------------------------------------------------------
     def cs(self, g: str, k: int) -> str:
         """Compute stream of chunk k on GPU g."""
         j = k % self.S
@@ -62,108 +44,61 @@ class _Emitter:
         """Layer i's gradients go through a bucket (reduced or offloaded), not straight to a local Adam."""
         return self.n > 1 or self.tiers[i] != "gpu"
 
-    def tsum(self, tier: str, attr: str) -> float:
-        return float(sum(getattr(self.L[i], attr) for i, t in enumerate(self.tiers) if t == tier))
-
     def after(self, g: str, stream: str) -> list[str]:
         """The previous layer's last task on GPU g when it ran on another stream."""
         pv = self.prev.get(g)
         return [pv[0]] if pv and pv[1] != stream else []
 
-    # -- declarations --------------------------------------------------------------------------------
-    def streams(self) -> None:
-        """Per GPU its compute, h2d, d2h and extra compute streams; CPU Adam per rank; the data-parallel
-        param and grad streams; the NVMe read / write and staging streams."""
-        b = self.b
+    def declare(self) -> None:
+        """Streams; persistent model states (gpu tier: replicated weights + partitioned rest, peer tier
+        partitioned, host and NVMe tiers in their pools, host gradients for both); per micro-step
+        activations, gradient buckets, fetched chunks, NVMe staging and swap buffers."""
+        b, n, c = self.b, self.n, self.c
         kit.gpu_streams(b, self.gpus, [(f"compute{j}", "compute") for j in range(1, self.S)])
         if self.host_layers:
-            kit.cpu_streams(b, range(self.n), [("adam", "optim")])
-        kit.comm_streams(b, kit.Layout(self.n, 1, flat_comm=True), ("param", "grad"))
+            kit.cpu_streams(b, range(n), [("adam", "optim")])
+        kit.comm_streams(b, kit.Layout(n, 1, flat_comm=True), ("param", "grad"))
         if self.nvme_layers:
             b.stream("nvme.rd", "nvme", "io")
             b.stream("nvme.wr", "nvme", "io")
             b.stream("cpu.stage", "cpu", "copy")
-
-    def states(self) -> None:
-        """Persistent model states: gpu tier replicated weights + partitioned rest, peer tier partitioned,
-        host and NVMe tiers in their pools (host gradients for both)."""
-        n, tsum = self.n, self.tsum
+        tsum = functools.partial(self.ctx.tier_sum, self.tiers)
         div = n if n > 1 else 1
-        per_gpu = {
-            ("p16", "param16"): tsum("gpu", "param_bytes") + tsum("peer", "param_bytes") / n,
-            ("grad", "grad"): (tsum("gpu", "grad_bytes") + tsum("peer", "grad_bytes")) / div,
-            ("m32", "param32"): (tsum("gpu", "master_bytes") + tsum("peer", "master_bytes")) / div,
-            ("opt", "optim"): (tsum("gpu", "optimizer_bytes") + tsum("peer", "optimizer_bytes")) / div,
-        }
+        per_gpu = {("p16", "param16"): tsum("gpu", "param_bytes") + tsum("peer", "param_bytes") / n}
+        for name, kind, attr in (("grad", "grad", "grad_bytes"), *_STATES[1:]):
+            per_gpu[(name, kind)] = (tsum("gpu", attr) + tsum("peer", attr)) / div
         for g in self.gpus:
             for (name, kind), nbytes in per_gpu.items():
                 if nbytes > 0:
                     self.b.tensor(f"{name}.{g}", nbytes, kind, home=g, persistent=True)
-        host = {("p16.cpu", "param16"): tsum("cpu", "param_bytes"), ("m32.cpu", "param32"): tsum("cpu", "master_bytes"),
-                ("opt.cpu", "optim"): tsum("cpu", "optimizer_bytes"),
-                ("g32.cpu", "grad32"): self.ctx.host_grad_bytes * (tsum("cpu", "params") + tsum("nvme", "params"))}
-        nv = {("p16.nvme", "param16"): tsum("nvme", "param_bytes"),
-              ("m32.nvme", "param32"): tsum("nvme", "master_bytes"),
-              ("opt.nvme", "optim"): tsum("nvme", "optimizer_bytes")}
-        for home, tensors in (("cpu", host), ("nvme", nv)):
-            for (name, kind), nbytes in tensors.items():
+        grads = self.ctx.host_grad_bytes * (tsum("cpu", "params") + tsum("nvme", "params"))
+        for home in ("cpu", "nvme"):
+            tensors = [(name, kind, tsum(home, attr)) for name, kind, attr in _STATES]
+            for name, kind, nbytes in tensors + ([("g32", "grad32", grads)] if home == "cpu" else []):
                 if nbytes > 0:
-                    self.b.tensor(name, nbytes, kind, home=home, persistent=True)
-        kit.workspace(self.b, self.job, kit.Layout(n, 1))
-
-    def micro_tensors(self) -> None:
-        """Per micro-step: activations, gradient buckets, fetched chunks; NVMe staging and swap buffers."""
-        b, c = self.b, self.c
+                    self.b.tensor(f"{name}.{home}", nbytes, kind, home=home, persistent=True)
+        kit.workspace(self.b, self.ctx.job, kit.Layout(n, 1))
         for g in self.gpus:
             for i, ly in enumerate(self.L):
                 b.tensor(f"act{i}.{g}", ly.activation_bytes, "activation", scope="iteration", layer=i)
                 if self.bucket(i):
                     b.tensor(f"gb{i}.{g}", ly.grad_bytes, "grad", scope="iteration", layer=i)
-                if self.fetched[i]:
-                    for k in range(c):
-                        for p in "fb":
-                            b.tensor(f"p{p}{i}_{k}.{g}", ly.param_bytes / c, "param16", scope="iteration", layer=i)
+                for k, p in itertools.product(range(c if self.fetched[i] else 0), "fb"):
+                    b.tensor(f"p{p}{i}_{k}.{g}", ly.param_bytes / c, "param16", scope="iteration", layer=i)
         for i in self.nvme_layers:
-            for k in range(c):
-                for p in "fb":
-                    b.tensor(f"s{p}{i}_{k}", self.L[i].param_bytes / c, "buffer", scope="iteration", layer=i)
+            for k, p in itertools.product(range(c), "fb"):
+                b.tensor(f"s{p}{i}_{k}", self.L[i].param_bytes / c, "buffer", scope="iteration", layer=i)
             b.tensor(f"sw{i}", self.L[i].master_bytes + self.L[i].optimizer_bytes, "buffer", scope="step", layer=i)
 
     # -- fetches -------------------------------------------------------------------------------------
-    def consumer(self, u: Unit, g: str) -> str:
-        p, i, k = u
-        return f"{'fw' if p == 'f' else 'bw'}{i}_{k}.{g}"
-
     def window(self, ui: int, g: str) -> list[str]:
         """Prefetch window: unit ui's fetch waits for the consumer D units back (the last micro-step's)."""
         U, D = len(self.units), self.D
-        if ui >= D:
-            return [self.consumer(self.units[ui - D], g)]
-        if U - D + ui >= 0:
-            return [self.consumer(self.units[U - D + ui], g) + "@1"]
-        return []
-
-    def update_waits(self, u: Unit) -> tuple[list[str], dict[str, list[str]]]:
-        """No delayed update: a layer's first forward chunk waits for its update of the previous step
-        (for every rank, and per rank)."""
-        p, i, k = u
-        pre_all: list[str] = []
-        pre_rank: dict[str, list[str]] = {g: [] for g in self.gpus}
-        if p == "f" and k == 0:
-            tier = self.tiers[i]
-            if tier == "peer":
-                pre_all = [f"gopt.{g}^1" for g in self.gpus]
-            elif tier == "cpu":
-                for r, g in enumerate(self.gpus):
-                    pre_rank[g] = [f"adam{i}.r{r}^1"] if self.ctx.sliced else [f"adam{i}.r{q}^1" for q in range(self.n)]
-            else:
-                pre_all = [f"swo{i}^1"]
-        return pre_all, pre_rank
-
-    def reload_activations(self, i: int) -> None:
-        for g in self.gpus:
-            kit.move_activation(self.b, f"ai{i}.{g}", f"{g}.h2d", f"act{i}.{g}", "cpu", g, [f"ao{i}.{g}"],
-                                phase=Phase.ACTIVATION_RELOAD, layer=i)
+        j, suffix = (ui - D, "") if ui >= D else (U - D + ui, "@1")
+        if j < 0:
+            return []
+        p, i, k = self.units[j]
+        return [f"{'fw' if p == 'f' else 'bw'}{i}_{k}.{g}{suffix}"]
 
     def fetch(self, ui: int, u: Unit) -> None:
         """One chunk to every GPU: an NVLink all-gather from the peers, or (NVMe read into a staging
@@ -172,50 +107,47 @@ class _Emitter:
         p, i, k = u
         tier = self.tiers[i]
         cb = self.L[i].param_bytes / self.c
-        use = kit.use_of(p)
-        where = {"chunk": k, "tier": tier}
-        pre_all, pre_rank = self.update_waits(u)
-        if self.act_off and p == "b" and k == 0:
-            self.reload_activations(i)
+        use, where, name = kit.use_of(p), {"chunk": k, "tier": tier}, f"{p}{i}_{k}"
+        # no delayed update: a layer's first forward chunk waits for its update of the previous step
+        first = p == "f" and k == 0
+        pre_all = {"peer": [f"gopt.{g}^1" for g in gpus], "nvme": [f"swo{i}^1"]}.get(tier, []) if first else []
+        pre_rank = {g: [f"adam{i}.r{q}^1" for q in ([r] if self.ctx.sliced else range(self.n))]
+                    if first and tier == "cpu" else [] for r, g in enumerate(gpus)}
+        if self.ch.offload_activations and p == "b" and k == 0:
+            for g in gpus:
+                kit.move_activation(b, f"ai{i}.{g}", f"{g}.h2d", f"act{i}.{g}", "cpu", g, [f"ao{i}.{g}"],
+                                    phase=Phase.ACTIVATION_RELOAD, layer=i)
         gates_all = [d for g in gpus for d in self.window(ui, g)]
-        if tier == "peer":
-            t = kit.all_gather(b, f"ag{p}{i}_{k}", "dp.param", gpus, cb, gates_all + pre_all, layer=i, use=use,
-                               allocs=[(f"p{p}{i}_{k}.{g}", g) for g in gpus], phase=Phase.PARAM_UPLOAD, extra=where)
-            self.ready[u] = dict.fromkeys(gpus, t)
-            return
-        rd = None
+        rd, ups = None, {}
         if tier == "nvme":  # into a host staging buffer first
-            rd = kit.swap(b, f"rd{p}{i}_{k}", "nvme.rd", Phase.PARAM_UPLOAD, "nvme", "cpu", cb, gates_all + pre_all,
-                          layer=i, use=use, allocs=[(f"s{p}{i}_{k}", "cpu")], extra=where)
-        ups = {}
-        for g in gpus:
-            ups[g] = kit.upload(b, f"up{p}{i}_{k}.{g}", g, cb / self.n if self.ctx.sliced else cb,
-                                [rd] if rd else self.window(ui, g) + pre_rank[g], layer=i, rank=None, use=use,
-                                allocs=[(f"p{p}{i}_{k}.{g}", g)], extra=where)
-        if self.ctx.sliced:
-            t = kit.all_gather(b, f"ag{p}{i}_{k}", "dp.param", gpus, cb, list(ups.values()), layer=i, use=use,
+            rd = kit.swap(b, f"rd{name}", "nvme.rd", Phase.PARAM_UPLOAD, "nvme", "cpu", cb, gates_all + pre_all,
+                          layer=i, use=use, allocs=[(f"s{name}", "cpu")], extra=where)
+        if tier != "peer":
+            self.ready[u] = ups = {g: kit.upload(b, f"up{name}.{g}", g, cb / self.n if self.ctx.sliced else cb,
+                                                 [rd] if rd else self.window(ui, g) + pre_rank[g], layer=i, rank=None,
+                                                 use=use, allocs=[(f"p{name}.{g}", g)], extra=where) for g in gpus}
+        if tier == "peer" or self.ctx.sliced:  # peers: an all-gather of the chunk's shards
+            t = kit.all_gather(b, f"ag{name}", "dp.param", gpus, cb, list(ups.values()) or gates_all + pre_all,
+                               layer=i, use=use, allocs=[(f"p{name}.{g}", g) for g in gpus if tier == "peer"],
                                phase=Phase.PARAM_UPLOAD, extra=where)
             self.ready[u] = dict.fromkeys(gpus, t)
-        else:
-            self.ready[u] = ups
         if rd:
-            b.task(f"fs{p}{i}_{k}", "free", "cpu.stage", list(ups.values()), frees=[(f"s{p}{i}_{k}", "cpu")],
+            b.task(f"fs{name}", "free", "cpu.stage", list(ups.values()), frees=[(f"s{name}", "cpu")],
                    tags=kit.tags(Phase.PARAM_UPLOAD, layer=i, use=use, extra=where))
 
-    # -- forward -------------------------------------------------------------------------------------
+    # -- forward and backward ------------------------------------------------------------------------
     def forward_chunks(self, i: int, r: int, g: str) -> None:
         ly, c = self.L[i], self.c
-        pv = self.prev.get(g)
         for k in range(c):
             st = self.cs(g, k)
-            deps = [self.ready[("f", i, k)][g]] + ([pv[0]] if pv and pv[1] != st else [])
+            deps = [self.ready[("f", i, k)][g]] + self.after(g, st)
             if k == c - 1:
                 deps += [f"fw{i}_{j}.{g}" for j in range(k) if self.cs(g, j) != st]
             kit.forward(self.b, i, ly, g, r, deps, share=c, hbm_bytes=chunk_hbm(ly.fwd_hbm_bytes, ly.output_bytes, c),
                         tid=f"fw{i}_{k}.{g}", stream=st, allocs=[(f"act{i}.{g}", g)] if k == 0 else [],
                         frees=[(f"pf{i}_{k}.{g}", g)], extra={"chunk": k})
         self.prev[g] = (f"fw{i}_{c - 1}.{g}", self.cs(g, c - 1))
-        if self.act_off:
+        if self.ch.offload_activations:
             kit.move_activation(self.b, f"ao{i}.{g}", f"{g}.d2h", f"act{i}.{g}", g, "cpu", [self.prev[g][0]],
                                 phase=Phase.ACTIVATION_OFFLOAD, layer=i, rank=r)
 
@@ -232,17 +164,15 @@ class _Emitter:
                 self.prev[g] = (kit.forward(self.b, i, ly, g, r, deps, tid=f"fw{i}.{g}", stream=st,
                                             allocs=[(f"act{i}.{g}", g)]), st)
 
-    # -- backward ------------------------------------------------------------------------------------
     def bucket_gate(self, i: int, g: str) -> list[str]:
         """The task freeing the gradient bucket B layers back (bounded buckets in flight)."""
         if not self.bucket(i):
             return []
         return kit.bucket_gate(self.blay, i, self.ch.buckets,
-                               lambda o: f"gd{o}.{g}" if self.tiers[o] in ("cpu", "nvme") else f"red{o}")
+                               lambda o: f"gd{o}.{g}" if self.tiers[o] in HOST else f"red{o}")
 
     def backward_resident(self, i: int, r: int, g: str) -> None:
-        ly = self.L[i]
-        st = self.cs(g, 0)
+        ly, st = self.L[i], self.cs(g, 0)
         deps = self.after(g, st)
         if ly.recompute_flops > 0:
             kit.recompute(self.b, i, ly, g, r, deps, tid=f"rc{i}.{g}", stream=st)
@@ -253,11 +183,10 @@ class _Emitter:
 
     def backward_chunks(self, i: int, r: int, g: str) -> None:
         ly, c, b = self.L[i], self.c, self.b
-        pv = self.prev.get(g)
         for k in range(c):
             st = self.cs(g, k)
-            extra = ([pv[0]] if pv and pv[1] != st else []) + ([f"ai{i}.{g}"] if self.act_off else [])
-            deps = [self.ready[("b", i, k)][g]] + extra
+            deps = [self.ready[("b", i, k)][g]] + self.after(g, st) + ([f"ai{i}.{g}"] if self.ch.offload_activations
+                                                                      else [])
             if ly.recompute_flops > 0:
                 kit.recompute(b, i, ly, g, r, deps, share=c, hbm_bytes=chunk_hbm(ly.fwd_hbm_bytes, ly.output_bytes, c),
                               tid=f"rc{i}_{k}.{g}", stream=st, extra={"chunk": k})
@@ -272,55 +201,47 @@ class _Emitter:
                          extra={"chunk": k})
         self.prev[g] = (f"bw{i}_{c - 1}.{g}", self.cs(g, c - 1))
 
-    def gradients(self, i: int) -> None:
-        """Layer i's gradients: reduce-scattered over the ranks, then (host tiers) each rank's partition
-        copied to the host."""
-        ly, gpus = self.L[i], self.gpus
-        done = {g: self.prev[g][0] for g in gpus}
-        red = None
-        if self.n > 1:
-            red = self.last_red = kit.reduce(
-                self.b, f"red{i}", "dp.grad", gpus, ly.grad_bytes, list(done.values()), layer=i,
-                frees=[(f"gb{i}.{g}", g) for g in gpus] if self.tiers[i] in ("gpu", "peer") else [])
-        if self.tiers[i] in ("cpu", "nvme"):
-            for r, g in enumerate(gpus):
-                kit.offload(self.b, f"gd{i}.{g}", g, ly.params / self.n * self.ctx.grad_bytes_per_param(i),
-                            [red or done[g]], layer=i, rank=r, frees=[(f"gb{i}.{g}", g)])
-
     def backward(self) -> None:
+        """Per layer in reverse order its backward on every GPU, then its gradients reduce-scattered over the
+        ranks and (host tiers) each rank's partition copied to the host."""
         for i in reversed(range(len(self.L))):
             for r, g in enumerate(self.gpus):
-                if self.fetched[i]:
-                    self.backward_chunks(i, r, g)
-                else:
-                    self.backward_resident(i, r, g)
-            self.gradients(i)
+                (self.backward_chunks if self.fetched[i] else self.backward_resident)(i, r, g)
+            ly, host = self.L[i], self.tiers[i] in HOST
+            done = {g: self.prev[g][0] for g in self.gpus}
+            red = None
+            if self.n > 1:
+                red = self.last_red = kit.reduce(self.b, f"red{i}", "dp.grad", self.gpus, ly.grad_bytes,
+                                                 list(done.values()), layer=i,
+                                                 frees=[] if host else [(f"gb{i}.{g}", g) for g in self.gpus])
+            for r, g in enumerate(self.gpus if host else []):
+                kit.offload(self.b, f"gd{i}.{g}", g, self.ctx.grad_part(i), [red or done[g]], layer=i, rank=r,
+                            frees=[(f"gb{i}.{g}", g)])
 
     # -- optimizer -----------------------------------------------------------------------------------
     def gpu_optimizer(self) -> None:
         """GPU Adam over each rank's gpu + peer states, then the all-gather of the gpu tier's weights."""
-        b, n, gpus = self.b, self.n, self.gpus
-        tp = tier_params(self.ctx, self.tiers)
-        gpu_params = (tp["gpu"] + tp["peer"]) / n if n > 1 else tp["gpu"]
+        b, gpus = self.b, self.gpus
+        gpu_params = self.ctx.gpu_adam_params(self.tiers)
         if gpu_params <= 0:
             return
         for r, g in enumerate(gpus):
             kit.gpu_step(b, f"gopt.{g}", self.cs(g, 0), [self.last_red] if self.last_red else [self.prev[g][0]],
                          gpu_params, rank=r, extra={"tier": "gpu+peer"})
-        if n > 1 and tp["gpu"] > 0:
-            kit.all_gather(b, "agg", "dp.param", gpus, self.tsum("gpu", "param_bytes"), [f"gopt.{g}" for g in gpus])
+        if self.n > 1 and self.ctx.tier_sum(self.tiers, "gpu") > 0:
+            kit.all_gather(b, "agg", "dp.param", gpus, self.ctx.tier_sum(self.tiers, "gpu", "param_bytes"),
+                           [f"gopt.{g}" for g in gpus])
 
     def host_optimizer(self) -> None:
         """CPU Adam per host-tier layer in backward order, NVMe layers' states swapped in before it (two
         buffers: a swap-in waits for the swap-out two layers back) and written back after it."""
         b, n = self.b, self.n
-        nv_order = [i for i in reversed(range(len(self.L))) if self.tiers[i] == "nvme"]
+        nv_order = self.nvme_layers[::-1]
         for i in reversed(self.host_layers):
             ly = self.L[i]
             nvme = self.tiers[i] == "nvme"
             if nvme:
                 j = nv_order.index(i)
-                # read-ahead window over the NVMe layers in swap order: wait for the swap-out that frees a buffer
                 back = [f"swo{nv_order[j - NVME_SWAP_BUFFERS]}"] if j >= NVME_SWAP_BUFFERS else []
                 kit.swap(b, f"swi{i}", "nvme.rd", Phase.OPTIMIZER_SWAP_IN, "nvme", "cpu",
                          ly.master_bytes + ly.optimizer_bytes, back, layer=i, allocs=[(f"sw{i}", "cpu")])
@@ -333,12 +254,46 @@ class _Emitter:
                          layer=i, frees=[(f"sw{i}", "cpu")])
 
 
+def summary(ctx: Ctx, ch: Choice) -> dict[str, Any]:
+    """The tiers of ``ch`` and their sizes."""
+    tp = {t: ctx.tier_sum(ch.tiers, t) for t in TIERS}
+    total = sum(tp.values())
+    tiers = {t: {"layers": sum(1 for x in ch.tiers if x == t), "params": tp[t], "fraction": tp[t] / total}
+             for t in TIERS}
+    gpu_states = sum(ctx.gpu_cost(i, t) for i, t in enumerate(ch.tiers) if t == "gpu")
+    peer = sum(ctx.gpu_cost(i, t) for i, t in enumerate(ch.tiers) if t == "peer")
+    fixed = gpu_fixed_bytes(ctx, ch.tiers, ch.chunks, ch.buffers, ch.offload_activations, ch.buckets)
+    saved = 0.0  # net bytes per GPU taken out of the GPU's pool (unified: host-side states stay in it)
+    for i, t in enumerate(ch.tiers):
+        saved += ctx.gpu_cost(i, "gpu") - ctx.gpu_cost(i, t) - (ctx.host_cost(i, t) if ctx.unified else 0.0)
+    return {
+        "dp": ctx.n, "tiers": tiers, "layer_tiers": "".join(t[0] for t in ch.tiers),
+        "gpu_state_bytes_per_gpu": gpu_states, "peer_bytes_per_gpu": peer,
+        "gpu_spare_bytes_per_gpu": ctx.gpu_cap - fixed - gpu_states, "gpu_working_set_bytes": fixed,
+        "host_state_bytes": sum(ctx.host_cost(i, t) for i, t in enumerate(ch.tiers)),
+        "nvme_state_bytes": sum(ctx.nvme_cost(i, t) for i, t in enumerate(ch.tiers)),
+        "gpu_bytes_saved_per_gpu": saved, "fetch": "sliced + NVLink all-gather" if ctx.sliced else "whole per GPU",
+        "params": float(sum(ly.params for ly in ctx.layers)),
+    }
+
+
+def notes(ctx: Ctx, ch: Choice, s: dict[str, Any]) -> list[str]:
+    by_tier = ", ".join(f"{k} {v['fraction']:.0%} ({v['layers']} layers)" for k, v in s["tiers"].items() if v["layers"])
+    out = [f"data parallel over {ctx.n} GPU(s), {ctx.job.accumulation(ctx.n)} micro-step(s) per step; parameters "
+           f"by tier: {by_tier}; {ch.chunks} chunk(s) per fetched layer on {max(1, min(ch.streams, ch.chunks))} "
+           f"stream(s), {ch.buffers} chunk buffer(s), order {ch.order}"]
+    if ctx.unified:
+        out.append("unified memory: GPU and CPU share one pool, so CPU placement frees nothing (never chosen "
+                   "by auto; reported as no saving); only NVMe is a real extra tier")
+    if ctx.job.model.tied_embeddings and ch.tiers[0] == "gpu" and ch.fetches:
+        out.append("tied embeddings: the embedding stays on the GPU (the head's matmul reads it)")
+    return out
+
+
 def build(ctx: Ctx, knobs: Knobs, ch: Choice, info: dict[str, Any]) -> Plan:
     """The plan of ``ch``; ``info`` (what the search did) goes into ``plan.info`` beside the summary."""
     e = _Emitter(ctx, knobs, ch)
-    e.streams()
-    e.states()
-    e.micro_tensors()
+    e.declare()
     accum = ctx.job.accumulation(ctx.n)
     e.b.segment("micro-steps", accum)
     for ui, u in enumerate(e.units):
@@ -349,5 +304,4 @@ def build(ctx: Ctx, knobs: Knobs, ch: Choice, info: dict[str, Any]) -> Plan:
     e.gpu_optimizer()
     e.host_optimizer()
     s = summary(ctx, ch)
-    full_info = {"accumulation": accum, **s, "chosen": ch.params(), **info}
-    return e.b.build(steps=2, notes=notes(ctx, ch, s), info=full_info)
+    return e.b.build(steps=2, notes=notes(ctx, ch, s), info={"accumulation": accum, **s, "chosen": ch.params(), **info})

@@ -3,12 +3,14 @@ states, filling the fastest tier first within every pool's capacity, and the mem
 
 from __future__ import annotations
 
+import itertools
+
 from policies.base import PlanInfeasible
-from policies.synergyscale.context import BUCKETS_IN_FLIGHT, GPU_HEADROOM, NVME_SWAP_BUFFERS, Ctx
-from policies.synergyscale.knobs import FETCHED, TIERS, Fractions
+from policies.synergyscale.context import BUCKETS_IN_FLIGHT, FETCHED, NVME_SWAP_BUFFERS, TIERS, Ctx, Fractions
+
+GPU_HEADROOM = 0.01  # fraction of a GPU's usable memory the placement leaves free
 
 
-# -- memory ------------------------------------------------------------------------------------------
 def gpu_fixed_bytes(ctx: Ctx, tiers: tuple[str, ...] | None, chunks: int, buffers: int,
                     offload_activations: bool, buckets_in_flight: int = 0) -> float:
     """Per-GPU bytes besides persistent model states: workspace, saved activations of one micro-step,
@@ -32,8 +34,7 @@ def gpu_fixed_bytes(ctx: Ctx, tiers: tuple[str, ...] | None, chunks: int, buffer
 
 def host_fixed_bytes(ctx: Ctx, tiers: tuple[str, ...], chunks: int, buffers: int,
                      offload_activations: bool) -> float:
-    """Host-pool bytes besides model states: NVMe staging chunks and optimizer swap buffers,
-    offloaded activations of every rank."""
+    """Host-pool bytes besides model states: NVMe staging and swap buffers, every rank's offloaded activations."""
     L = ctx.layers
     nv = [i for i, t in enumerate(tiers) if t == "nvme"]
     out = 0.0
@@ -45,75 +46,42 @@ def host_fixed_bytes(ctx: Ctx, tiers: tuple[str, ...], chunks: int, buffers: int
     return out
 
 
-def resident_buckets(ctx: Ctx) -> int:
-    """Gradient buckets in flight for an all-resident placement: unbounded (every layer's) when that fits,
-    as plain data parallelism does, else BUCKETS_IN_FLIGHT."""
+def _resident_need(ctx: Ctx, chunks: int, buffers: int, offload_activations: bool, buckets: int = 0) -> float:
+    """GPU bytes of an all-resident placement."""
     nl = len(ctx.layers)
-    tiers = ("gpu",) * nl
-    need = gpu_fixed_bytes(ctx, tiers, 1, 1, False, nl) + sum(ctx.gpu_cost(i, "gpu") for i in range(nl))
-    return nl if need <= ctx.gpu_cap else BUCKETS_IN_FLIGHT
+    return gpu_fixed_bytes(ctx, ("gpu",) * nl, chunks, buffers, offload_activations, buckets) + sum(
+        ctx.gpu_cost(i, "gpu") for i in range(nl))
 
 
-def tier_params(ctx: Ctx, tiers: tuple[str, ...]) -> dict[str, float]:
-    out = dict.fromkeys(TIERS, 0.0)
-    for i, t in enumerate(tiers):
-        out[t] += ctx.layers[i].params
-    return out
-
-
-# -- which layers claim the fast tiers first ---------------------------------------------------------
-def _van_der_corput(k: int) -> float:
-    x, d = 0.0, 0.5
-    while k:
-        if k & 1:
-            x += d
-        k >>= 1
-        d /= 2
-    return x
+def resident_buckets(ctx: Ctx) -> int:
+    """Gradient buckets in flight when all is resident: every layer's when that fits (as plain data parallelism)."""
+    nl = len(ctx.layers)
+    return nl if _resident_need(ctx, 1, 1, False, nl) <= ctx.gpu_cap else BUCKETS_IN_FLIGHT
 
 
 def priority(ctx: Ctx, order: str) -> list[int]:
-    """Layers in the order they claim the fastest tiers. 'tail': first layers first, so offloaded layers
-    sit at the end (their gradients arrive first in the backward, giving the CPU optimizer the most time);
-    'spread': a van der Corput order, so offloaded layers interleave with resident ones (their transfers
-    hide behind the neighbours' compute). Tied embeddings: the embedding always comes first."""
+    """Layers in the order they claim the fastest tiers: 'tail' in layer order, 'spread' in a van der
+    Corput order (offloaded layers interleave with resident ones); the embedding always first."""
     L = len(ctx.layers)
     if order == "tail":
         return list(range(L))
-    rest = sorted(range(1, L), key=lambda i: (_van_der_corput(i), i))
-    return [0, *rest]
+    return [0, *sorted(range(1, L), key=lambda i: (int(f"{i:b}"[::-1], 2) / 2 ** i.bit_length(), i))]  # bits mirrored
 
 
-def usable_tiers(ctx: Ctx, fr: Fractions) -> list[str]:
-    """The tiers this machine offers, fastest first (an auto cpu tier is never used on a unified machine:
-    it is the GPU's own pool)."""
-    return [t for t in TIERS if t == "gpu" or (t == "peer" and ctx.peer_ok)
-            or (t == "cpu" and not (ctx.unified and fr.cpu is None)) or (t == "nvme" and ctx.has_nvme)]
-
-
-# -- the placement -----------------------------------------------------------------------------------
 class _Fill:
     """Fastest-tier-first filling: layers in priority order take the current tier while it has room
     (or until its explicit fraction is reached); the last tier takes whatever is left."""
 
     def __init__(self, ctx: Ctx, policy: str, order: str, fixed: float, host_cap: float, last: str):
-        self.ctx = ctx
-        self.policy = policy
-        self.fixed = fixed
-        self.host_cap = host_cap
-        self.last = last
+        self.ctx, self.policy, self.fixed, self.host_cap, self.last = ctx, policy, fixed, host_cap, last
         self.used = {"gpu": 0.0, "host": 0.0, "nvme": 0.0}
         self.tiers: dict[int, str] = {}
         self.todo = priority(ctx, order)
-        self.total = float(sum(ly.params for ly in ctx.layers))
-        self.left = self.total
+        self.left = self.total = float(sum(ly.params for ly in ctx.layers))
         # what the layers still unplaced need at least in the host pool (in the slowest tier): an auto tier
         # that draws on the host pool (cpu; gpu and peer on a unified machine) leaves that much free
-        prio = list(self.todo)
-        self.suffix = [0.0] * (len(prio) + 1)
-        for j in range(len(prio) - 1, -1, -1):
-            self.suffix[j] = self.suffix[j + 1] + ctx.host_cost(prio[j], last)
-        self.pos = {i: j for j, i in enumerate(prio)}
+        self.suffix = [*itertools.accumulate((ctx.host_cost(i, last) for i in reversed(self.todo)), initial=0.0)][::-1]
+        self.pos = {i: j for j, i in enumerate(self.todo)}
 
     def over(self, tier: str, rest: list[int]) -> PlanInfeasible:
         ctx, used, L = self.ctx, self.used, self.ctx.layers
@@ -137,25 +105,14 @@ class _Fill:
         return (used["host"] + ctx.host_cost(i, tier) + keep <= self.host_cap
                 and used["nvme"] + ctx.nvme_cost(i, tier) <= ctx.nvme_cap)
 
-    def _take(self, i: int, tier: str) -> None:
-        ctx = self.ctx
-        g = ctx.gpu_cost(i, tier)
-        self.used["gpu"] += g
-        self.used["host"] += ctx.host_cost(i, tier) + (g if ctx.unified else 0.0)
-        self.used["nvme"] += ctx.nvme_cost(i, tier)
-        self.tiers[i] = tier
-        self.left -= float(ctx.layers[i].params)
-        self.todo.pop(0)
-
     def fill(self, tier: str, want: float | None, reserve: float, cap_gpu: float) -> None:
         """Give ``tier`` the next layers in priority order: up to ``want`` of the parameters when explicit,
         else while it has room and the tiers after it keep ``reserve`` parameters."""
-        taken = 0.0
-        last = tier == self.last
+        ctx, taken, last = self.ctx, 0.0, tier == self.last
         while self.todo:
             i = self.todo[0]
-            p = float(self.ctx.layers[i].params)
-            pinned = tier == "gpu" and i == 0 and bool(self.ctx.job.model.tied_embeddings)  # the head reads it
+            p = float(ctx.layers[i].params)
+            pinned = tier == "gpu" and i == 0 and bool(ctx.job.model.tied_embeddings)  # the head reads it
             if not pinned and not last:  # the last tier takes whatever is left
                 if want is not None and taken + p / 2 > want * self.total + 1e-9:
                     break
@@ -166,19 +123,14 @@ class _Fill:
                 if want is None and not last and not pinned:
                     break
                 raise self.over(tier, list(self.todo) if want is None or last else [i])
-            self._take(i, tier)
+            g = ctx.gpu_cost(i, tier)
+            self.used["gpu"] += g
+            self.used["host"] += ctx.host_cost(i, tier) + (g if ctx.unified else 0.0)
+            self.used["nvme"] += ctx.nvme_cost(i, tier)
+            self.tiers[i] = tier
+            self.left -= p
+            self.todo.pop(0)
             taken += p
-
-
-def _resident_fits(ctx: Ctx, fr: Fractions, chunks: int, buffers: int, offload_activations: bool) -> bool:
-    """Every layer on the GPU tier fits (and no tier is forced to take a share)."""
-    all_auto = fr.peer is None and fr.cpu is None and fr.nvme is None
-    if not (all_auto or sum(fr.get(t) or 0.0 for t in FETCHED) == 0.0):
-        return False
-    nl = len(ctx.layers)
-    need = gpu_fixed_bytes(ctx, ("gpu",) * nl, chunks, buffers, offload_activations) + sum(
-        ctx.gpu_cost(i, "gpu") for i in range(nl))
-    return need <= ctx.gpu_cap
 
 
 def place(ctx: Ctx, policy: str, order: str, gpu_share: float, chunks: int, buffers: int,
@@ -188,20 +140,22 @@ def place(ctx: Ctx, policy: str, order: str, gpu_share: float, chunks: int, buff
     fraction takes that share of the parameters instead. Raises PlanInfeasible naming the pool that
     overflows and by how much."""
     nl = len(ctx.layers)
-    if _resident_fits(ctx, fr, chunks, buffers, offload_activations):
+    no_share = (fr.peer is None and fr.cpu is None and fr.nvme is None) or sum(fr.get(t) or 0.0 for t in FETCHED) == 0
+    if no_share and _resident_need(ctx, chunks, buffers, offload_activations) <= ctx.gpu_cap:
         return ("gpu",) * nl
     gpool = ctx.topo.pool_of["gpu0"]
     fixed = gpu_fixed_bytes(ctx, None, chunks, buffers, offload_activations)
     spare = ctx.gpu_cap - fixed
     if spare < 0:
-        raise PlanInfeasible(policy, gpool, fixed, ctx.gpu_cap,
-                             "workspace, activations, parameter chunk buffers and gradient buckets "
-                             "with every layer offloaded")
+        raise PlanInfeasible(policy, gpool, fixed, ctx.gpu_cap, "workspace, activations, parameter chunk buffers "
+                             "and gradient buckets with every layer offloaded")
     host_cap = ctx.cpu_cap - (fixed if ctx.unified else 0.0)  # unified: one pool for both sides
     # host buffers are only known after placement: reserve them as if any layer might land on NVMe
     worst = tuple("nvme" if ctx.has_nvme else "cpu" for _ in ctx.layers)
     host_cap -= host_fixed_bytes(ctx, worst, chunks, buffers, offload_activations)
-    usable = usable_tiers(ctx, fr)
+    # the tiers this machine offers, fastest first (an auto cpu tier is never used on a unified machine)
+    usable = [t for t in TIERS if t == "gpu" or (t == "peer" and ctx.peer_ok)
+              or (t == "cpu" and not (ctx.unified and fr.cpu is None)) or (t == "nvme" and ctx.has_nvme)]
     target = {t: fr.get(t) for t in usable}
     if all(target[t] is not None for t in usable if t != "gpu"):
         target["gpu"] = max(0.0, 1.0 - sum(target[t] or 0.0 for t in usable if t != "gpu"))
