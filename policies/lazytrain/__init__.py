@@ -93,22 +93,17 @@ optimizer: which states and what CPU cost; (f) the data-parallel executor itself
 one layer-streaming executor, not of how several GPUs share it). The workload's own ``checkpointing``
 setting is not used: the MILP decides per layer.
 
-Modules: ``knobs`` (the knobs and their validation), ``tiering`` (the three tierings), ``cost_model`` (a job
-and a tiering as an MILP instance), ``links`` (per-resource transfer seconds of all GPUs at once),
-``milp`` (the instance, its MILP, heuristics and evaluation), ``schedule`` (the decision: tiering and
-per-layer choices), ``executor`` (that decision in the executor's terms), ``emit`` (the plan, as calls to
-``policies.kit``).
+Modules: ``milp`` (the optimisation problem: instance, MILP, heuristics, evaluation), ``cost_model`` (the
+tierings; a job and a tiering as an instance), ``schedule`` (the knobs and the decision: tiering and per-layer
+choices), ``emit`` (the decision as the executor's plan, in calls to ``policies.kit``).
 """
-
 
 from __future__ import annotations
 
 from policies.base import Job, PolicyInfo
-from policies.lazytrain.cost_model import Costs, build_costs
+from policies.lazytrain.cost_model import Costs, Tiering, build_costs, tierings
 from policies.lazytrain.emit import emit
-from policies.lazytrain.knobs import HEURISTICS, NAME, Knobs
-from policies.lazytrain.schedule import Schedule, schedule
-from policies.lazytrain.tiering import Tiering, tierings
+from policies.lazytrain.schedule import HEURISTICS, NAME, Knobs, Schedule, schedule
 from simulator import Plan
 
 
