@@ -142,7 +142,6 @@ class _Model:
     def secs(self, flops: float, hbm: float) -> float:
         return costs.kernel_seconds(self.job.hw, flops, hbm, self.job.config.precision)
 
-    # -- transfers of every GPU at once, per resource, priced by ``costs`` as the engine prices them -----------
     def _ends(self, src: str, dst: str, g: str) -> tuple[str, str]:
         return g if src == "gpu" else src, g if dst == "gpu" else dst
 
@@ -162,7 +161,6 @@ class _Model:
         ring = costs.ring(self.routes, self.gpus, nbytes, coll)
         return {r: b / self.caps[r] + ring.latency_s for r, b in ring.resource_bytes().items()}
 
-    # -- activation options per layer ---------------------------------------------------------------------
     def modes(self, i: int) -> dict[str, tuple[float, float, float]]:
         """Mode -> (saved bytes, transient bytes, recompute seconds): keep for every layer, ckpt for blocks."""
         layer = self.layers[i]
@@ -208,7 +206,6 @@ class _Model:
                     row.rc_terms.append((i, k, rc))
         return row
 
-    # -- the executor's fixed transfers, window by window ---------------------------------------------------
     def upload(self, j: int) -> dict[str, float]:
         """Layer j's parameters to every GPU (a slice each, then the all-gather), where they are streamed."""
         if not self.tiering.streamed:
@@ -247,7 +244,6 @@ class _Model:
         out.append(Window("end", 0.0, (), self.grads(0)))
         return tuple(out)
 
-    # -- bytes every schedule holds --------------------------------------------------------------------------
     def gpu_parts(self) -> dict[str, float]:
         """What the GPU holds whatever the activations: model states (1), parameters (2) or their window (3)."""
         p, db, max_unit_b = self.p_total, self.db, max(self.unit) * self.db

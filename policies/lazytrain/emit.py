@@ -34,7 +34,8 @@ def emit(job: Job, knobs: Knobs, s: Schedule) -> Plan:
     e.backward()
     e.b.segment("optimizer", 1)
     if e.level == 1:
-        e.gpu_optimizer()
+        for r, g in enumerate(e.gpus):
+            kit.gpu_step(e.b, f"opt.{g}", f"{g}.compute", ["red0" if e.n > 1 else f"bwd0.{g}"], e.p_total, rank=r)
     else:
         e.cpu_optimizer()
     return e.b.build(steps=2, notes=_notes(job, knobs, s, e), info=_info(knobs, s, e))
@@ -44,7 +45,7 @@ class _Emitter:
     """The executor's facts (tiering, offloaded layers, prefetch, gates) and its tasks, every mechanism the kit's."""
 
     def __init__(self, job: Job, knobs: Knobs, s: Schedule):
-        c, t = s.costs, s.tiering
+        c, t = s.costs, s.costs.tiering
         self.b = PlanBuilder(NAME, knobs, job)
         self.layers = job.trace.layers
         self.nl = nl = len(self.layers)
@@ -75,7 +76,6 @@ class _Emitter:
         k = self.off.index(i) if i in self.off else len(self.off)
         return self.off[k + ACTIVATION_SLOTS] if k + ACTIVATION_SLOTS < len(self.off) else None
 
-    # -- streams and tensors --------------------------------------------------------------------------
     def streams(self) -> None:
         """Per GPU compute/h2d/d2h and two activation-copy streams; per rank CPU Adam and NVMe io; dp comm."""
         b = self.b
@@ -141,7 +141,6 @@ class _Emitter:
                 b.tensor(f"ostage{i}.r{r}", layer.params / n * (self.master_bpp + self.optim_bpp), "buffer",
                          scope="step", layer=i)
 
-    # -- micro-step -------------------------------------------------------------------------------------
     def upload(self, i: int, use: str, window: dict[str, list[str]]) -> dict[str, str]:
         """Sliced fetch of layer i's parameters for ``use`` ("f" or "b") from their home, after ``window`` and
         the last step's update of the home copy (a tied head's: the embedding's too); gpu -> what compute waits for."""
@@ -218,12 +217,6 @@ class _Emitter:
             kit.offload(b, f"d2h{i}.{g}", g, ub / n, [red or f"bwd{i}.{g}"], layer=i, rank=r,
                         frees=[(f"gb{i}.{g}", g)])
 
-    # -- optimizer ----------------------------------------------------------------------------------------
-    def gpu_optimizer(self) -> None:
-        for r, g in enumerate(self.gpus):
-            kit.gpu_step(self.b, f"opt.{g}", f"{g}.compute", ["red0" if self.n > 1 else f"bwd0.{g}"], self.p_total,
-                         rank=r)
-
     def _swap_in(self, i: int, r: int) -> None:
         """Read layer i's optimizer states of rank r from NVMe once the write-back OPTIMIZER_STAGES layers before
         is done."""
@@ -264,9 +257,8 @@ class _Emitter:
             kit.upload(b, f"up{i}.{g}", g, params * self.db, [f"adam{i}.r{r}"], layer=i, rank=r)
 
 
-# -- what the plan says about itself ------------------------------------------------------------------------
 def _notes(job: Job, knobs: Knobs, s: Schedule, e: _Emitter) -> list[str]:
-    ev, tier = s.evaluation, s.tiering
+    ev, tier = s.evaluation, s.costs.tiering
     counts: dict[str, int] = {}
     for o in e.opts:
         counts[str(o)] = counts.get(str(o), 0) + 1
@@ -303,7 +295,7 @@ def _info(knobs: Knobs, s: Schedule, e: _Emitter) -> dict[str, Any]:
     return {
         "milp": milp_info,
         "lazytrain": {
-            "tiering": {"params": s.tiering.params, "optimizer": s.tiering.optim, "level": s.tiering.level},
+            "tiering": {"params": e.t.params, "optimizer": e.t.optim, "level": e.level},
             "accumulation": s.accumulation, "choice": [str(o) for o in e.opts],
             "recompute_s_per_microstep": ev.recompute_s, "exposed_s_per_microstep": ev.exposed_s,
             "estimated_step_s": s.estimate_s, "workspace_bytes": ev.workspace, "staging_bytes": ev.staging,

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from policies.base import Job, KnobError, PlanInfeasible
 from policies.lazytrain import milp
-from policies.lazytrain.cost_model import Costs, Tiering, build_costs, tierings
+from policies.lazytrain.cost_model import Costs, build_costs, tierings
 from policies.lazytrain.milp import Evaluation, MilpResult
 
 NAME = "lazytrain"
@@ -75,10 +75,6 @@ class Schedule:
     accumulation: int
     candidates: tuple[dict[str, Any], ...]
 
-    @property
-    def tiering(self) -> Tiering:
-        return self.costs.tiering
-
 
 def _candidates(job: Job, knobs: Knobs, accum: int) -> list[tuple[float, int, Costs]]:
     """(lower bound, index, costs) of every allowed tiering, in the order they are tried."""
@@ -125,8 +121,8 @@ def schedule(job: Job, knobs: Knobs) -> Schedule:
         rec: dict[str, Any] = {"tiering": str(c.tiering), "lower_bound_s": lb}
         log.append(rec)
         inst = c.instance
-        if best is not None and knobs.tiering_rule == "least_offload" and c.tiering.level > best.tiering.level:
-            rec["result"] = f"skipped: level {best.tiering.level} fits and offloads less"
+        if best is not None and knobs.tiering_rule == "least_offload" and c.tiering.level > best.costs.tiering.level:
+            rec["result"] = f"skipped: level {best.costs.tiering.level} fits and offloads less"
         elif best is not None and lb >= best.estimate_s:
             rec["result"] = "skipped: its lower bound is above the best estimate"
         elif any(inst.fixed_bytes.get(k, 0.0) > cap for k, cap in inst.capacity.items()):
