@@ -180,30 +180,25 @@ class _Model:
                  or (p == "nvme" and "nvme" in self.topo.locations)]
         row = _LayerRows(pool={pk: [] for pk in self.pools})
         for mode, (nbytes, transient, rc) in modes.items():
-            for place in offer:
-                if place != "gpu" and nbytes <= 0:
-                    continue
-                k = len(row.opts)
-                row.opts.append(Opt(mode, place))
-                row.recompute.append(rc)
-                row.transient.append(transient)
-                row.staged.append(nbytes if place != "gpu" else 0.0)
-                for pk in self.pools:
-                    row.pool[pk].append(0.0)
-                if place == "gpu":
-                    row.pool[self.gpool][k] += nbytes
-                    row.transfer.append(0.0)
-                else:
-                    row.pool[self.topo.pool_of[place]][k] += self.n * nbytes
+            for place in (p for p in offer if p == "gpu" or nbytes > 0):
+                k, both, off = len(row.opts), 0.0, place != "gpu"
+                if off:
                     out_c, in_c = self.copy("gpu", place, nbytes), self.copy(place, "gpu", nbytes)
                     for terms, c in ((row.out_terms, out_c), (row.in_terms, in_c)):
                         for r, s in c.items():
                             terms[r].append((i, k, s))
                     both = max(out_c.values()) + max(in_c.values())
                     row.serial.append((i, k, both))
-                    row.transfer.append(both)
                 if rc > 0:
                     row.rc_terms.append((i, k, rc))
+                target = self.topo.pool_of[place] if off else self.gpool
+                for pk in self.pools:
+                    row.pool[pk].append((self.n * nbytes if off else nbytes) if pk == target else 0.0)
+                row.opts.append(Opt(mode, place))
+                row.recompute.append(rc)
+                row.transfer.append(both)
+                row.transient.append(transient)
+                row.staged.append(nbytes if off else 0.0)
         return row
 
     def upload(self, j: int) -> dict[str, float]:

@@ -306,19 +306,14 @@ def _undominated(w: Window) -> list[tuple[float, dict[tuple[int, int], float]]]:
         for i, o, c in w.load_var.get(r, ()):
             var[(i, o)] = var.get((i, o), 0.0) + c
         rows.append((w.load_const.get(r, 0.0), var))
-    keep = []
-    for a, (ca, va) in enumerate(rows):
-        dominated = False
-        for b2, (cb, vb) in enumerate(rows):
-            if a == b2 or cb < ca or any(vb.get(k, 0.0) < v for k, v in va.items()):
-                continue
-            # b bounds a; of two equal rows keep the first
-            if b2 < a or cb > ca or any(vb.get(k, 0.0) > va.get(k, 0.0) for k in vb):
-                dominated = True
-                break
-        if not dominated:
-            keep.append((ca, va))
-    return keep
+
+    def bounds(b: int, a: int) -> bool:  # of two equal rows the first is kept
+        (ca, va), (cb, vb) = rows[a], rows[b]
+        if a == b or cb < ca or any(vb.get(k, 0.0) < v for k, v in va.items()):
+            return False
+        return b < a or cb > ca or any(vb.get(k, 0.0) > va.get(k, 0.0) for k in vb)
+
+    return [row for a, row in enumerate(rows) if not any(bounds(b, a) for b in range(len(rows)))]
 
 
 def limit_hit(res: Any) -> str | None:
@@ -347,9 +342,8 @@ def solve_milp(inst: Instance, *, time_limit_s: float = TIME_LIMIT_S, mip_rel_ga
         pure = [(m.x(i, o), v) for i, row in enumerate(inst.recompute_s) for o, v in enumerate(row)]
         m.row(pure + [(m.e0 + w, 1.0) for w in range(len(inst.windows))], -np.inf, cutoff_s)
     c = np.zeros(m.nvar)
-    for i, opts in enumerate(inst.options):
-        for o in range(len(opts)):
-            c[m.x(i, o)] = inst.recompute_s[i][o] + inst.tie_break * inst.transfer_s[i][o]
+    c[: m.nx] = [v + inst.tie_break * inst.transfer_s[i][o] for i, row in enumerate(inst.recompute_s)
+                 for o, v in enumerate(row)]
     c[m.e0: m.e0 + len(inst.windows)] = 1.0
     res, dt = m.run(c, time_limit_s, mip_rel_gap, node_limit)
     ok = res.x is not None
@@ -369,9 +363,7 @@ def min_pool_need(inst: Instance, pool: str, *, time_limit_s: float = TIME_LIMIT
     for col, v in terms:
         c[col] += v
     res, _ = m.run(c, time_limit_s, 1e-6, node_limit)
-    if res.x is None:
-        return float("inf")
-    return const + float(res.fun) * GB
+    return float("inf") if res.x is None else const + float(res.fun) * GB
 
 
 def _float(v: Any) -> float | None:
