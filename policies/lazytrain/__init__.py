@@ -37,7 +37,7 @@ Executor (``plan``), data parallel over all GPUs of the machine (or the one GPU)
 The MILP (``policies/lazytrain/milp.py`` has the exact algebra), per micro-step and per GPU:
 - variables: binary ``x[i,(mode,place)]``, one per layer, mode keep|ckpt (embedding and head: keep only),
   place gpu|cpu|nvme (cpu only where it is a separate pool, nvme only where the hardware has drives);
-  continuous ``e[w] >= 0`` per window; ``W`` (workspace); ``t``, ``u[i]`` (staging);
+  continuous ``e[w] >= 0`` per window; ``W`` (workspace) and ``S`` (staging) over level binaries;
 - windows: ``start`` (upload of layer 0), ``fwd i`` (compute F_i hides the upload of layer i+1 and the
   copy-out of layer i-1), ``turn`` (no compute: the last layer's copy-out and fetch run back to back),
   ``bwd i`` (compute B_i + R_i if checkpointed hides the upload of layer i-1, the fetch of layer i-1 and
@@ -114,8 +114,7 @@ def plan(job: Job, knobs: Knobs) -> Plan:
 
 POLICY = PolicyInfo(NAME, "MILP over per-layer checkpointing and GPU/CPU/NVMe activation placement on a "
                           "layer-streaming data-parallel executor", Knobs, plan, __doc__ or "",
-                    search_grid=lambda n: {"strategy": ("milp",)},
-                    fixed_checkpointing="full")
+                    search_grid=lambda n: {"strategy": ("milp",)}, fixed_checkpointing="full")
 
 __all__ = ["HEURISTICS", "NAME", "POLICY", "Costs", "Knobs", "Schedule", "Tiering", "build_costs", "emit", "plan",
            "schedule", "tierings"]

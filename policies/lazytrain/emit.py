@@ -9,6 +9,7 @@ slices of a resident copy (level 2).
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from policies import kit
@@ -142,8 +143,7 @@ class _Emitter:
                          scope="step", layer=i)
 
     def upload(self, i: int, use: str, window: dict[str, list[str]]) -> dict[str, str]:
-        """Sliced fetch of layer i's parameters for ``use`` ("f" or "b") from their home, after ``window`` and
-        the last step's update of the home copy (a tied head's: the embedding's too); gpu -> what compute waits for."""
+        """Layer i's parameters for ``use`` (f|b), after ``window`` and the last update of their home copy."""
         ub, task = self.unit_b[i], "adam" if self.t.params == "cpu" else "pw"
         updated = (i, 0) if self.tied and i == self.nl - 1 else (i,)
         return kit.sliced_fetch(self.b, self.gpus, i, use, ub / self.n, ub,
@@ -218,16 +218,14 @@ class _Emitter:
                         frees=[(f"gb{i}.{g}", g)])
 
     def _swap_in(self, i: int, r: int) -> None:
-        """Read layer i's optimizer states of rank r from NVMe once the write-back OPTIMIZER_STAGES layers before
-        is done."""
+        """Read layer i's optimizer states of rank r once the write-back OPTIMIZER_STAGES layers before is done."""
         kit.swap(self.b, f"or{i}.r{r}", f"nvme.io{r}", Phase.OPTIMIZER_SWAP_IN, "nvme", "cpu",
                  self.layers[i].params / self.n * (self.master_bpp + self.optim_bpp),
                  kit.read_ahead(i, OPTIMIZER_STAGES, f"ow{{}}.r{r}"), layer=i, rank=r,
                  allocs=[(f"ostage{i}.r{r}", "cpu")])
 
     def cpu_optimizer(self) -> None:
-        """CPU Adam per layer and rank, behind that layer's gradient copy-down; NVMe swap of its states
-        (two layers staged), NVMe write-back of the parameters, or re-upload of a resident copy."""
+        """CPU Adam per layer and rank; NVMe swap of its states, NVMe write-back, or re-upload of a resident copy."""
         if self.t.optim == "nvme":
             for r in range(self.n):
                 for i in range(min(OPTIMIZER_STAGES, self.nl)):
@@ -259,9 +257,7 @@ class _Emitter:
 
 def _notes(job: Job, knobs: Knobs, s: Schedule, e: _Emitter) -> list[str]:
     ev, tier = s.evaluation, s.costs.tiering
-    counts: dict[str, int] = {}
-    for o in e.opts:
-        counts[str(o)] = counts.get(str(o), 0) + 1
+    counts = Counter(str(o) for o in e.opts)
     notes = [f"LazyTrain over {e.n} data-parallel GPU(s), {s.accumulation} micro-step(s) per step; tiering "
              f"{tier} (level {tier.level}); activations: " + ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())),
              f"{'MILP' if s.milp else knobs.strategy}: recompute {ev.recompute_s:.4g} s + exposed transfer "
@@ -284,10 +280,8 @@ def _notes(job: Job, knobs: Knobs, s: Schedule, e: _Emitter) -> list[str]:
 
 def _info(knobs: Knobs, s: Schedule, e: _Emitter) -> dict[str, Any]:
     inst, ev = s.costs.instance, s.evaluation
-    heur: dict[str, Any] = {}
-    for h in HEURISTICS:
-        he = evaluate(inst, heuristic(inst, h))
-        heur[h] = {"feasible": he.feasible, "objective_s": he.objective, "pure_objective_s": he.pure_objective}
+    heur = {h: {"feasible": he.feasible, "objective_s": he.objective, "pure_objective_s": he.pure_objective}
+            for h in HEURISTICS for he in [evaluate(inst, heuristic(inst, h))]}
     milp_info: dict[str, Any] = {"status": f"not run (strategy={knobs.strategy})"}
     if s.milp is not None:
         milp_info = {**s.milp.to_dict(), "evaluated_objective_s": ev.objective,
