@@ -92,10 +92,6 @@ layers only (no selective checkpointing, no Checkmate-style arbitrary rematerial
 optimizer: which states and what CPU cost; (f) the data-parallel executor itself (the abstract speaks of
 one layer-streaming executor, not of how several GPUs share it). The workload's own ``checkpointing``
 setting is not used: the MILP decides per layer.
-
-Modules: ``milp`` (the optimisation problem: instance, MILP, heuristics, evaluation), ``cost_model`` (the
-tierings; a job and a tiering as an instance), ``schedule`` (the knobs and the decision: tiering and per-layer
-choices), ``emit`` (the decision as the executor's plan, in calls to ``policies.kit``).
 """
 
 from __future__ import annotations

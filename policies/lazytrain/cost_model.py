@@ -1,9 +1,7 @@
 """LazyTrain's tierings and cost model: a job, a tiering and the knobs become an :class:`~.milp.Instance`.
 
-Per GPU and per micro-step, from the hardware and the workload trace. Every GPU moves the same bytes at the
-same time (data parallelism), so each link resource carries the sum of the GPUs' routes over it: the MILP
-charges a window with each resource's busy seconds. The rules encoded here (windows, fixed bytes, staging) are
-those of the executor in ``emit.py``; the package docstring states them in words.
+Per GPU and per micro-step; every GPU moves the same bytes at once (data parallelism), so a link resource
+carries the sum of the GPUs' routes over it. The rules are the executor's (``emit.py``, the package docstring).
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """LazyTrain's knobs and decision: the tiering and the per-layer activation choices with the least estimated step.
 
-Every tiering the knobs and the hardware allow is priced (:func:`~.cost_model.build_costs`); they are tried in
-order of offloading (``least_offload``) or of their lower bound, the MILP (or the heuristic the ``strategy``
-knob names) picks each layer's mode and place, and the estimate ``micro-steps x (compute + recompute + exposed
-transfer) + optimizer phase`` ranks the feasible ones.
+Every allowed tiering is priced and tried in order of offloading (``least_offload``) or of its lower bound; the
+MILP (or the ``strategy`` heuristic) picks each layer's mode and place; the estimated step ranks the feasible ones.
 """
 
 from __future__ import annotations
