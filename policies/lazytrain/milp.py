@@ -275,8 +275,7 @@ class _Model:
         self._levels(inst.staged, self.s_levels, self.ys0)
 
     def run(self, c: np.ndarray, time_limit_s: float, mip_rel_gap: float, node_limit: int) -> tuple[Any, float]:
-        """HiGHS on these rows with objective ``c``: x and the level binaries in [0, 1], counts up to their group's
-        size, e unbounded above; returns scipy's result and the wall time."""
+        """HiGHS on these rows with objective ``c`` (x, yW, yS binary; N integer); scipy's result and the wall time."""
         hi = np.full(self.nvar, np.inf)
         hi[: self.nx] = 1.0
         hi[self.yw0: self.n0] = 1.0
@@ -325,15 +324,11 @@ def limit_hit(res: Any) -> str | None:
 
 def solve_milp(inst: Instance, *, time_limit_s: float = TIME_LIMIT_S, mip_rel_gap: float = 1e-4,
                cutoff_s: float | None = None, node_limit: int = NODE_LIMIT) -> MilpResult:
-    """Minimise recomputation + exposed transfer (+ tie-break) subject to every pool's capacity.
+    """Minimise recomputation + exposed transfer (+ tie-break) subject to every pool's capacity; ``cutoff_s``
+    bounds recomputation + exposed seconds from above (no schedule under it reads as "infeasible").
 
-    ``cutoff_s`` bounds recomputation + exposed seconds from above (a caller that only wants schedules
-    better than one it has): no schedule under it reads as status "infeasible".
-
-    Deterministic: HiGHS stops at the optimum within ``mip_rel_gap`` or after ``node_limit`` branch-and-bound
-    nodes, both independent of the machine's speed and load; ``time_limit_s`` is only a safety net, and a
-    result it cut says so (``limit_hit == "time"``): such a result may differ from run to run.
-    """
+    Deterministic: HiGHS stops within ``mip_rel_gap`` or after ``node_limit`` nodes, whatever the machine's load;
+    ``time_limit_s`` is only a safety net, and a result it cut says so (``limit_hit == "time"``)."""
     m = _Model(inst)
     for k, cap in inst.capacity.items():
         const, terms = m.pool_terms(k)
