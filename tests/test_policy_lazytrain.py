@@ -14,9 +14,8 @@ from hypothesis import strategies as st
 
 from policies import KnobError, PlanInfeasible, lazytrain, none
 from policies.base import parse_knobs
-from policies.lazytrain.cost_model import build_costs
+from policies.lazytrain.cost_model import Tiering, build_costs
 from policies.lazytrain.milp import MEM_TOL_BYTES, Instance, evaluate, heuristic, limit_hit, solve_milp
-from policies.lazytrain.tiering import Tiering
 from simulator import simulate_plan
 from simulator.invariants import check_invariants
 from tiersim.api import JobRequest, make_job

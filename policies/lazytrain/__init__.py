@@ -37,7 +37,7 @@ Executor (``plan``), data parallel over all GPUs of the machine (or the one GPU)
 The MILP (``policies/lazytrain/milp.py`` has the exact algebra), per micro-step and per GPU:
 - variables: binary ``x[i,(mode,place)]``, one per layer, mode keep|ckpt (embedding and head: keep only),
   place gpu|cpu|nvme (cpu only where it is a separate pool, nvme only where the hardware has drives);
-  continuous ``e[w] >= 0`` per window; ``W`` (workspace); ``t``, ``u[i]`` (staging);
+  continuous ``e[w] >= 0`` per window; ``W`` (workspace) and ``S`` (staging) over level binaries;
 - windows: ``start`` (upload of layer 0), ``fwd i`` (compute F_i hides the upload of layer i+1 and the
   copy-out of layer i-1), ``turn`` (no compute: the last layer's copy-out and fetch run back to back),
   ``bwd i`` (compute B_i + R_i if checkpointed hides the upload of layer i-1, the fetch of layer i-1 and
@@ -92,23 +92,14 @@ layers only (no selective checkpointing, no Checkmate-style arbitrary rematerial
 optimizer: which states and what CPU cost; (f) the data-parallel executor itself (the abstract speaks of
 one layer-streaming executor, not of how several GPUs share it). The workload's own ``checkpointing``
 setting is not used: the MILP decides per layer.
-
-Modules: ``knobs`` (the knobs and their validation), ``tiering`` (the three tierings), ``cost_model`` (a job
-and a tiering as an MILP instance), ``links`` (per-resource transfer seconds of all GPUs at once),
-``milp`` (the instance, its MILP, heuristics and evaluation), ``schedule`` (the decision: tiering and
-per-layer choices), ``executor`` (that decision in the executor's terms), ``emit`` (the plan, as calls to
-``policies.kit``).
 """
-
 
 from __future__ import annotations
 
 from policies.base import Job, PolicyInfo
-from policies.lazytrain.cost_model import Costs, build_costs
+from policies.lazytrain.cost_model import Costs, Tiering, build_costs, tierings
 from policies.lazytrain.emit import emit
-from policies.lazytrain.knobs import HEURISTICS, NAME, Knobs
-from policies.lazytrain.schedule import Schedule, schedule
-from policies.lazytrain.tiering import Tiering, tierings
+from policies.lazytrain.schedule import HEURISTICS, NAME, Knobs, Schedule, schedule
 from simulator import Plan
 
 
@@ -119,8 +110,7 @@ def plan(job: Job, knobs: Knobs) -> Plan:
 
 POLICY = PolicyInfo(NAME, "MILP over per-layer checkpointing and GPU/CPU/NVMe activation placement on a "
                           "layer-streaming data-parallel executor", Knobs, plan, __doc__ or "",
-                    search_grid=lambda n: {"strategy": ("milp",)},
-                    fixed_checkpointing="full")
+                    search_grid=lambda n: {"strategy": ("milp",)}, fixed_checkpointing="full")
 
 __all__ = ["HEURISTICS", "NAME", "POLICY", "Costs", "Knobs", "Schedule", "Tiering", "build_costs", "emit", "plan",
            "schedule", "tierings"]

@@ -1,37 +1,69 @@
-"""LazyTrain's cost model: a job, a tiering and the knobs become an :class:`~policies.lazytrain.milp.Instance`.
+"""LazyTrain's tierings and cost model: a job, a tiering and the knobs become an :class:`~.milp.Instance`.
 
-Everything here is per GPU and per micro-step, read from the hardware (roofline compute times as the
-engine computes them, link bandwidths and routes from the topology) and the workload trace. The rules it
-encodes (windows, fixed bytes, staging) are those of the executor in ``policies/lazytrain/emit.py``; the
-package docstring states them in words.
+Per GPU and per micro-step; every GPU moves the same bytes at once (data parallelism), so a link resource
+carries the sum of the GPUs' routes over it. The rules are the executor's (``emit.py``, the package docstring).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import costs
+from hardware_models import build_topology
 from policies.base import Job
 from policies.kit import dtype_bytes
-from policies.lazytrain.links import Links, add_into
-from policies.lazytrain.milp import Instance, Opt, Terms, Window
-from policies.lazytrain.tiering import TIERS, Tiering
+from policies.lazytrain.milp import Instance, Opt, Window
 
+TIERS = ("gpu", "cpu", "nvme")
 SAFETY_BYTES = 2.0**20        # taken off every capacity the MILP sees (rounding of binaries, float sums)
 ADAM8_BLOCK = 2048            # elements per block of an 8-bit optimizer state (one fp32 scale each)
-
-# The executor's buffers, budgeted here and scheduled by policies/lazytrain/emit.py:
 #: gradient buckets on the GPU at a time (levels 2, 3): a backward waits for the copy-down of the bucket this
-#: many before it in backward order (``policies.kit.bucket_gate``)
+#: many before it in backward order (``kit.bucket_gate``)
 GRAD_BUCKETS = 2
 #: layers of optimizer states staged in DRAM when they live on NVMe: the read of layer i waits for the
-#: write-back of layer i - OPTIMIZER_STAGES (``policies.kit.read_ahead``)
+#: write-back of layer i - OPTIMIZER_STAGES (``kit.read_ahead``)
 OPTIMIZER_STAGES = 2
 
-#: per layer, per activation mode: (saved bytes, transient workspace bytes, recompute seconds)
-Modes = dict[str, tuple[float, float, float]]
+Terms = list[tuple[int, int, float]]
+
+
+@dataclass(frozen=True)
+class Tiering:
+    """Where the fp16 parameters live (``gpu`` = resident, else streamed from ``cpu``/``nvme``) and the fp32
+    master weights and Adam states (``gpu`` = GPU Adam, else CPU Adam with states in DRAM or on NVMe)."""
+
+    params: str
+    optim: str
+
+    @property
+    def level(self) -> int:
+        """1: everything on the GPU; 2: parameters resident, optimizer on the CPU; 3: parameters streamed."""
+        return (1 if self.optim == "gpu" else 2) if self.params == "gpu" else 3
+
+    @property
+    def streamed(self) -> bool:
+        return self.level == 3
+
+    @property
+    def uses_nvme(self) -> bool:
+        """The CPU optimizer reads or writes NVMe: its states live there, or the streamed parameters do."""
+        return self.level >= 2 and "nvme" in (self.optim, self.params if self.streamed else "")
+
+    def __str__(self) -> str:
+        return f"params={self.params},optimizer={self.optim}"
+
+
+def tierings(job: Job, param_home: str, optimizer_home: str) -> list[Tiering]:
+    """Every tiering the hardware and the knobs allow: streamed parameters need a CPU optimizer, NVMe needs drives,
+    and on a unified machine the CPU tier is the GPU's own pool (moving to it frees nothing)."""
+    topo = build_topology(job.hw)
+    unified = topo.pool_of["gpu0"] == topo.pool_of["cpu"]
+    return [t for t in (Tiering(p, o) for p in TIERS for o in TIERS)
+            if (t.params == "gpu" or t.optim != "gpu") and not (unified and "cpu" in (t.params, t.optim))
+            and ("nvme" in topo.locations or "nvme" not in (t.params, t.optim))
+            and param_home in ("auto", t.params) and optimizer_home in ("auto", t.optim)]
 
 
 @dataclass(frozen=True)
@@ -43,28 +75,21 @@ class Costs:
     n: int
     db: int
     unit_params: tuple[float, ...]   # parameters streamed (and gradients reduced) with layer i
-    fwd_s: tuple[float, ...]
-    bwd_s: tuple[float, ...]
+    compute_s: float                 # forward + backward of one micro-step
     act_bytes: tuple[dict[str, float], ...]   # per layer: mode -> saved bytes
     master_bpp: float
     optim_bpp: float
     optimizer_s: float               # estimated optimizer phase per step
     fixed_gpu_parts: dict[str, float]
 
-    @property
-    def compute_s(self) -> float:
-        return sum(self.fwd_s) + sum(self.bwd_s)
-
-    def lower_bound_s(self, accumulation: int) -> float:
-        return accumulation * self.compute_s + self.optimizer_s
-
-    def estimate_s(self, accumulation: int, pure_objective: float) -> float:
+    def estimate_s(self, accumulation: int, pure_objective: float = 0.0) -> float:
+        """Micro-steps x (compute + recompute + exposed) + optimizer phase; without an objective a lower bound."""
         return accumulation * (self.compute_s + pure_objective) + self.optimizer_s
 
 
-def optim_bytes_per_param(optimizer_8bit: bool) -> float:
-    """Adam m and v: fp32 (8 B/param) or 8-bit with one fp32 scale per block of ADAM8_BLOCK (2 + 8/2048)."""
-    return 2.0 + 2 * 4.0 / ADAM8_BLOCK if optimizer_8bit else 8.0
+def add_into(dst: dict[str, float], src: dict[str, float]) -> None:
+    for r, s in src.items():
+        dst[r] = dst.get(r, 0.0) + s
 
 
 @dataclass
@@ -77,29 +102,31 @@ class _LayerRows:
     transient: list[float] = field(default_factory=list)
     staged: list[float] = field(default_factory=list)
     pool: dict[str, list[float]] = field(default_factory=dict)
-    out_terms: dict[str, list[tuple[int, int, float]]] = field(default_factory=lambda: defaultdict(list))
-    in_terms: dict[str, list[tuple[int, int, float]]] = field(default_factory=lambda: defaultdict(list))
-    serial: list[tuple[int, int, float]] = field(default_factory=list)
-    rc_terms: list[tuple[int, int, float]] = field(default_factory=list)
+    out_terms: dict[str, Terms] = field(default_factory=lambda: defaultdict(list))
+    in_terms: dict[str, Terms] = field(default_factory=lambda: defaultdict(list))
+    serial: Terms = field(default_factory=list)
+    rc_terms: Terms = field(default_factory=list)
 
 
 class _Model:
-    """The shared facts of one job under one tiering, and the parts of its instance."""
+    """The shared facts of one job under one tiering, its link prices and the parts of its instance."""
 
     def __init__(self, job: Job, tiering: Tiering, prefetch_depth: int, optimizer_8bit: bool):
-        self.job = job
-        self.tiering = tiering
-        self.links = Links(job)
-        self.topo = self.links.topo
+        self.job, self.tiering, self.depth = job, tiering, prefetch_depth
+        self.topo = build_topology(job.hw)
+        self.caps = costs.link_capacities(self.topo)
+        self.routes = costs.RouteTable(self.topo)
+        self.gpus = list(self.topo.gpu_locations())
+        self._unit: dict[tuple[str, str], dict[str, float]] = {}
         self.n = job.hw.gpu.count
         self.layers = job.trace.layers
         self.nl = len(self.layers)
         self.db = dtype_bytes(job)
-        self.depth = prefetch_depth
         self.gpool = self.topo.pool_of["gpu0"]
         self.unified = self.gpool == self.topo.pool_of["cpu"]
         self.master_bpp = 4.0 if any(layer.master_bytes for layer in self.layers) else 0.0
-        self.optim_bpp = optim_bytes_per_param(optimizer_8bit)
+        # Adam m and v: fp32, or 8-bit with one fp32 scale per block of ADAM8_BLOCK elements
+        self.optim_bpp = 2.0 + 2 * 4.0 / ADAM8_BLOCK if optimizer_8bit else 8.0
         self.p_total = float(sum(layer.params for layer in self.layers))
         self.pools = list(dict.fromkeys(self.topo.pool_of[loc] for loc in self.topo.locations
                                         if loc in ("gpu0", "cpu", "nvme")))
@@ -111,83 +138,82 @@ class _Model:
         self.unit = tuple(unit)
 
     def secs(self, flops: float, hbm: float) -> float:
-        """A compute task's roofline seconds, launch included (``costs.kernel_seconds``)."""
         return costs.kernel_seconds(self.job.hw, flops, hbm, self.job.config.precision)
 
-    # -- activation options per layer ---------------------------------------------------------------
-    def offer(self, places: Sequence[str] | None) -> list[str]:
-        """The activation tiers offered: the GPU always, the CPU where it is a pool of its own, NVMe if any."""
-        offer = [p for p in (places or TIERS) if p == "gpu" or (p == "cpu" and not self.unified)
-                 or (p == "nvme" and "nvme" in self.topo.locations)]
-        if "gpu" not in offer:
-            offer.insert(0, "gpu")
-        return offer
+    def _ends(self, src: str, dst: str, g: str) -> tuple[str, str]:
+        return g if src == "gpu" else src, g if dst == "gpu" else dst
 
-    def modes(self, i: int) -> Modes:
-        """keep (full activations) for every layer; ckpt (the input only, forward recomputed) for blocks."""
-        layers = self.layers
-        layer = layers[i]
+    def copy(self, src: str, dst: str, nbytes: float) -> dict[str, float]:
+        """Seconds per resource of every GPU's copy of ``nbytes`` ("gpu" = each GPU itself; latency added)."""
+        if nbytes <= 0:
+            return {}
+        if (src, dst) not in self._unit:
+            load = costs.resource_load(self.topo, [(*self._ends(src, dst, g), 1.0) for g in self.gpus])
+            self._unit[(src, dst)] = costs.busy_seconds(load, self.caps)
+        lat = self.routes(*self._ends(src, dst, self.gpus[0])).latency_s
+        return {r: nbytes * s + lat for r, s in self._unit[(src, dst)].items()}
+
+    def ring(self, nbytes: float, coll: str) -> dict[str, float]:
+        if len(self.gpus) <= 1 or nbytes <= 0:
+            return {}
+        ring = costs.ring(self.routes, self.gpus, nbytes, coll)
+        return {r: b / self.caps[r] + ring.latency_s for r, b in ring.resource_bytes().items()}
+
+    def modes(self, i: int) -> dict[str, tuple[float, float, float]]:
+        """Mode -> (saved bytes, transient bytes, recompute seconds): keep for every layer, ckpt for blocks."""
+        layer = self.layers[i]
         full = float(layer.activation_bytes_nockpt)
         two_largest = float(layer.peak_transient_bytes - (layer.activation_bytes_nockpt - layer.activation_bytes))
         modes = {"keep": (full, two_largest if layer.kind == "block" else float(layer.peak_transient_bytes), 0.0)}
         if layer.kind == "block" and layer.fwd_flops > 0:
             ckpt_full = self.job.config.checkpointing == "full"
-            ck = float(layer.activation_bytes if ckpt_full else layers[i - 1].output_bytes)
+            ck = float(layer.activation_bytes if ckpt_full else self.layers[i - 1].output_bytes)
             if ck < full:
                 modes["ckpt"] = (ck, full - ck + two_largest, self.secs(layer.fwd_flops, layer.fwd_hbm_bytes))
         return modes
 
-    def layer_rows(self, i: int, modes: Modes, offer: list[str]) -> _LayerRows:
+    def layer_rows(self, i: int, modes: dict[str, tuple[float, float, float]]) -> _LayerRows:
+        """The GPU always, the CPU where it is a pool of its own, NVMe if any; each with every mode."""
+        offer = [p for p in TIERS if p == "gpu" or (p == "cpu" and not self.unified)
+                 or (p == "nvme" and "nvme" in self.topo.locations)]
         row = _LayerRows(pool={pk: [] for pk in self.pools})
         for mode, (nbytes, transient, rc) in modes.items():
-            for place in offer:
-                if place != "gpu" and nbytes <= 0:
-                    continue
-                k = len(row.opts)
-                row.opts.append(Opt(mode, place))
-                row.recompute.append(rc)
-                row.transient.append(transient)
-                row.staged.append(nbytes if place != "gpu" else 0.0)
-                for pk in self.pools:
-                    row.pool[pk].append(0.0)
-                if place == "gpu":
-                    row.pool[self.gpool][k] += nbytes
-                    row.transfer.append(0.0)
-                else:
-                    row.pool[self.topo.pool_of[place]][k] += self.n * nbytes
-                    row.transfer.append(self._offload_terms(row, i, k, place, nbytes))
+            for place in (p for p in offer if p == "gpu" or nbytes > 0):
+                k, both, off = len(row.opts), 0.0, place != "gpu"
+                if off:
+                    out_c, in_c = self.copy("gpu", place, nbytes), self.copy(place, "gpu", nbytes)
+                    for terms, c in ((row.out_terms, out_c), (row.in_terms, in_c)):
+                        for r, s in c.items():
+                            terms[r].append((i, k, s))
+                    both = max(out_c.values()) + max(in_c.values())
+                    row.serial.append((i, k, both))
                 if rc > 0:
                     row.rc_terms.append((i, k, rc))
+                target = self.topo.pool_of[place] if off else self.gpool
+                for pk in self.pools:
+                    row.pool[pk].append((self.n * nbytes if off else nbytes) if pk == target else 0.0)
+                row.opts.append(Opt(mode, place))
+                row.recompute.append(rc)
+                row.transfer.append(both)
+                row.transient.append(transient)
+                row.staged.append(nbytes if off else 0.0)
         return row
 
-    def _offload_terms(self, row: _LayerRows, i: int, k: int, place: str, nbytes: float) -> float:
-        """Record option k's copy out to ``place`` and back; returns the two copies' serial seconds."""
-        out_c = self.links.copy("gpu", place, nbytes)
-        in_c = self.links.copy(place, "gpu", nbytes)
-        for r, s in out_c.items():
-            row.out_terms[r].append((i, k, s))
-        for r, s in in_c.items():
-            row.in_terms[r].append((i, k, s))
-        both = max(out_c.values()) + max(in_c.values())
-        row.serial.append((i, k, both))
-        return both
-
-    # -- the executor's fixed transfers, window by window ---------------------------------------------
     def upload(self, j: int) -> dict[str, float]:
         """Layer j's parameters to every GPU (a slice each, then the all-gather), where they are streamed."""
         if not self.tiering.streamed:
             return {}
         unit_b = self.unit[j] * self.db
-        out = dict(self.links.copy(self.tiering.params, "gpu", unit_b / self.n))
-        add_into(out, self.links.ring(unit_b, "all_gather"))
+        out = dict(self.copy(self.tiering.params, "gpu", unit_b / self.n))
+        add_into(out, self.ring(unit_b, "all_gather"))
         return out
 
     def grads(self, j: int) -> dict[str, float]:
         """Layer j's gradients: all-reduced (level 1), or reduce-scattered and copied to the CPU."""
         if self.tiering.level == 1:
-            return self.links.ring(self.layers[j].params * self.db, "all_reduce")
-        out = dict(self.links.ring(self.unit[j] * self.db, "reduce_scatter"))
-        add_into(out, self.links.copy("gpu", "cpu", self.unit[j] * self.db / self.n))
+            return self.ring(self.layers[j].params * self.db, "all_reduce")
+        out = dict(self.ring(self.unit[j] * self.db, "reduce_scatter"))
+        add_into(out, self.copy("gpu", "cpu", self.unit[j] * self.db / self.n))
         return out
 
     def windows(self, rows: list[_LayerRows]) -> tuple[Window, ...]:
@@ -211,7 +237,6 @@ class _Model:
         out.append(Window("end", 0.0, (), self.grads(0)))
         return tuple(out)
 
-    # -- bytes every schedule holds ----------------------------------------------------------------------
     def gpu_parts(self) -> dict[str, float]:
         """What the GPU holds whatever the activations: model states (1), parameters (2) or their window (3)."""
         p, db, max_unit_b = self.p_total, self.db, max(self.unit) * self.db
@@ -227,17 +252,15 @@ class _Model:
         """Bytes per pool that every schedule needs: the GPU's parts, CPU gradients, states, parameter home."""
         fixed: dict[str, float] = defaultdict(float)
         fixed[self.gpool] += sum(parts.values())
-        t = self.tiering
+        t, pool_of = self.tiering, self.topo.pool_of
         if t.level >= 2:
-            pool_of = self.topo.pool_of
             cpool = pool_of["cpu"]
             fixed[cpool] += cpu_grad_bytes * self.p_total
             states_bpp = self.master_bpp + self.optim_bpp
-            states = self.p_total * states_bpp
             if t.optim == "cpu":
-                fixed[cpool] += states
+                fixed[cpool] += self.p_total * states_bpp
             else:
-                fixed[pool_of["nvme"]] += states
+                fixed[pool_of["nvme"]] += self.p_total * states_bpp
                 fixed[cpool] += OPTIMIZER_STAGES * max(layer.params for layer in self.layers) * states_bpp
             if t.streamed:
                 fixed[pool_of[t.params]] += self.p_total * self.db
@@ -256,35 +279,28 @@ class _Model:
             wr = rd + (p * db if t.params == "nvme" else 0.0)
             parts.append(rd / io.bw_rev + wr / io.bw_fwd)
         if t.level == 2:
-            up = dict(self.links.copy("cpu", "gpu", p * db / len(self.links.gpus)))
-            add_into(up, self.links.ring(p * db, "all_gather"))
+            up = dict(self.copy("cpu", "gpu", p * db / len(self.gpus)))
+            add_into(up, self.ring(p * db, "all_gather"))
             parts.append(max(up.values(), default=0.0))
         return max(parts) + adam / self.nl
 
 
-def _terms(by_resource: dict[str, list[tuple[int, int, float]]]) -> dict[str, Terms]:
+def _terms(by_resource: dict[str, Terms]) -> dict[str, tuple[tuple[int, int, float], ...]]:
     return {r: tuple(v) for r, v in by_resource.items()}
 
 
 def build_costs(job: Job, tiering: Tiering, *, prefetch_depth: int = 1, optimizer_8bit: bool = False,
-                cpu_grad_bytes: float = 4.0, places: Sequence[str] | None = None,
-                capacity: Callable[[str, float], float] | None = None) -> Costs:
-    """The LazyTrain instance of ``job`` under ``tiering``.
-
-    ``places`` restricts the activation tiers offered (default: every tier the hardware has, the CPU only
-    where it is a pool of its own); ``capacity(pool, usable_bytes)`` lets a caller (a test) change what the
-    MILP may use of a pool.
-    """
+                cpu_grad_bytes: float = 4.0, capacity: Callable[[str, float], float] | None = None) -> Costs:
+    """The LazyTrain instance of ``job`` under ``tiering``; ``capacity(pool, usable_bytes)`` lets a caller (a test)
+    change what the MILP may use of a pool."""
     m = _Model(job, tiering, prefetch_depth, optimizer_8bit)
-    offer = m.offer(places)
     modes = [m.modes(i) for i in range(m.nl)]
-    rows = [m.layer_rows(i, modes[i], offer) for i in range(m.nl)]
+    rows = [m.layer_rows(i, modes[i]) for i in range(m.nl)]
     parts = m.gpu_parts()
 
     def usable(pk: str) -> float:
         cap = m.topo.pools[pk].capacity_bytes
-        cap = capacity(pk, cap) if capacity is not None else cap
-        return cap - SAFETY_BYTES
+        return (capacity(pk, cap) if capacity is not None else cap) - SAFETY_BYTES
 
     inst = Instance(
         options=tuple(tuple(r.opts) for r in rows), recompute_s=tuple(tuple(r.recompute) for r in rows),
@@ -294,5 +310,5 @@ def build_costs(job: Job, tiering: Tiering, *, prefetch_depth: int = 1, optimize
         fixed_bytes=m.fixed_bytes(parts, cpu_grad_bytes), capacity={k: usable(k) for k in m.pools},
         peak_pool=m.gpool, windows=m.windows(rows))
     act_bytes = tuple({mode: v[0] for mode, v in md.items()} for md in modes)
-    return Costs(tiering, inst, m.n, m.db, m.unit, m.fwd, m.bwd, act_bytes, m.master_bpp, m.optim_bpp,
+    return Costs(tiering, inst, m.n, m.db, m.unit, sum(m.fwd) + sum(m.bwd), act_bytes, m.master_bpp, m.optim_bpp,
                  m.optimizer_seconds(), parts)

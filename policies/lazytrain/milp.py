@@ -1,54 +1,44 @@
 """The LazyTrain optimisation problem, independent of any job: an :class:`Instance`, its MILP and its evaluation.
 
-An instance has, per layer ``i``, a list of allowed options ``o = (mode, place)`` (mode ``keep`` = save the
-full activations, ``ckpt`` = save only the layer input and recompute the forward in the backward; place
-``gpu``, ``cpu`` or ``nvme``) with per-option coefficients, and a list of *windows*: stretches of compute
-(a layer's forward, or its recompute + backward) that transfers can hide behind. The MILP
-(:func:`solve_milp`, scipy's HiGHS) and the direct evaluation of one choice (:func:`evaluate`, which the
-heuristics and the brute-force test use) implement the same model:
+An instance has, per layer ``i``, its options ``o = (mode, place)`` (mode ``keep`` = the full activations,
+``ckpt`` = the input only, forward recomputed in the backward; place ``gpu``, ``cpu`` or ``nvme``) with their
+coefficients, and *windows*: stretches of compute that transfers can hide behind. The MILP (:func:`solve_milp`,
+scipy's HiGHS) and the direct evaluation of one choice (:func:`evaluate`, used by the heuristics and the
+brute-force test) implement the same model:
 
 Variables
-    ``x[i,o]`` binary, ``sum_o x[i,o] = 1`` (one mode and one place per layer);
-    ``e[w] >= 0`` exposed transfer seconds of window ``w``;
-    ``yW[k]`` binary per level ``T_k`` of the options' transients above the floor ``T_0`` (the largest of the
-    layers' smallest transients): the workspace is ``W = T_0 + sum_k (T_k - T_{k-1}) yW[k]``;
-    ``yS[k]`` binary per level ``V_k`` of the options' staged (offloaded) bytes: the staging budget is
-    ``S = 2 sum_k (V_k - V_{k-1}) yS[k]`` (two in-flight offloaded activations, each budgeted at the
-    largest one);
-    ``N[g,o]`` integer: how many layers of group ``g`` (layers with identical coefficients, e.g. the
-    transformer blocks) take option ``o`` (redundant, see below).
+    ``x[i,o]`` binary, ``sum_o x[i,o] = 1``; ``e[w] >= 0`` exposed seconds of window ``w``; ``yW[k]`` binary per
+    level ``T_k`` of the options' transients above the floor ``T_0`` (the largest of the layers' smallest):
+    workspace ``W = T_0 + sum_k (T_k - T_{k-1}) yW[k]``; ``yS[k]`` likewise over the staged (offloaded) bytes:
+    staging ``S = 2 sum_k (V_k - V_{k-1}) yS[k]`` (two in flight, each budgeted at the largest); ``N[g,o]``
+    integer, how many layers of group ``g`` (identical coefficients, e.g. the blocks) take option ``o``.
 Constraints
-    exposure, for every window ``w`` and every link resource ``r`` it loads (a direction of a link, a link's
-    duplex budget, the NVMe drive set, or ``serial`` for copies that must run back to back)::
+    exposure, per window ``w`` and link resource ``r`` it loads (a link direction, a duplex budget, the NVMe
+    set, or ``serial`` for copies that run back to back), rows that another row of ``w`` bounds term by term
+    dropped::
 
         e[w] >= load_const[w,r] + sum x[i,o] * load[w,r,i,o] - compute[w] - sum x[i,o] * extra_compute[w,i,o]
 
-    (so ``e[w] = max(0, max_r load_r - compute)`` at the optimum: a transfer hides behind the window's
-    compute, recomputation included, and what is left is exposed); rows another row of the same window
-    bounds term by term are dropped;
-    levels: ``x[i,o] <= yW[k]`` for the highest level ``T_k <= transient[i,o]``, ``yW[k+1] <= yW[k]``;
-    likewise ``yS``. (The plain ``W >= sum_o x[i,o] transient[i,o]`` is exact too but its LP relaxation
-    lets fractional layers shrink the workspace, which left a 3 % gap HiGHS needed minutes to close.);
-    counts: ``N[g,o] = sum_{i in g} x[i,o]``;
-    memory, for every pool ``k`` (written over the counts ``N`` where layers are grouped, so that the
-    knapsack of 80 equal blocks is a knapsack of a few integers that branching closes at once)::
+    levels: ``x[i,o] <= yW[k]`` for the highest ``T_k <= transient[i,o]``, ``yW[k+1] <= yW[k]``; likewise
+    ``yS`` (the plain ``W >= x[i,o] transient[i,o]`` is exact too, but its LP relaxation left a 3 % gap HiGHS
+    needed minutes to close); counts ``N[g,o] = sum_{i in g} x[i,o]``; memory per pool ``k``, over the counts
+    where layers are grouped (a knapsack of a few integers, which branching closes at once)::
 
         fixed[k] + sum x[i,o] * bytes[k,i,o] (+ W + S for the pool the GPU allocates from) <= capacity[k]
 Objective
-    ``sum x[i,o] * recompute[i,o] + sum e[w] + tie * sum x[i,o] * transfer[i,o]``: recomputation plus
-    exposed transfer seconds per micro-step, plus a tie-break (``tie`` = 1e-3 of the seconds an option spends
-    on links, hidden or not) so that of two equally fast schedules the one that moves less is chosen
-    ("offload nothing it need not").
+    ``sum x[i,o] * recompute[i,o] + sum e[w] + tie * sum x[i,o] * transfer[i,o]``, ``tie`` = 1e-3 of the
+    seconds an option spends on links: of two equally fast schedules the one that moves less wins.
 
-Bytes enter the MILP in GB (1e9) to keep its coefficients near 1; the instance's capacities already carry
-the caller's safety margin. :func:`evaluate` checks memory with a tolerance of ``MEM_TOL_BYTES``.
+Bytes enter the MILP in GB (1e9) to keep its coefficients near 1; the capacities already carry the caller's
+safety margin. :func:`evaluate` checks memory with a tolerance of ``MEM_TOL_BYTES``.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from itertools import accumulate
 from typing import Any
 
 import numpy as np
@@ -103,12 +93,6 @@ class Instance:
     def n_layers(self) -> int:
         return len(self.options)
 
-    def index(self, layer: int, opt: Opt) -> int | None:
-        try:
-            return self.options[layer].index(opt)
-        except ValueError:
-            return None
-
 
 @dataclass(frozen=True)
 class Evaluation:
@@ -116,12 +100,9 @@ class Evaluation:
     objective: float        # recompute + exposed + tie-break (what the MILP minimises)
     recompute_s: float
     exposed_s: float
-    tie_s: float
     workspace: float
     staging: float
     need: Mapping[str, float]       # bytes per pool
-    overshoot: Mapping[str, float]  # need - capacity per pool (positive = over)
-    exposed_by_window: Mapping[str, float]
 
     @property
     def pure_objective(self) -> float:
@@ -131,42 +112,25 @@ class Evaluation:
 
 def evaluate(inst: Instance, choice: Sequence[int]) -> Evaluation:
     """Cost and memory of one choice (an option index per layer), computed directly from the model."""
-    rc = sum(inst.recompute_s[i][o] for i, o in enumerate(choice))
-    tie = inst.tie_break * sum(inst.transfer_s[i][o] for i, o in enumerate(choice))
-    exposed: dict[str, float] = {}
+    picked = list(enumerate(choice))
+    rc = sum(inst.recompute_s[i][o] for i, o in picked)
+    tie = inst.tie_break * sum(inst.transfer_s[i][o] for i, o in picked)
+    ex = 0.0
     for w in inst.windows:
         comp = w.compute_s + sum(c for i, o, c in w.compute_var if choice[i] == o)
-        worst = 0.0
-        for r in set(w.load_const) | set(w.load_var):
-            load = w.load_const.get(r, 0.0) + sum(c for i, o, c in w.load_var.get(r, ()) if choice[i] == o)
-            worst = max(worst, load - comp)
-        exposed[w.name] = worst
-    ws = max(inst.transient[i][o] for i, o in enumerate(choice))
-    staging = 2 * max(inst.staged[i][o] for i, o in enumerate(choice))
-    need: dict[str, float] = {}
-    for k in inst.capacity:
-        v = inst.fixed_bytes.get(k, 0.0) + sum(inst.pool_bytes[k][i][o] for i, o in enumerate(choice))
-        if k == inst.peak_pool:
-            v += ws + staging
-        need[k] = v
-    over = {k: need[k] - inst.capacity[k] for k in need}
-    feasible = all(v <= MEM_TOL_BYTES for v in over.values())
-    ex = sum(exposed.values())
-    return Evaluation(feasible, rc + ex + tie, rc, ex, tie, ws, staging, need, over, exposed)
+        ex += max([0.0] + [w.load_const.get(r, 0.0) + sum(c for i, o, c in w.load_var.get(r, ()) if choice[i] == o)
+                           - comp for r in set(w.load_const) | set(w.load_var)])
+    ws = max(inst.transient[i][o] for i, o in picked)
+    staging = 2 * max(inst.staged[i][o] for i, o in picked)
+    need = {k: inst.fixed_bytes.get(k, 0.0) + sum(inst.pool_bytes[k][i][o] for i, o in picked)
+            + (ws + staging if k == inst.peak_pool else 0.0) for k in inst.capacity}
+    feasible = all(need[k] - inst.capacity[k] <= MEM_TOL_BYTES for k in need)
+    return Evaluation(feasible, rc + ex + tie, rc, ex, ws, staging, need)
 
 
-# -- heuristics ----------------------------------------------------------------------------------------
 def _pick(inst: Instance, prefs: Sequence[Opt]) -> list[int]:
-    out = []
-    for i in range(inst.n_layers):
-        for p in prefs:
-            k = inst.index(i, p)
-            if k is not None:
-                out.append(k)
-                break
-        else:
-            out.append(0)
-    return out
+    """Per layer, the first of ``prefs`` it offers (else its first option)."""
+    return [next((opts.index(p) for p in prefs if p in opts), 0) for opts in inst.options]
 
 
 def heuristic(inst: Instance, name: str) -> list[int]:
@@ -187,7 +151,6 @@ def heuristic(inst: Instance, name: str) -> list[int]:
     raise ValueError(f"unknown heuristic {name!r}")
 
 
-# -- the MILP ------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class MilpResult:
     choice: tuple[int, ...] | None
@@ -204,10 +167,7 @@ class MilpResult:
     limit_hit: str | None = None  # "nodes" (deterministic) or "time" (the safety net: load-dependent)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"status": self.status, "status_code": self.status_code, "message": self.message,
-                "objective": self.objective, "dual_bound": self.dual_bound, "mip_gap": self.mip_gap,
-                "limit_hit": self.limit_hit, "n_vars": self.n_vars, "n_binaries": self.n_binaries,
-                "n_constraints": self.n_constraints}
+        return {k: v for k, v in asdict(self).items() if k not in ("choice", "solve_s")}
 
 
 class _Model:
@@ -215,13 +175,8 @@ class _Model:
 
     def __init__(self, inst: Instance):
         self.inst = inst
-        self.xoff: list[int] = []
-        n = 0
-        for opts in inst.options:
-            self.xoff.append(n)
-            n += len(opts)
-        self.nx = n
-        self.e0 = n
+        self.xoff = list(accumulate((len(opts) for opts in inst.options), initial=0))
+        self.nx = self.e0 = self.xoff[-1]
         # workspace: W = w_base + sum_k (T_k - T_{k-1}) yW_k, levels T_k over the options' transients
         self.w_base = max(min(row) for row in inst.transient)
         self.w_levels = sorted({v for row in inst.transient for v in row if v > self.w_base})
@@ -229,10 +184,8 @@ class _Model:
         # staging: S = 2 * sum_k (V_k - V_{k-1}) yS_k, levels V_k over the options' staged bytes
         self.s_levels = sorted({v for row in inst.staged for v in row if v > 0})
         self.ys0 = self.yw0 + len(self.w_levels)
-        # counts: layers with identical coefficients form a group; N[g,o] = how many of group g take option o.
-        # The pool rows are written over the counts, so that the knapsack of equal blocks is a knapsack of
-        # a few integers, which branching closes at once (over the 0/1 x it would enumerate which of
-        # 120 equal blocks is kept).
+        # counts N[g,o] over groups of identical layers: the pool rows over them close at once (over the 0/1 x
+        # branching would enumerate which of 120 equal blocks is kept)
         groups: dict[tuple, list[int]] = {}
         for i in range(inst.n_layers):
             key = (inst.options[i], inst.transient[i], inst.staged[i],
@@ -253,6 +206,7 @@ class _Model:
         self.vals: list[float] = []
         self.lb: list[float] = []
         self.ub: list[float] = []
+        self.structural()
 
     def x(self, i: int, o: int) -> int:
         return self.xoff[i] + o
@@ -270,14 +224,10 @@ class _Model:
     def peak_terms(self) -> tuple[float, list[tuple[int, float]]]:
         """(constant bytes, terms in GB) of workspace + staging."""
         terms = []
-        prev = self.w_base
-        for k, v in enumerate(self.w_levels):
-            terms.append((self.yw0 + k, (v - prev) / GB))
-            prev = v
-        prev = 0.0
-        for k, v in enumerate(self.s_levels):
-            terms.append((self.ys0 + k, 2 * (v - prev) / GB))
-            prev = v
+        for y0, levels, prev, scale in ((self.yw0, self.w_levels, self.w_base, 1), (self.ys0, self.s_levels, 0.0, 2)):
+            for k, v in enumerate(levels):
+                terms.append((y0 + k, scale * (v - prev) / GB))
+                prev = v
         return self.w_base, terms
 
     def pool_terms(self, k: str) -> tuple[float, list[tuple[int, float]]]:
@@ -324,24 +274,23 @@ class _Model:
         self._levels(inst.transient, self.w_levels, self.yw0)
         self._levels(inst.staged, self.s_levels, self.ys0)
 
-    def bounds(self) -> Bounds:
-        lo = np.zeros(self.nvar)
+    def run(self, c: np.ndarray, time_limit_s: float, mip_rel_gap: float, node_limit: int) -> tuple[Any, float]:
+        """HiGHS on these rows with objective ``c`` (x, yW, yS binary; N integer); scipy's result and the wall time."""
         hi = np.full(self.nvar, np.inf)
         hi[: self.nx] = 1.0
         hi[self.yw0: self.n0] = 1.0
         for (gi, _), col in self.count.items():
             hi[col] = len(self.groups[gi])
-        return Bounds(lo, hi)
-
-    def integrality(self) -> np.ndarray:
-        out = np.zeros(self.nvar)
-        out[: self.nx] = 1
-        out[self.yw0:] = 1
-        return out
-
-    def constraint(self) -> LinearConstraint:
+        integrality = np.zeros(self.nvar)
+        integrality[: self.nx] = 1
+        integrality[self.yw0:] = 1
         a = coo_array((self.vals, (self.rows, self.cols)), shape=(len(self.lb), self.nvar)).tocsr()
-        return LinearConstraint(a, np.array(self.lb), np.array(self.ub))
+        t0 = time.perf_counter()
+        res = milp(c, integrality=integrality, bounds=Bounds(np.zeros(self.nvar), hi),
+                   constraints=[LinearConstraint(a, np.array(self.lb), np.array(self.ub))],
+                   options={"time_limit": float(time_limit_s), "mip_rel_gap": float(mip_rel_gap),
+                            "node_limit": int(node_limit), "disp": False})
+        return res, time.perf_counter() - t0
 
     def choice(self, xv: np.ndarray) -> tuple[int, ...]:
         return tuple(int(np.argmax(xv[self.xoff[i]: self.xoff[i] + len(opts)]))
@@ -356,28 +305,14 @@ def _undominated(w: Window) -> list[tuple[float, dict[tuple[int, int], float]]]:
         for i, o, c in w.load_var.get(r, ()):
             var[(i, o)] = var.get((i, o), 0.0) + c
         rows.append((w.load_const.get(r, 0.0), var))
-    keep = []
-    for a, (ca, va) in enumerate(rows):
-        dominated = False
-        for b2, (cb, vb) in enumerate(rows):
-            if a == b2 or cb < ca or any(vb.get(k, 0.0) < v for k, v in va.items()):
-                continue
-            # b bounds a; of two equal rows keep the first
-            if b2 < a or cb > ca or any(vb.get(k, 0.0) > va.get(k, 0.0) for k in vb):
-                dominated = True
-                break
-        if not dominated:
-            keep.append((ca, va))
-    return keep
 
+    def bounds(b: int, a: int) -> bool:  # of two equal rows the first is kept
+        (ca, va), (cb, vb) = rows[a], rows[b]
+        if a == b or cb < ca or any(vb.get(k, 0.0) < v for k, v in va.items()):
+            return False
+        return b < a or cb > ca or any(vb.get(k, 0.0) > va.get(k, 0.0) for k in vb)
 
-def _run(model: _Model, c: np.ndarray, time_limit_s: float, mip_rel_gap: float,
-         node_limit: int = NODE_LIMIT) -> tuple[Any, float]:
-    t0 = time.perf_counter()
-    res = milp(c, integrality=model.integrality(), bounds=model.bounds(), constraints=[model.constraint()],
-               options={"time_limit": float(time_limit_s), "mip_rel_gap": float(mip_rel_gap),
-                        "node_limit": int(node_limit), "disp": False})
-    return res, time.perf_counter() - t0
+    return [row for a, row in enumerate(rows) if not any(bounds(b, a) for b in range(len(rows)))]
 
 
 def limit_hit(res: Any) -> str | None:
@@ -389,17 +324,12 @@ def limit_hit(res: Any) -> str | None:
 
 def solve_milp(inst: Instance, *, time_limit_s: float = TIME_LIMIT_S, mip_rel_gap: float = 1e-4,
                cutoff_s: float | None = None, node_limit: int = NODE_LIMIT) -> MilpResult:
-    """Minimise recomputation + exposed transfer (+ tie-break) subject to every pool's capacity.
+    """Minimise recomputation + exposed transfer (+ tie-break) subject to every pool's capacity; ``cutoff_s``
+    bounds recomputation + exposed seconds from above (no schedule under it reads as "infeasible").
 
-    ``cutoff_s`` bounds recomputation + exposed seconds from above (a caller that only wants schedules
-    better than one it has): no schedule under it reads as status "infeasible".
-
-    Deterministic: HiGHS stops at the optimum within ``mip_rel_gap`` or after ``node_limit`` branch-and-bound
-    nodes, both independent of the machine's speed and load; ``time_limit_s`` is only a safety net, and a
-    result it cut says so (``limit_hit == "time"``): such a result may differ from run to run.
-    """
+    Deterministic: HiGHS stops within ``mip_rel_gap`` or after ``node_limit`` nodes, whatever the machine's load;
+    ``time_limit_s`` is only a safety net, and a result it cut says so (``limit_hit == "time"``)."""
     m = _Model(inst)
-    m.structural()
     for k, cap in inst.capacity.items():
         const, terms = m.pool_terms(k)
         m.row(terms, -np.inf, (cap - const) / GB)
@@ -407,11 +337,10 @@ def solve_milp(inst: Instance, *, time_limit_s: float = TIME_LIMIT_S, mip_rel_ga
         pure = [(m.x(i, o), v) for i, row in enumerate(inst.recompute_s) for o, v in enumerate(row)]
         m.row(pure + [(m.e0 + w, 1.0) for w in range(len(inst.windows))], -np.inf, cutoff_s)
     c = np.zeros(m.nvar)
-    for i, opts in enumerate(inst.options):
-        for o in range(len(opts)):
-            c[m.x(i, o)] = inst.recompute_s[i][o] + inst.tie_break * inst.transfer_s[i][o]
+    c[: m.nx] = [v + inst.tie_break * inst.transfer_s[i][o] for i, row in enumerate(inst.recompute_s)
+                 for o, v in enumerate(row)]
     c[m.e0: m.e0 + len(inst.windows)] = 1.0
-    res, dt = _run(m, c, time_limit_s, mip_rel_gap, node_limit)
+    res, dt = m.run(c, time_limit_s, mip_rel_gap, node_limit)
     ok = res.x is not None
     return MilpResult(
         choice=m.choice(res.x) if ok else None, status=STATUS.get(res.status, str(res.status)),
@@ -424,15 +353,12 @@ def min_pool_need(inst: Instance, pool: str, *, time_limit_s: float = TIME_LIMIT
                   node_limit: int = NODE_LIMIT) -> float:
     """The fewest bytes ``pool`` can need over all choices, ignoring every capacity (for PlanInfeasible)."""
     m = _Model(inst)
-    m.structural()
     c = np.zeros(m.nvar)
     const, terms = m.pool_terms(pool)
     for col, v in terms:
         c[col] += v
-    res, _ = _run(m, c, time_limit_s, 1e-6, node_limit)
-    if res.x is None:
-        return float("inf")
-    return const + float(res.fun) * GB
+    res, _ = m.run(c, time_limit_s, 1e-6, node_limit)
+    return float("inf") if res.x is None else const + float(res.fun) * GB
 
 
 def _float(v: Any) -> float | None:
