@@ -72,13 +72,13 @@ Knobs:
 - ``prefetch_packs`` (int, default 1): packs fetched ahead of the one computing (0: fetch on demand).
 - ``active_cpu_mm`` (bool, default True): no redundant 16-bit copies in DRAM.
 
-Where each part lives: ``pipeline`` (the knobs, stage count, partition, dropping the tolerance, the bytes each
-piece holds), ``packing`` (the exact search), ``cost_model`` (what the search knows of a layer), ``build``
-(``plan``: streams, persistent tensors, DRAM, notes and ``info``), ``emit`` (1F1B and GPipe as segments; a step
-recorded concretely through kit-compatible sinks, then folded into them), ``tasks`` (per-layer compute, uploads,
-gradient offload and reduction, optimizer steps: ``policies.kit`` calls; the pipeline's sends, the tied-table
-sum and GPipe's stash are tinypipe's own). ``packing.solve`` keeps a bounded memo (``functools.lru_cache``) of
-a pure function of its frozen ``Problem``: it changes no result, only how often the same search runs.
+Where each part lives: ``pipeline`` (the knobs, the cost model, stage count, partition, dropping the
+tolerance, the bytes each piece holds), ``packing`` (the exact search), ``build`` (``plan``: streams, persistent
+tensors, DRAM, notes and ``info``), ``emit`` (1F1B and GPipe as segments; a step recorded concretely through
+kit-compatible sinks, then folded into them), ``tasks`` (per-layer compute, uploads, gradient offload and
+reduction, optimizer steps: ``policies.kit`` calls; the pipeline's sends, the tied-table sum and GPipe's stash
+are tinypipe's own). ``packing.solve`` keeps a bounded memo (``functools.lru_cache``) of a pure function of its
+frozen ``Problem``: it changes no result, only how often the same search runs.
 """
 
 from __future__ import annotations

@@ -9,10 +9,18 @@ from hardware_models import build_topology
 from policies import kit
 from policies.base import Job, PlanInfeasible, unified
 from policies.builder import PlanBuilder
-from policies.tinypipe.cost_model import ADAM_BYTES, BOUNCE_BUFFERS, GRAD32_BYTES, master_bytes
 from policies.tinypipe.emit import Ev, Key, Recorder
 from policies.tinypipe.packing import MODES
-from policies.tinypipe.pipeline import NAME, Knobs, Pipeline, decide
+from policies.tinypipe.pipeline import (
+    ADAM_BYTES,
+    BOUNCE_BUFFERS,
+    GRAD32_BYTES,
+    NAME,
+    Knobs,
+    Pipeline,
+    decide,
+    master_bytes,
+)
 from policies.tinypipe.tasks import OptimizerSegment, StageRun
 from simulator import Plan
 from simulator.phase import Phase

@@ -17,7 +17,7 @@ same thing, which can delay a prefetch but never breaks an ordering.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from policies.builder import PlanBuilder
@@ -46,29 +46,18 @@ class Schedule:
 
 def one_f_one_b(S: int, M: int) -> Schedule:
     R = max(0, M - S)
-    per: list[list[tuple[str, int, str]]] = []   # per stage: (kind, micro-batch, W(arm-up) | S(teady) | C(ool-down))
+    names = ([("warmup", 1)] if min(S - 1, M) > 0 else []) + ([("steady", R)] if R else []) + [("cooldown", 1)]
+    seg = {n: i for i, (n, _) in enumerate(names)}
+    ops = []
     for s in range(S):
         w = min(S - 1 - s, M)
-        seq = [("F", m, "W") for m in range(w)]
-        for f in range(w, M):
-            part = "S" if f - w < R else "C"
-            seq += [("F", f, part), ("B", f - w, part)]
-        per.append(seq + [("B", k, "C") for k in range(M - w, M)])
-    names = [("warmup", "W", 1)] if any(p == "W" for seq in per for _, _, p in seq) else []
-    names += [("steady", "S", R)] if R else []
-    names.append(("cooldown", "C", 1))
-    index = {part: i for i, (_, part, _) in enumerate(names)}
-    ops = []
-    for seq in per:
-        out, pos = [], 0
-        for kind, mb, part in seq:
-            if part == "S":
-                out.append(Op(kind, mb, index[part], pos // 2, pos % 2))
-                pos += 1
-            else:
-                out.append(Op(kind, mb, index[part], 0, 0))
-        ops.append(tuple(out))
-    return Schedule(tuple((n, r) for n, _, r in names), tuple(ops))
+        out = [Op("F", m, 0, 0, 0) for m in range(w)]
+        for f in range(w, M):   # pair k = f - w: steady (one per iteration) for the first R, then cool-down
+            k = f - w
+            out += ([Op("F", f, seg["steady"], k, 0), Op("B", k, seg["steady"], k, 1)] if k < R
+                    else [Op("F", f, seg["cooldown"], 0, 0), Op("B", k, seg["cooldown"], 0, 0)])
+        ops.append(tuple(out + [Op("B", k, seg["cooldown"], 0, 0) for k in range(M - w, M)]))
+    return Schedule(tuple(names), tuple(ops))
 
 
 def make_schedule(name: str, S: int, M: int) -> Schedule:
@@ -83,19 +72,16 @@ def make_schedule(name: str, S: int, M: int) -> Schedule:
 
 @dataclass(slots=True)
 class Ev:
-    """One concrete task instance of the step (a template task has one per iteration)."""
+    """One concrete task instance of the step (a template task has one per iteration); ``kw``: the rest of its
+    ``PlanBuilder.task`` arguments."""
 
     tid: str
     seg: int
     it: int
     op: str
     stream: str
-    deps: list[Dep] = field(default_factory=list)
-    fields: dict[str, Any] = field(default_factory=dict)
-    allocs: list[tuple[str, str]] = field(default_factory=list)
-    frees: list[tuple[str, str]] = field(default_factory=list)
-    reads: list[tuple[str, str]] = field(default_factory=list)
-    tags: dict[str, Any] = field(default_factory=dict)
+    deps: list[Dep]
+    kw: dict[str, Any]
 
 
 class Sink(PlanBuilder):
@@ -107,14 +93,8 @@ class Sink(PlanBuilder):
         self.rec, self.seg, self.it = rec, seg, it
         self.last: Ev | None = None
 
-    def task(self, tid: str, op: str, stream: str, deps: Sequence[Dep] = (), *,
-             allocs: Sequence[tuple[str, str]] = (), frees: Sequence[tuple[str, str]] = (),
-             reads: Sequence[tuple[str, str]] = (), tensor: str | None = None, **fields: Any) -> str:
-        if tensor is not None:
-            fields["tensor"] = tensor
-        tags = fields.pop("tags", {})
-        self.last = Ev(tid, self.seg, self.it, op, stream, list(deps), fields, list(allocs), list(frees), list(reads),
-                       tags)
+    def task(self, tid: str, op: str, stream: str, deps: Sequence[Dep] = (), **kw: Any) -> str:
+        self.last = Ev(tid, self.seg, self.it, op, stream, list(deps), kw)
         self.rec.events.append(self.last)
         return tid
 
@@ -184,5 +164,4 @@ class Recorder:
                 self.b.segment(name, repeat)
                 for tid in order[seg]:
                     e = merged[tid]
-                    self.b.task(tid, e.op, e.stream, list(deps[tid]), allocs=e.allocs, frees=e.frees, reads=e.reads,
-                                tags=e.tags, **e.fields)
+                    self.b.task(tid, e.op, e.stream, list(deps[tid]), **e.kw)

@@ -1,9 +1,8 @@
 """Holistic layer packing for ``tinypipe``: stage boundaries and packs chosen together by an exact search.
 
-The problem (our reading; the paper's formulation was not available to us): split layers ``0..L-1`` into ``S``
-contiguous stages and each swapped stage into contiguous *packs* (layers swapped together), minimising the peak
-GPU memory of the worst stage subject to every stage's time per micro-batch being within ``(1 + tolerance)`` of
-``T*``, the bottleneck of the best balanced partition. Modes come from a rule (``Model.mode``), not the search.
+The problem (our reading, see the package docstring): split layers ``0..L-1`` into ``S`` contiguous stages and
+each swapped stage into contiguous *packs*, minimising the worst stage's peak GPU memory subject to every stage's
+time within ``(1 + tolerance) T*`` (``T*``: the best balanced bottleneck). Modes come from a rule (``Model.mode``).
 
 Costs per stage (a model for the search; the simulator is the judge of the chosen plan): time per micro-batch:
 ``gpu``/``resident``: the sum of the layers' compute; ``swap``: ``sum over packs of max(compute, transfer) +

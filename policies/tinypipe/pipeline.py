@@ -5,6 +5,12 @@ everything, optimizer included, on its GPU (where memory allows, data-parallel r
 bubble), else one stage per GPU (or the largest divisor of the GPU count the model has layers for). Stage
 counts whose model states alone overflow a GPU (``all_gpu_need``) are not probed. Replica r runs stage s on
 ``gpu{r * S + s}``.
+
+Cost model (what the packing search knows of a layer): its time per micro-batch is its compute (forward,
+recompute, backward: each task priced by ``costs.ComputePricer`` as the engine charges it) and, when swapped,
+its transfers over a GPU's DRAM route with every GPU swapping (``swap_rates``): two fetches of its 16-bit
+weights one way and its gradient the other, ``max(2 w / one-way, 3 w / both-ways)``. A pack adds the route's
+copy latency three times (``pack_overhead_s``). The tied embedding table counts in the head's figures too.
 """
 
 from __future__ import annotations
@@ -13,16 +19,62 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from hardware_models import build_topology
+from costs import ComputePricer, link_capacities, slowest_transfer_rate, transfer_rates
+from hardware_models import Topology, build_topology
 from policies.base import Job, KnobError, PlanInfeasible, gpu_pool, unified
 from policies.kit import dtype_bytes
-from policies.tinypipe.cost_model import ADAM_BYTES, layer_costs, master_bytes, table_params
 from policies.tinypipe.emit import make_schedule
-from policies.tinypipe.packing import MODES, Problem, Solution, StagePlan, solve
+from policies.tinypipe.packing import MODES, LayerCost, Problem, Solution, StagePlan, solve
+from simulator.phase import Phase
 
 NAME = "tinypipe"
 SCHEDULES = ("1f1b", "gpipe")
-_FIT = 1 + 1e-12   # relative slack when comparing an estimated peak with the GPU's capacity
+_FIT = 1 + 1e-12        # relative slack when comparing an estimated peak with the GPU's capacity
+GRAD32_BYTES = 4.0      # CPU-side fp32 gradient accumulator per parameter
+ADAM_BYTES = 8.0        # Adam m and v, fp32
+BOUNCE_BUFFERS = 2      # pinned upload buffers per GPU (resident stages)
+
+
+def master_bytes(job: Job) -> float:
+    """fp32 master weights per parameter: none when training in fp32."""
+    return 0.0 if job.config.precision == "fp32" else 4.0
+
+
+def table_params(job: Job) -> float:
+    """Parameters of the tied embedding table (0 when the head has its own)."""
+    return float(job.model.vocab * job.model.hidden) if job.model.tied_embeddings else 0.0
+
+
+def swap_rates(topo: Topology) -> tuple[float, float, float]:
+    """(one-way bytes/s, both-ways bytes/s, latency) of a GPU's DRAM route while every GPU swaps at once, priced
+    as the engine shares links (max-min fair, ``costs``): one way, the slowest of every GPU's upload; both ways,
+    the least over GPUs of its upload's and download's rates with every GPU uploading and downloading; the
+    largest route latency. The search gives every stage these rates (the slowest GPU's)."""
+    caps = link_capacities(topo)
+    gpus = topo.gpu_locations()
+    one, lat = slowest_transfer_rate(topo, [("cpu", g) for g in gpus], caps)
+    rates = transfer_rates(topo, [pair for g in gpus for pair in (("cpu", g), (g, "cpu"))], caps)
+    both = min(rates[2 * k] + rates[2 * k + 1] for k in range(len(gpus)))
+    return one, both, lat
+
+
+def layer_costs(job: Job) -> tuple[list[LayerCost], float]:
+    """Per-layer costs for the search, and the per-pack overhead (seconds per micro-batch)."""
+    price = ComputePricer(job.hw, job.config.precision, (job.model, job.config)).seconds
+    one, both, lat = swap_rates(build_topology(job.hw))
+    db, master, table, last = dtype_bytes(job), master_bytes(job), table_params(job), len(job.trace.layers) - 1
+    out = []
+    for i, ly in enumerate(job.trace.layers):
+        c = price(ly.fwd_flops, ly.fwd_hbm_bytes, i, Phase.FWD)
+        if ly.recompute_flops > 0:
+            c += price(ly.recompute_flops, ly.fwd_hbm_bytes, i, Phase.RECOMPUTE)
+        c += price(ly.bwd_flops, ly.bwd_hbm_bytes, i, Phase.BWD)
+        extra = table if i == last else 0.0
+        w = float(ly.param_bytes) + extra * db
+        st = float(ly.master_bytes + ly.optimizer_bytes) + extra * (master + ADAM_BYTES)
+        out.append(LayerCost(c, max(2 * w / one, 3 * w / both), w, st, float(ly.activation_bytes),
+                             float(ly.peak_transient_bytes)))
+    return out, 3 * lat
 
 
 @dataclass(frozen=True)
@@ -53,7 +105,8 @@ class Pipeline:
         self.layers, self.stages, self.S, self.dp, self.M = job.trace.layers, sol.stages, len(sol.stages), dp, M
         self.schedule, self.gpipe = make_schedule(knobs.schedule, self.S, M), knobs.schedule == "gpipe"
         self.prefetch, self.active_cpu_mm, self.unified = knobs.prefetch_packs, knobs.active_cpu_mm, unified(job)
-        self.tied, self.table_params, self.db = job.model.tied_embeddings, table_params(job), dtype_bytes(job)
+        self.tied, self.table_params, self.last = job.model.tied_embeddings, table_params(job), len(self.layers) - 1
+        self.table_bytes = self.table_params * dtype_bytes(job)   # 0 without a tied table
 
     def rank(self, r: int, s: int) -> int:
         """The GPU rank that runs stage s of replica r."""
@@ -67,30 +120,19 @@ class Pipeline:
         return self.tied and self.S > 1 and s == self.S - 1
 
     def layer_params(self, s: int, x: int) -> float:
-        p = float(self.layers[x].params)
-        if self.head_copy(s) and x == len(self.layers) - 1:
-            p += self.table_params
-        return p
+        return float(self.layers[x].params) + (self.table_params if self.head_copy(s) and x == self.last else 0.0)
 
     def layer_bytes(self, x: int) -> float:
         """16-bit bytes the GPU holds for layer x (the head also needs the tied table to compute)."""
-        w = float(self.layers[x].param_bytes)
-        if self.tied and x == len(self.layers) - 1:
-            w += self.table_params * self.db
-        return w
+        return float(self.layers[x].param_bytes) + (self.table_bytes if x == self.last else 0.0)
 
     def pack_bytes(self, u: int, t: int) -> float:
-        w = sum(self.layer_bytes(x) for x in range(u, t + 1))
-        if self.tied and u == 0 and t == len(self.layers) - 1:
-            w -= self.table_params * self.db
-        return w
+        return sum(self.layer_bytes(x) for x in range(u, t + 1)) - (self.table_bytes if u == 0 and t == self.last
+                                                                     else 0.0)
 
     def pack_home_bytes(self, s: int, u: int, t: int) -> float:
         """DRAM home of a swapped pack: without the table when the stage also holds the embedding (S = 1)."""
-        w = self.pack_bytes(u, t)
-        if self.tied and t == len(self.layers) - 1 and not self.head_copy(s) and u > 0:
-            w -= self.table_params * self.db
-        return w
+        return self.pack_bytes(u, t) - (self.table_bytes if t == self.last and u > 0 and not self.head_copy(s) else 0.0)
 
     def stage_params(self, st: StagePlan) -> float:
         return sum(self.layer_params(st.index, x) for x in range(st.first, st.last + 1))

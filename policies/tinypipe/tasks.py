@@ -144,19 +144,22 @@ class StageRun:
             gb = self.rec.tensor(f"gb{p}.{self.g}{self.sfx}", self.pipe.pack_bytes(u, t), "grad", self.scope, u)
         last: Ev | None = None
         for x in range(t, u - 1, -1):
-            deps = list(recv) if x == self.st.last else []
-            if f is not None and f.task is not None and x == t:
+            lay, top = self.pipe.layers[x], x == t
+            deps: list[Dep] = list(recv) if x == self.st.last else []
+            if f is not None and f.task is not None and top:
                 deps.append(f.task)
-            allocs: list[tuple[str, str]] = []
             gate: list[Dep] = []
-            frees = [] if self.pipe.gpipe else [(f"a{x}.{self.g}{acts}", self.g)]
-            if gb is not None and x == t:
-                allocs.append((gb, self.g))
-                # at most two gradient packs live: a pack's buffer waits for the copy two packs back
+            if gb is not None and top:   # at most two gradient packs live: this one waits for the copy two back
                 gate = [d2hs[pos - 2]] if pos >= 2 else [self.last_b_d2h] if pos == 0 and self.last_b_d2h else []
+            frees = [] if self.pipe.gpipe else [(f"a{x}.{self.g}{acts}", self.g)]
             if f is not None and x == u:
                 frees.append((f.buf, self.g))
-            last = self.backward_layer(x, deps, gate, allocs, frees)
+            if lay.recompute_flops > 0:   # the recomputation takes the data dependencies, the backward the gate
+                kit.recompute(self.sink, x, lay, self.g, self.r, deps, tid=f"r{x}.{self.g}{self.sfx}", extra=self.extra)
+                deps = []
+            kit.backward(self.sink, x, lay, self.g, self.r, deps + gate, tid=f"b{x}.{self.g}{self.sfx}",
+                         allocs=[(gb, self.g)] if gb is not None and top else [], frees=frees, extra=self.extra)
+            self.final_bwd[(self.r, self.s, x)] = last = self.sink.ev()
         assert last is not None
         if f is not None and gb is not None:
             self.rec.keyed[("res", self.r, self.s, f.j)] = last
@@ -167,18 +170,6 @@ class StageRun:
             self.final_d2h[(self.r, self.s, p)] = dn = self.sink.ev()
             d2hs.append(dn)
         return last
-
-    def backward_layer(self, x: int, deps: list[Dep], gate: list[Dep], allocs: list[tuple[str, str]],
-                       frees: list[tuple[str, str]]) -> Ev:
-        """Layer x's recomputation (when checkpointing; it takes ``deps``) and backward (``gate`` too)."""
-        lay = self.pipe.layers[x]
-        if lay.recompute_flops > 0:
-            kit.recompute(self.sink, x, lay, self.g, self.r, deps, tid=f"r{x}.{self.g}{self.sfx}", extra=self.extra)
-            deps = []
-        kit.backward(self.sink, x, lay, self.g, self.r, deps + gate, tid=f"b{x}.{self.g}{self.sfx}", allocs=allocs,
-                     frees=frees, extra=self.extra)
-        self.final_bwd[(self.r, self.s, x)] = e = self.sink.ev()
-        return e
 
 
 class OptimizerSegment:
@@ -209,7 +200,7 @@ class OptimizerSegment:
         deps: list[Dep] = [self._final(r, first, 0), self._final(r, last, L - 1)]
         if first.mode != "swap" and last.mode != "swap":
             return self.sink.add(f"tie.r{r}", "collective", f"tie{r}", deps, coll="all_reduce",
-                                 bytes=pipe.table_params * pipe.db, ranks=(pipe.gpu(r, 0), pipe.gpu(r, pipe.S - 1)),
+                                 bytes=pipe.table_bytes, ranks=(pipe.gpu(r, 0), pipe.gpu(r, pipe.S - 1)),
                                  tags={"phase": Phase.TIED_GRAD_SYNC, "rank": r})
         return self.sink.add(f"tie.r{r}", "noop", f"tie{r}", deps,
                              tags={"phase": Phase.TIED_GRAD_SYNC, "on": "cpu", "rank": r})
