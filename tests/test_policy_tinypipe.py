@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from costs import kernel_seconds
 from policies import KnobError, PlanInfeasible, parse_knobs
 from policies import tinypipe as tp
-from policies.tinypipe.cost_model import swap_rates
 from policies.tinypipe.packing import MODES, LayerCost, Model, Problem, solve
+from policies.tinypipe.pipeline import swap_rates
 from simulator import simulate_plan
 from simulator.invariants import check_invariants
 from simulator.opcost import plan_pricer, task_seconds
@@ -341,7 +341,7 @@ def test_layer_compute_is_what_the_engine_charges_on_a_calibrated_spec() -> None
     charges the layer's forward, recompute and backward tasks (not the one-kernel roofline)."""
     job = job_for("a100", "gpt2", ("gpu.op_overhead=10us", "gpu.elementwise_bw=500GB/s", "gpu.memory=2TB"),
                   global_batch=2)
-    costs, _ = tp.cost_model.layer_costs(job)
+    costs, _ = tp.pipeline.layer_costs(job)
     plan = tp.plan(job, tp.Knobs())
     pricer = plan_pricer(plan, job.hw, job.config.precision)
     charged: dict[int, float] = {}

@@ -72,27 +72,22 @@ Knobs:
 - ``prefetch_packs`` (int, default 1): packs fetched ahead of the one computing (0: fetch on demand).
 - ``active_cpu_mm`` (bool, default True): no redundant 16-bit copies in DRAM.
 
-Where each part lives: ``knobs`` (the knobs and their validation), ``decide`` (stage count, partition,
-dropping the tolerance), ``packing`` (the exact search), ``cost_model`` (what the search knows of a layer,
-the DRAM a plan keeps), ``build`` (``plan``: streams, persistent tensors, notes and ``info``),
-``schedule`` (1F1B and GPipe as segments), ``stage`` and ``optimizer`` (the tasks: per-layer compute,
-uploads, gradient offload and reduction, GPU and CPU optimizer steps, streams are ``policies.kit`` calls;
-the pipeline's sends, the tied-table sum and GPipe's stash are tinypipe's own), ``emit`` (a step recorded
-concretely and folded into segments; ``Sink`` lets kit calls record into it). The package's one piece
-of module-level state is ``packing.solve``'s bounded memo (``functools.lru_cache``, ``SOLVE_CACHE``
-entries) of a pure function of its frozen ``Problem``: it changes no result, only how often the same
-search runs.
+Where each part lives: ``pipeline`` (the knobs, the cost model, stage count, partition, dropping the
+tolerance, the bytes each piece holds), ``packing`` (the exact search), ``build`` (``plan``: streams, persistent
+tensors, DRAM, notes and ``info``), ``emit`` (1F1B and GPipe as segments; a step recorded concretely through
+kit-compatible sinks, then folded into them), ``tasks`` (per-layer compute, uploads, gradient offload and
+reduction, optimizer steps: ``policies.kit`` calls; the pipeline's sends, the tied-table sum and GPipe's stash
+are tinypipe's own). ``packing.solve`` keeps a bounded memo (``functools.lru_cache``) of a pure function of its
+frozen ``Problem``: it changes no result, only how often the same search runs.
 """
 
 from __future__ import annotations
 
 from policies.base import PolicyInfo, gpu_pool, pow2_divisors
 from policies.tinypipe.build import plan
-from policies.tinypipe.decide import all_gpu_need, search, stage_count
-from policies.tinypipe.knobs import NAME, Knobs
+from policies.tinypipe.pipeline import NAME, Knobs, all_gpu_need, search, stage_count
 
 POLICY = PolicyInfo(NAME, "pipeline over GPUs with layer packs swapped from CPU DRAM (Tiny-Pipe)", Knobs, plan,
-                    __doc__ or "",
-                    search_grid=lambda n: {"stages": (0, *pow2_divisors(n))})
+                    __doc__ or "", search_grid=lambda n: {"stages": (0, *pow2_divisors(n))})
 
 __all__ = ["NAME", "POLICY", "Knobs", "all_gpu_need", "gpu_pool", "plan", "search", "stage_count"]

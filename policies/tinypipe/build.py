@@ -1,5 +1,5 @@
-"""``tinypipe.plan``: the decisions (``decide``), the DRAM check, then the plan's streams, persistent tensors
-and tasks (``stage``, ``optimizer``), and what the plan reports of itself (notes and ``info``)."""
+"""``tinypipe.plan``: the decided pipeline, the DRAM check, the plan's streams, persistent tensors and tasks, and
+what the plan reports of itself (notes and ``info``)."""
 
 from __future__ import annotations
 
@@ -9,15 +9,19 @@ from hardware_models import build_topology
 from policies import kit
 from policies.base import Job, PlanInfeasible, unified
 from policies.builder import PlanBuilder
-from policies.tinypipe.cost_model import ADAM_BYTES, GRAD32_BYTES, dram_bytes, master_bytes, table_params
-from policies.tinypipe.decide import Decision, decide
 from policies.tinypipe.emit import Ev, Key, Recorder
-from policies.tinypipe.knobs import NAME, Knobs
-from policies.tinypipe.optimizer import OptimizerSegment
-from policies.tinypipe.packing import MODES, StagePlan
-from policies.tinypipe.pipeline import Pipeline
-from policies.tinypipe.schedule import make_schedule
-from policies.tinypipe.stage import StageRun
+from policies.tinypipe.packing import MODES
+from policies.tinypipe.pipeline import (
+    ADAM_BYTES,
+    BOUNCE_BUFFERS,
+    GRAD32_BYTES,
+    NAME,
+    Knobs,
+    Pipeline,
+    decide,
+    master_bytes,
+)
+from policies.tinypipe.tasks import OptimizerSegment, StageRun
 from simulator import Plan
 from simulator.phase import Phase
 
@@ -27,19 +31,51 @@ CPU_STREAMS = (("adam", "optim"),)                       # a CPU-optimised stage
 
 def plan(job: Job, knobs: Knobs) -> Plan:
     knobs.validate()
-    d = decide(job, knobs)
-    pipe = Pipeline(job.trace.layers, d.solution.stages, d.dp, d.accumulation,
-                    make_schedule(knobs.schedule, d.stages, d.accumulation), knobs.prefetch_packs, knobs.gpipe,
-                    job.model.tied_embeddings, table_params(job), kit.dtype_bytes(job), knobs.active_cpu_mm,
-                    unified(job))
+    pipe = decide(job, knobs)
     dram = dram_bytes(pipe, job)
     if not pipe.unified:
         check_dram(job, dram)
     b = PlanBuilder(NAME, knobs, job)
     declare_gpu_side(b, pipe, master_bytes(job))
     declare_cpu_side(b, pipe, master_bytes(job))
-    emit_step(b, pipe)
-    return b.build(steps=2, notes=notes(job, knobs, d), info=info(pipe, knobs, d, dram))
+    rec = Recorder(b, pipe.schedule)
+    final_bwd: dict[Key, Ev] = {}
+    final_d2h: dict[Key, Ev] = {}
+    for r in range(pipe.dp):
+        for st in pipe.stages if pipe.gpipe else ():   # GPipe: all M micro-batches' activations, allocated once
+            g = pipe.gpu(r, st.index)
+            rec.tensor(f"stash.{g}", sum(pipe.layers[x].activation_bytes for x in range(st.first, st.last + 1))
+                       * pipe.M, "activation", "step")
+            rec.at(0, 0).task(f"stalloc.{g}", "alloc", f"{g}.compute", allocs=[(f"stash.{g}", g)],
+                              tags={"stage": st.index, "rank": r, "phase": Phase.ACTIVATION_STASH})
+    for r in range(pipe.dp):
+        for st in pipe.stages:
+            StageRun(rec, pipe, r, st, final_bwd, final_d2h).run()
+    OptimizerSegment(rec, pipe, final_bwd, final_d2h).run()
+    rec.emit()
+    return b.build(steps=2, notes=notes(job, knobs, pipe), info=info(pipe, knobs, dram))
+
+
+def dram_bytes(pipe: Pipeline, job: Job) -> dict[str, float]:
+    """DRAM the plan keeps, by purpose: per CPU-optimised stage its fp32 master, Adam m and v and fp32 gradient
+    accumulator; swapped packs' 16-bit homes; resident stages' bounce buffers (per GPU ``BOUNCE_BUFFERS`` of a
+    layer's 1/dp share, on dp GPUs); without active CPU memory management, every GPU's own 16-bit stage copy."""
+    master = master_bytes(job)
+    out = {"param32": 0.0, "optim": 0.0, "grad32": 0.0, "swap_home16": 0.0, "bounce": 0.0, "naive16": 0.0}
+    for st in pipe.stages:
+        if st.mode == "gpu":
+            continue
+        p = pipe.stage_params(st)
+        out["param32"] += master * p
+        out["optim"] += ADAM_BYTES * p
+        out["grad32"] += GRAD32_BYTES * p
+        if st.mode == "swap":
+            out["swap_home16"] += sum(pipe.pack_home_bytes(st.index, u, t) for u, t in st.packs)
+        else:
+            out["bounce"] += BOUNCE_BUFFERS * max(pipe.layer_bytes(x) for x in range(st.first, st.last + 1))
+    if not pipe.active_cpu_mm and not pipe.unified:
+        out["naive16"] = pipe.dp * sum(pipe.stage_bytes(st) for st in pipe.stages)
+    return out
 
 
 def check_dram(job: Job, dram: dict[str, float]) -> None:
@@ -53,7 +89,6 @@ def check_dram(job: Job, dram: dict[str, float]) -> None:
                              "16-bit weights" + (", redundant 16-bit copies" if dram["naive16"] else "") + ")")
 
 
-# -- streams and persistent tensors -------------------------------------------------------------------------
 def declare_gpu_side(b: PlanBuilder, pipe: Pipeline, master: float) -> None:
     """Per GPU: its streams (the kit's compute, h2d, d2h and the pipeline's sends), workspace, the stage's
     resident weights, gradients and (``gpu`` mode) states."""
@@ -63,15 +98,15 @@ def declare_gpu_side(b: PlanBuilder, pipe: Pipeline, master: float) -> None:
             kit.gpu_streams(b, [g], extra=PIPE_STREAMS)
             if st.mode != "gpu":
                 kit.cpu_streams(b, [pipe.rank(r, st.index)], CPU_STREAMS)
-            b.tensor(f"ws.{g}", pipe.workspace(st), "buffer", home=g, persistent=True)
+            ws = max(pipe.layers[x].peak_transient_bytes for x in range(st.first, st.last + 1))
+            b.tensor(f"ws.{g}", ws, "buffer", home=g, persistent=True)
             if st.mode != "swap":
                 b.tensor(f"p16.{g}", pipe.stage_bytes(st), "param16", home=g, persistent=True)
                 b.tensor(f"g16.{g}", pipe.stage_bytes(st), "grad", home=g, persistent=True)
             if st.mode == "gpu":
-                p = pipe.stage_params(st)
                 if master:
-                    b.tensor(f"m32.{g}", master * p, "param32", home=g, persistent=True)
-                b.tensor(f"adam.{g}", ADAM_BYTES * p, "optim", home=g, persistent=True)
+                    b.tensor(f"m32.{g}", master * pipe.stage_params(st), "param32", home=g, persistent=True)
+                b.tensor(f"adam.{g}", ADAM_BYTES * pipe.stage_params(st), "optim", home=g, persistent=True)
             if not pipe.active_cpu_mm and not pipe.unified:
                 b.tensor(f"naive16.{g}", pipe.stage_bytes(st), "param16", home="cpu", persistent=True)
 
@@ -89,52 +124,21 @@ def declare_cpu_side(b: PlanBuilder, pipe: Pipeline, master: float) -> None:
             b.tensor(f"m32.s{s}", master * p, "param32", home="cpu", persistent=True)
         b.tensor(f"adam.s{s}", ADAM_BYTES * p, "optim", home="cpu", persistent=True)
         b.tensor(f"gr32.s{s}", GRAD32_BYTES * p, "grad32", home="cpu", persistent=True)
-        if st.mode == "swap":
-            for k, (u, t) in enumerate(st.packs):
-                b.tensor(f"home.s{s}.p{k}", pipe.pack_home_bytes(s, u, t), "param16", home="cpu", persistent=True)
+        for k, (u, t) in enumerate(st.packs if st.mode == "swap" else ()):
+            b.tensor(f"home.s{s}.p{k}", pipe.pack_home_bytes(s, u, t), "param16", home="cpu", persistent=True)
     if pipe.tied and pipe.S > 1:
         for r in range(pipe.dp):
             b.stream(f"tie{r}", pipe.gpu(r, 0), "comm")
 
 
-# -- the step -------------------------------------------------------------------------------------------------
-def emit_step(b: PlanBuilder, pipe: Pipeline) -> None:
-    """GPipe's stash, every stage of every replica through the schedule, the optimizer; then the segments."""
-    rec = Recorder(b, pipe.schedule)
-    if pipe.gpipe:
-        for r in range(pipe.dp):
-            for st in pipe.stages:
-                stash(rec, pipe, r, st)
-    final_bwd: dict[Key, Ev] = {}
-    final_d2h: dict[Key, Ev] = {}
-    for r in range(pipe.dp):
-        for st in pipe.stages:
-            StageRun(rec, pipe, r, st, final_bwd, final_d2h).run()
-    OptimizerSegment(rec, pipe, final_bwd, final_d2h).run()
-    rec.emit()
-
-
-def stash(rec: Recorder, pipe: Pipeline, r: int, st: StagePlan) -> None:
-    """GPipe: all M micro-batches' activations of the stage, allocated once per step."""
-    g = pipe.gpu(r, st.index)
-    act = sum(pipe.layers[x].activation_bytes for x in range(st.first, st.last + 1))
-    rec.tensor(f"stash.{g}", act * pipe.M, "activation", "step")
-    rec.ev(f"stalloc.{g}", 0, 0, "alloc", f"{g}.compute", allocs=[(f"stash.{g}", g)],
-           tags={"stage": st.index, "rank": r, "phase": Phase.ACTIVATION_STASH})
-
-
-# -- what the plan says of itself ------------------------------------------------------------------------------
-def notes(job: Job, knobs: Knobs, d: Decision) -> list[str]:
-    stages = d.solution.stages
-    modes = [st.mode for st in stages]
-    swapped = sum(st.last - st.first + 1 for st in stages if st.mode == "swap")
-    out = [f"{d.stages} pipeline stage(s) x {d.dp} data-parallel replica(s), {knobs.schedule}, "
-           f"{d.accumulation} micro-batch(es) per step; stage modes "
-           f"{', '.join(f'{m}={modes.count(m)}' for m in MODES if m in modes)}; "
-           f"{swapped} of {len(job.trace.layers)} layers swapped from DRAM", *d.notes]
+def notes(job: Job, knobs: Knobs, pipe: Pipeline) -> list[str]:
+    modes = [st.mode for st in pipe.stages]
+    out = [f"{pipe.S} pipeline stage(s) x {pipe.dp} data-parallel replica(s), {knobs.schedule}, {pipe.M} "
+           f"micro-batch(es) per step; stage modes {', '.join(f'{m}={modes.count(m)}' for m in MODES if m in modes)}; "
+           f"{swapped_layers(pipe)} of {len(job.trace.layers)} layers swapped from DRAM", *pipe.notes]
     all_gpu = all(m == "gpu" for m in modes)
-    if not knobs.stages and job.n_gpus > d.stages:
-        out.append(f"stages=auto: {d.stages} stage(s) x {d.dp} data-parallel replica(s): "
+    if not knobs.stages and job.n_gpus > pipe.S:
+        out.append(f"stages=auto: {pipe.S} stage(s) x {pipe.dp} data-parallel replica(s): "
                    + ("every stage fits on its GPU with fewer stages than GPUs" if all_gpu else
                       f"the model has {len(job.trace.layers)} layers for {job.n_gpus} GPUs"))
     if unified(job):
@@ -145,25 +149,26 @@ def notes(job: Job, knobs: Knobs, d: Decision) -> list[str]:
     return out
 
 
-def info(pipe: Pipeline, knobs: Knobs, d: Decision, dram: dict[str, float]) -> dict[str, Any]:
-    sol = d.solution
+def swapped_layers(pipe: Pipeline) -> int:
+    return sum(st.last - st.first + 1 for st in pipe.stages if st.mode == "swap")
+
+
+def info(pipe: Pipeline, knobs: Knobs, dram: dict[str, float]) -> dict[str, Any]:
+    sol = pipe.solution
     if pipe.unified:
         saved = 0.0
-    elif not pipe.active_cpu_mm:
-        saved = dram["naive16"]
     else:
-        saved = pipe.dp * sum(pipe.stage_bytes(st) for st in sol.stages)
+        saved = dram["naive16"] if not pipe.active_cpu_mm else pipe.dp * sum(pipe.stage_bytes(st) for st in sol.stages)
     partition = [{
-        "stage": st.index, "gpus": [pipe.gpu(r, st.index) for r in range(pipe.dp)],
-        "layers": [st.first, st.last], "names": pipe.describe(st), "mode": st.mode,
+        "stage": st.index, "gpus": [pipe.gpu(r, st.index) for r in range(pipe.dp)], "layers": [st.first, st.last],
+        "names": f"{pipe.layers[st.first].name}..{pipe.layers[st.last].name}", "mode": st.mode,
         "packs": [[u, t] for u, t in st.packs] if st.mode == "swap" else [],
         "est_time_s": st.time_s, "est_gpu_bytes": st.mem_bytes,
     } for st in sol.stages]
     return {
-        "stages": d.stages, "dp": d.dp, "accumulation": d.accumulation, "schedule": knobs.schedule,
+        "stages": pipe.S, "dp": pipe.dp, "accumulation": pipe.M, "schedule": knobs.schedule,
         "partition": partition, "t_star_s": sol.t_star, "time_bound_s": sol.bound,
         "bottleneck_s": sol.bottleneck_s, "est_peak_gpu_bytes": sol.peak_bytes,
-        "tolerance_dropped": d.tolerance_dropped, "cpu_bytes_saved": saved, "cpu_bytes": dram,
-        "swapped_layers": sum(st.last - st.first + 1 for st in sol.stages if st.mode == "swap"),
-        "search_evaluations": sol.evaluations,
+        "tolerance_dropped": pipe.tolerance_dropped, "cpu_bytes_saved": saved, "cpu_bytes": dram,
+        "swapped_layers": swapped_layers(pipe), "search_evaluations": sol.evaluations,
     }

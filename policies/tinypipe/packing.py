@@ -1,38 +1,22 @@
 """Holistic layer packing for ``tinypipe``: stage boundaries and packs chosen together by an exact search.
 
-The problem (our reading of Tiny-Pipe's "holistic layer packing"; the paper's own formulation was not
-available to us): split layers ``0..L-1`` into ``S`` contiguous pipeline stages and each swapped stage into
-contiguous *packs* (layers swapped together), so that the peak GPU memory of the worst stage is minimal,
-subject to throughput: every stage's time per micro-batch stays within ``(1 + tolerance)`` of ``T*``,
-the bottleneck stage time of the best balanced partition.
+The problem (our reading, see the package docstring): split layers ``0..L-1`` into ``S`` contiguous stages and
+each swapped stage into contiguous *packs*, minimising the worst stage's peak GPU memory subject to every stage's
+time within ``(1 + tolerance) T*`` (``T*``: the best balanced bottleneck). Modes come from a rule (``Model.mode``).
 
-Each stage runs in one of three modes, decided by a rule (not by the optimiser), in this order:
+Costs per stage (a model for the search; the simulator is the judge of the chosen plan): time per micro-batch:
+``gpu``/``resident``: the sum of the layers' compute; ``swap``: ``sum over packs of max(compute, transfer) +
+overhead`` (a pack's transfers overlap its neighbours' compute, so packing a compute-heavy with a transfer-heavy
+layer lets them hide each other). GPU memory: ``in_flight * activations + workspace`` plus ``2 * weights``
+(+ ``states`` for ``gpu``), or for ``swap`` ``(prefetch + 1) * largest pack`` of weights (fetched packs resident
+at once) ``+ 2 * largest pack`` of gradient buffers (one being written, one going down).
 
-- ``gpu``: everything on the GPU (16-bit weights and gradients, fp32 master, Adam m and v, the optimizer
-  step on the GPU) when it fits: nothing is offloaded that need not be;
-- ``resident``: 16-bit weights and gradients stay on the GPU, master weights, m, v and the Adam step on
-  the CPU, when that fits;
-- ``swap``: weights live in CPU DRAM and are fetched pack by pack (``prefetch`` packs ahead), in forward
-  and again in backward; gradients go down to the CPU per pack. Only where swapping needs less memory
-  than the alternatives (for a stage of one or two layers the swap buffers can outweigh the stage); where
-  no mode fits, the least hungry one (the plan is then infeasible, and says by how much).
-
-Costs per stage (a model for the search; the simulator is the judge of the chosen plan):
-
-- time per micro-batch: ``gpu``/``resident``: the sum of the layers' compute (forward, recompute,
-  backward, launch overheads); ``swap``: ``sum over packs of max(compute, transfer) + overhead`` (a pack's
-  transfers overlap its neighbours' compute; packing a compute-heavy with a transfer-heavy layer lets
-  them hide each other, which is why packing can pay);
-- GPU memory: ``in_flight * activations + workspace`` plus ``2 * weights`` (+ ``states`` for ``gpu``), or
-  for ``swap`` ``(prefetch + 1) * largest pack`` of weights (at most ``prefetch + 1`` fetched packs are
-  resident at once) ``+ 2 * largest pack`` of gradient buffers (one being written, one going down).
-
-The search is exact for this model: a min-max dynamic programme over stage boundaries (three passes:
-``T*`` by time; the least peak memory with every stage time <= ``(1 + tol) T*``; then, among partitions
-with that peak, the least bottleneck time), where a swapped stage's best packing comes from an inner
-dynamic programme over pack boundaries (least time under a cap on the pack size; the least cap meeting a
-time bound by bisection over the finitely many pack sizes). Packs hold at most ``max_pack_layers`` layers.
-``tests/test_policy_tinypipe.py`` checks it against brute force on small instances.
+The search is exact for this model: a min-max dynamic programme over stage boundaries (three passes: ``T*`` by
+time; the least peak memory with every stage time <= ``(1 + tol) T*``; then, among partitions with that peak,
+the least bottleneck), where a swapped stage's best packing comes from an inner dynamic programme over pack
+boundaries (least time under a cap on the pack size; the least cap meeting a time bound by bisection over the
+finitely many pack sizes). Packs hold at most ``max_pack_layers`` layers. ``tests/test_policy_tinypipe.py``
+checks it against brute force on small instances.
 """
 
 from __future__ import annotations
@@ -42,6 +26,7 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 MODES = ("gpu", "resident", "swap")
 MAX_PACK_LAYERS = 16
@@ -107,51 +92,31 @@ class Solution:
 
 
 class Model:
-    """Evaluation of stages and packs (shared by the search and by brute-force checks)."""
+    """Evaluation of stages and packs (also used by brute-force checks), and the exact search."""
 
     def __init__(self, prob: Problem):
-        self.p = prob
-        n = len(prob.layers)
-        self.n = n
-
-        def prefix(values: list[float]) -> list[float]:
-            out = [0.0]
-            for v in values:
-                out.append(out[-1] + v)
-            return out
-
-        ls = prob.layers
-        self._c = prefix([x.compute_s for x in ls])
-        self._x = prefix([x.swap_s for x in ls])
-        self._w = prefix([x.param_bytes for x in ls])
-        self._st = prefix([x.state_bytes for x in ls])
-        self._a = prefix([x.act_bytes for x in ls])
+        self.p, self.n, ls = prob, len(prob.layers), prob.layers
+        self._c, self._x, self._w, self._st, self._a = ([*accumulate((getattr(x, f) for x in ls), initial=0.0)]
+                                                        for f in ("compute_s", "swap_s", "param_bytes", "state_bytes",
+                                                                  "act_bytes"))
         self._t1 = [x.transient_bytes for x in ls]
-        self._w1 = [self.weights(x, x) for x in range(n)]
+        self._w1 = [self.weights(x, x) for x in range(self.n)]
         self._tmax: dict[tuple[int, int], float] = {}
         self._wmax: dict[tuple[int, int], float] = {}
         self._mode: dict[tuple[int, int, int], str] = {}
-
-    # -- sums over inclusive ranges ------------------------------------------------------------------
-    def _whole(self, i: int, j: int) -> bool:
-        return i == 0 and j == self.n - 1
+        self._rows: dict[tuple[int, float], tuple[list[float], list[int]]] = {}
+        self.evals = {"stage": 0, "pack_dp": 0}
 
     def compute(self, i: int, j: int) -> float:
         return self._c[j + 1] - self._c[i]
 
-    def transfer(self, i: int, j: int) -> float:
-        return self._x[j + 1] - self._x[i]
-
     def weights(self, i: int, j: int) -> float:
         w = self._w[j + 1] - self._w[i]
-        return w - self.p.shared_param_bytes if self._whole(i, j) else w
+        return w - self.p.shared_param_bytes if i == 0 and j == self.n - 1 else w
 
     def states(self, i: int, j: int) -> float:
         s = self._st[j + 1] - self._st[i]
-        return s - self.p.shared_state_bytes if self._whole(i, j) else s
-
-    def acts(self, i: int, j: int) -> float:
-        return self._a[j + 1] - self._a[i]
+        return s - self.p.shared_state_bytes if i == 0 and j == self.n - 1 else s
 
     def workspace(self, i: int, j: int) -> float:
         return _range_max(self._tmax, self._t1, i, j)
@@ -159,10 +124,9 @@ class Model:
     def largest_layer(self, i: int, j: int) -> float:
         return _range_max(self._wmax, self._w1, i, j)
 
-    # -- stages --------------------------------------------------------------------------------------
     def fixed(self, i: int, j: int, s: int) -> float:
         """Activations in flight and workspace: in every mode."""
-        return self.p.inflight[s] * self.acts(i, j) + self.workspace(i, j)
+        return self.p.inflight[s] * (self._a[j + 1] - self._a[i]) + self.workspace(i, j)
 
     def mode_memory(self, i: int, j: int, s: int, mode: str) -> float:
         base = self.fixed(i, j, s) + 2 * self.weights(i, j)
@@ -190,7 +154,7 @@ class Model:
         return hit
 
     def pack_time(self, u: int, t: int) -> float:
-        return max(self.compute(u, t), self.transfer(u, t)) + self.p.pack_overhead_s
+        return max(self.compute(u, t), self._x[t + 1] - self._x[u]) + self.p.pack_overhead_s
 
     def swap_memory(self, i: int, j: int, s: int, largest_pack: float) -> float:
         return (self.p.prefetch + 3) * largest_pack + self.fixed(i, j, s)
@@ -206,27 +170,12 @@ class Model:
             return self.mode_memory(i, j, s, m)
         return self.swap_memory(i, j, s, max(self.weights(u, t) for u, t in packs))
 
-
-class Search(Model):
-    """The exact search (module docstring)."""
-
-    def __init__(self, prob: Problem):
-        super().__init__(prob)
-        self._rows: dict[tuple[int, float], tuple[list[float], list[int]]] = {}
-        self._caps: list[float] | None = None
-        self.evals = {"stage": 0, "pack_dp": 0}
-
+    @functools.cached_property
     def caps(self) -> list[float]:
-        """Every size a pack can have (contiguous runs of at most ``max_pack_layers`` layers), ascending.
-
-        The least feasible cap of any range is one of its own pack sizes, all of which are in this list,
-        so bisecting this list finds it exactly.
-        """
-        if self._caps is None:
-            k = self.p.max_pack_layers
-            self._caps = sorted({self.weights(u, t) for u in range(self.n)
-                                 for t in range(u, min(self.n - 1, u + k - 1) + 1)})
-        return self._caps
+        """Every size a pack can have (runs of at most ``max_pack_layers`` layers), ascending: the least feasible
+        cap of any range is one of its own pack sizes, so bisecting this list finds it exactly."""
+        k = self.p.max_pack_layers
+        return sorted({self.weights(u, t) for u in range(self.n) for t in range(u, min(self.n - 1, u + k - 1) + 1)})
 
     def _row(self, i: int, cap: float, j: int) -> tuple[list[float], list[int]]:
         """Least swapped time of layers i..t for t up to j (packs <= cap), extended on demand."""
@@ -239,12 +188,8 @@ class Search(Model):
         if len(best) - 1 + i > j:
             return row
         self.evals["pack_dp"] += 1
-        k = self.p.max_pack_layers
-        limit = cap * (1 + _REL)
-        cc, xx, ww = self._c, self._x, self._w
-        shared = self.p.shared_param_bytes
-        last = self.n - 1
-        over = self.p.pack_overhead_s
+        k, limit, over = self.p.max_pack_layers, cap * (1 + _REL), self.p.pack_overhead_s
+        cc, xx, ww, shared, last = self._c, self._x, self._w, self.p.shared_param_bytes, self.n - 1
         for t in range(len(best) - 1 + i, j + 1):
             b, arg = INF, -1
             for u in range(t, max(i, t - k + 1) - 1, -1):
@@ -282,8 +227,7 @@ class Search(Model):
 
     def min_cap(self, i: int, j: int, bound: float) -> float | None:
         """Least largest-pack size whose best packing of i..j meets the time bound (None: none does)."""
-        caps = self.caps()
-        limit = bound * (1 + _REL)
+        caps, limit = self.caps, bound * (1 + _REL)
         if self.least_time(i, j, INF) > limit:
             return None
         lo = bisect.bisect_left(caps, self.largest_layer(i, j) * (1 - _REL))
@@ -296,7 +240,6 @@ class Search(Model):
                 lo = mid + 1
         return caps[lo]
 
-    # -- per-stage costs for the three passes ----------------------------------------------------------
     def best_time(self, i: int, j: int, s: int) -> float:
         self.evals["stage"] += 1
         if self.mode(i, j, s) != "swap":
@@ -317,9 +260,8 @@ class Search(Model):
         cap = (peak * (1 + _REL) - self.fixed(i, j, s)) / (self.p.prefetch + 3)
         if cap < self.largest_layer(i, j) * (1 - _REL):
             return None
-        caps = self.caps()
-        k = bisect.bisect_right(caps, cap * (1 + _REL)) - 1
-        return None if k < 0 else caps[k]
+        k = bisect.bisect_right(self.caps, cap * (1 + _REL)) - 1
+        return None if k < 0 else self.caps[k]
 
     def time_within(self, i: int, j: int, s: int, peak: float) -> float:
         self.evals["stage"] += 1
@@ -329,7 +271,6 @@ class Search(Model):
         cap = self._swap_cap(i, j, s, peak)
         return INF if cap is None else self.least_time(i, j, cap)
 
-    # -- the min-max programme over stage boundaries ---------------------------------------------------
     def minmax(self, cost: Callable[[int, int, int], float],
                lower: Callable[[int, int, int], float]) -> tuple[float, list[int]]:
         """min over partitions into S contiguous stages of max_s cost(first, last, s); and the firsts.
@@ -396,7 +337,7 @@ def solve(prob: Problem) -> Solution:
     solves the stage counts it probes again for its relaxed retry, and a planner's candidates that differ
     only in knobs the problem does not see (or an auto knob and its explicit twin) share the answer. A pure
     function of ``prob``, so the cache changes no result."""
-    return Search(prob).solve()
+    return Model(prob).solve()
 
 
 def _range_max(memo: dict[tuple[int, int], float], values: list[float], i: int, j: int) -> float:
