@@ -3,53 +3,21 @@
 Every task a kit function emits is tagged with a ``simulator.phase.Phase`` member. Functions take the task
 id (or build the conventional one), the dependencies and the placements explicitly, so a policy keeps
 its own names and schedule while the kit owns what a task of each kind *is* (op, stream, pricing fields,
-tags). Mechanisms, who uses them, and their parameters:
+tags). Used by every policy (none, zero-offload, zero-infinity, lazytrain, synergyscale, tinypipe):
 
-- ``layout``: ``Layout(n, tp, flat_comm)`` (data-parallel x tensor-parallel groups of GPUs, the names of
-  their communication streams and collectives), ``gpu(r)``, ``dtype_bytes(job)``, ``check_tp(job, tp,
-  policy)``; stream declarations ``declare_streams`` (per-rank GPU compute/h2d/d2h, ``cpu.adam{r}`` and
-  other per-rank CPU streams, shared streams, communication streams in ``comm_order``), and the pieces
-  ``gpu_streams`` / ``cpu_streams`` / ``comm_streams``. Used by none, zero-offload, zero-infinity (and
-  the ports of lazytrain, synergyscale, tinypipe).
-- ``layers``: per-layer compute ``forward`` / ``recompute`` / ``backward`` (``share``: TP degree or chunk
-  count; ``flops`` / ``hbm_bytes`` overrides; ``tid``, ``stream``, ``allocs``, ``frees``, ``extra`` tags),
-  ``move_activation`` (saved activations to the CPU and back), Megatron ``tp_sync``,
-  ``saved_activation_bytes`` (Korthikanti's split under TP), ``workspace``. Used by none, zero-offload
-  (through ``microstep``), zero-infinity.
-- ``fetch``: ``upload`` (a parameter copy to a GPU: ``src``, ``use``, ``allocs`` / ``frees`` / ``reads``),
-  ``all_gather`` (a parameter all-gather over ranks), ``sliced_fetch`` (every rank uploads its slice of a
-  layer, then one all-gather assembles it: ZeRO-Infinity's bandwidth-centric fetch), ``gather_layer``
-  (ZeRO-3: every data-parallel group gathers layer i, with the caller's prefetch bound), ``UseOrder``
-  (forward-then-backward use order and the prefetch-distance window ``window(u, d, gpus)``). Used by
-  none (stage 3), zero-offload, zero-infinity.
-- ``grads``: ``bucket_gate(order, i, buckets_in_flight, drained)`` (the one bound on gradient buckets in
-  flight; each policy passes its own: zero-offload 2, lazytrain 2, synergyscale 3), ``reduce`` (all-reduce
-  / reduce-scatter), ``offload`` (GPU -> CPU copy), ``release`` (a free: ``GRAD_RELEASE``,
-  ``GRAD_ACCUMULATE`` or a staging buffer's phase), ``Grads`` + ``reduce_and_offload`` (the data/tensor-
-  parallel path). Used by none, zero-offload, zero-infinity.
-- ``optimizer``: ``gpu_step`` (GPU optimizer over a partition), ``cpu_adam`` (per rank, layer or
-  sub-group), ``swap`` (CPU <-> NVMe of optimizer states, parameters, gradients), ``read_ahead(k, window,
-  written)`` (the NVMe read-ahead window), ``cpu_update_by_layer`` (ZeRO-Offload's Adam + upload +
-  all-gather per layer). Used by none (GPU step), zero-offload, zero-infinity.
-- ``microstep``: ``emit_microstep`` (forward, recompute, backward and gradient path of one data/tensor-
-  parallel micro-step, ZeRO-3 gathers with a one-layer prefetch) built from the above. Used by none,
-  zero-offload.
-- ``tags``: ``tags(phase, layer=, rank=, use=, extra=)``, the tag dict of every kit task.
+- ``layout``: ``Layout`` (data-parallel x tensor-parallel groups, their stream and collective names),
+  ``gpu``, ``dtype_bytes``, ``check_tp``, stream declarations (``declare_streams`` and its pieces
+  ``gpu_streams`` / ``cpu_streams`` / ``comm_streams``), ``tags`` / ``use_of`` (every kit task's tags);
+- ``tasks``: one task of each kind: compute ``forward`` / ``recompute`` / ``backward``, Megatron
+  ``tp_sync``, ``move_activation``, ``upload``, ``all_gather``, ``reduce``, ``offload``, ``release``,
+  ``gpu_step``, ``cpu_adam``, ``swap``; ``saved_activation_bytes`` (Korthikanti's split under TP), ``workspace``;
+- ``schedule``: mechanisms of many tasks and dependency rules: ``sliced_fetch`` (ZeRO-Infinity's
+  bandwidth-centric fetch), ``gather_layer`` (ZeRO-3), ``UseOrder`` (use order and prefetch windows),
+  ``bucket_gate`` (gradient buckets in flight; each policy passes its own bound), ``read_ahead`` (the NVMe
+  read-ahead window), ``Grads`` + ``reduce_and_offload``, ``emit_microstep`` (the data/tensor-parallel
+  micro-step of none and zero-offload), ``cpu_update_by_layer`` (ZeRO-Offload's Adam, upload, all-gather).
 """
 
-from policies.kit.fetch import UseOrder, all_gather, gather_layer, sliced_fetch, upload
-from policies.kit.grads import Grads, bucket_gate, offload, reduce, reduce_and_offload, release
-from policies.kit.layers import (
-    REPLICATED_ACT_FRACTION,
-    TP_ALLREDUCES,
-    backward,
-    forward,
-    move_activation,
-    recompute,
-    saved_activation_bytes,
-    tp_sync,
-    workspace,
-)
 from policies.kit.layout import (
     Layout,
     check_tp,
@@ -59,10 +27,39 @@ from policies.kit.layout import (
     dtype_bytes,
     gpu,
     gpu_streams,
+    tags,
+    use_of,
 )
-from policies.kit.microstep import emit_microstep
-from policies.kit.optimizer import cpu_adam, cpu_update_by_layer, gpu_step, read_ahead, swap
-from policies.kit.tags import tags, use_of
+from policies.kit.schedule import (
+    Grads,
+    UseOrder,
+    bucket_gate,
+    cpu_update_by_layer,
+    emit_microstep,
+    gather_layer,
+    read_ahead,
+    reduce_and_offload,
+    sliced_fetch,
+)
+from policies.kit.tasks import (
+    REPLICATED_ACT_FRACTION,
+    TP_ALLREDUCES,
+    all_gather,
+    backward,
+    cpu_adam,
+    forward,
+    gpu_step,
+    move_activation,
+    offload,
+    recompute,
+    reduce,
+    release,
+    saved_activation_bytes,
+    swap,
+    tp_sync,
+    upload,
+    workspace,
+)
 
 __all__ = [
     "REPLICATED_ACT_FRACTION", "TP_ALLREDUCES", "Grads", "Layout", "UseOrder", "all_gather", "backward",

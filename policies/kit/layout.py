@@ -1,4 +1,4 @@
-"""The data/tensor-parallel layout of a machine's GPUs, their names, and stream declarations.
+"""The data/tensor-parallel layout of a machine's GPUs, their names, stream declarations and task tags.
 
 The GPUs form ``tp``-wide tensor-parallel groups of neighbouring GPUs (Megatron-LM, Shoeybi et al. 2019,
 arXiv 1909.08053), and GPUs at the same position of every group form a data-parallel group of
@@ -9,17 +9,35 @@ tensor-parallel group k, or, with ``flat_comm`` (one data-parallel group), ``dp.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from policies.base import Job, KnobError
 from policies.builder import PlanBuilder
+from simulator.phase import Phase
 
 GPU_STREAMS: tuple[tuple[str, str], ...] = (("compute", "compute"), ("h2d", "h2d"), ("d2h", "d2h"))
+Places = Sequence[tuple[str, str]]
+
+
+def tags(phase: Phase, *, layer: int | None = None, rank: int | None = None, use: str | None = None,
+         extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A kit task's tags: ``phase``, then layer / rank / use (``"fwd"`` or ``"bwd"``) where given, then ``extra``."""
+    out: dict[str, Any] = {"phase": phase}
+    for key, v in (("layer", layer), ("rank", rank), ("use", use)):
+        if v is not None:
+            out[key] = v
+    out.update(extra or {})
+    return out
+
+
+def use_of(phase: str) -> str:
+    """``"fwd"`` for the forward use of a layer (``"f"``), ``"bwd"`` otherwise."""
+    return "fwd" if phase == "f" else "bwd"
 
 
 def gpu(r: int) -> str:
-    """The device name of GPU rank r."""
     return f"gpu{r}"
 
 
@@ -30,11 +48,8 @@ def dtype_bytes(job: Job) -> int:
 
 @dataclass(frozen=True)
 class Layout:
-    """n GPUs as dp data-parallel groups x tp tensor-parallel groups.
-
-    ``flat_comm``: name the data-parallel streams and collectives without a group index (``dp.grad``,
-    ``red{i}``); only meaningful with tp = 1.
-    """
+    """n GPUs as dp data-parallel groups x tp tensor-parallel groups; ``flat_comm`` (tp = 1 only): name the
+    data-parallel streams and collectives without a group index (``dp.grad``, ``red{i}``)."""
 
     n: int
     tp: int = 1
@@ -92,8 +107,7 @@ def cpu_streams(b: PlanBuilder, ranks: Iterable[int], per_rank: Sequence[tuple[s
 
 
 def comm_streams(b: PlanBuilder, lay: Layout, order: Sequence[str] = ("grad", "param")) -> None:
-    """The data-parallel streams (``order``: which of grad / param first) and tensor-parallel streams
-    of the groups of more than one rank."""
+    """The data-parallel streams (``order``: which of grad / param first), then the tensor-parallel ones."""
     if lay.dp > 1:
         for j in range(lay.tp):
             for what in order:
@@ -104,14 +118,10 @@ def comm_streams(b: PlanBuilder, lay: Layout, order: Sequence[str] = ("grad", "p
 
 
 def declare_streams(b: PlanBuilder, lay: Layout, *, cpu_adam: bool = False,
-                    cpu_per_rank: Sequence[tuple[str, str]] = (),
-                    shared: Sequence[tuple[str, str, str]] = (),
+                    cpu_per_rank: Sequence[tuple[str, str]] = (), shared: Sequence[tuple[str, str, str]] = (),
                     comm_order: Sequence[str] = ("grad", "param")) -> None:
-    """The streams of a data-parallel plan, in one order for every policy.
-
-    Per rank: the GPU's compute / h2d / d2h, then ``cpu.adam{r}`` (``cpu_adam``) and each CPU stream of
-    ``cpu_per_rank``; then each ``(id, device, kind)`` of ``shared``; then the communication streams (``comm_order``).
-    """
+    """The streams of a data-parallel plan, in one order for every policy: per rank the GPU's compute / h2d /
+    d2h, ``cpu.adam{r}`` (``cpu_adam``) and ``cpu_per_rank``; then ``shared`` (id, device, kind); then comm."""
     per_rank = ((("adam", "optim"),) if cpu_adam else ()) + tuple(cpu_per_rank)
     for r in range(lay.n):
         gpu_streams(b, [gpu(r)])
