@@ -104,21 +104,12 @@ Knobs:
 from __future__ import annotations
 
 from policies.base import PolicyInfo
-from policies.zero_infinity.knobs import NAME, Knobs
 from policies.zero_infinity.plan import plan
-from policies.zero_infinity.sizes import (
-    check_fit,
-    model_state_bytes,
-    nvme_bytes_per_step,
-    per_param_bytes,
-    state_homes,
-    sub_groups,
-)
+from policies.zero_infinity.states import NAME, Knobs, check_fit, model_state_bytes, nvme_bytes_per_step, sub_groups
 
 POLICY = PolicyInfo(NAME, "ZeRO-3 with parameters and optimizer states offloaded to CPU or NVMe (ZeRO-Infinity)",
                     Knobs, plan, __doc__ or "",
                     search_grid=lambda n: {"param_device": ("cpu", "nvme"), "optimizer_device": ("cpu", "nvme"),
                                            "offload_checkpoints": (False, True)})
 
-__all__ = ["NAME", "POLICY", "Knobs", "check_fit", "model_state_bytes", "nvme_bytes_per_step", "per_param_bytes",
-           "plan", "state_homes", "sub_groups"]
+__all__ = ["NAME", "POLICY", "Knobs", "check_fit", "model_state_bytes", "nvme_bytes_per_step", "plan", "sub_groups"]
