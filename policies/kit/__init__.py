@@ -52,7 +52,6 @@ from policies.builder import PlanBuilder
 from simulator.phase import Phase
 from workloads.trace import LayerTrace
 
-GPU_STREAMS: tuple[tuple[str, str], ...] = (("compute", "compute"), ("h2d", "h2d"), ("d2h", "d2h"))
 Places = Sequence[tuple[str, str]]
 REPLICATED_ACT_FRACTION = 10 / 34  # Korthikanti Table 2: 10sbh of 34sbh are not split by TP
 TP_ALLREDUCES = {"block": 2, "embedding": 1, "head": 0}  # Megatron: attention + MLP per block
@@ -88,8 +87,7 @@ def dtype_bytes(job: Job) -> int:
 
 @dataclass(frozen=True)
 class Layout:
-    """n GPUs as dp data-parallel groups x tp tensor-parallel groups; ``flat_comm`` (tp = 1 only): name the
-    data-parallel streams and collectives without a group index (``dp.grad``, ``red{i}``)."""
+    """n GPUs as dp x tp groups; ``flat_comm`` (tp = 1): no group index in names (``dp.grad``, ``red{i}``)."""
 
     n: int
     tp: int = 1
@@ -123,9 +121,8 @@ class Layout:
 
 def check_tp(job: Job, tp: int, policy: str) -> None:
     """KnobError unless ``tp`` divides the GPU count and the model's attention heads."""
-    n = job.n_gpus
-    if tp < 1 or n % tp:
-        raise KnobError(f"{policy}: knob 'tp' must divide the GPU count {n}, got {tp}")
+    if tp < 1 or job.n_gpus % tp:
+        raise KnobError(f"{policy}: knob 'tp' must divide the GPU count {job.n_gpus}, got {tp}")
     m = job.model
     if m.n_heads % tp or m.n_kv_heads % tp and tp % m.n_kv_heads:
         raise KnobError(f"{policy}: knob 'tp' = {tp} does not divide the model's {m.n_heads} attention heads")
@@ -134,7 +131,7 @@ def check_tp(job: Job, tp: int, policy: str) -> None:
 def gpu_streams(b: PlanBuilder, gpus: Iterable[str], extra: Sequence[tuple[str, str]] = ()) -> None:
     """Per GPU: ``{g}.compute``, ``{g}.h2d``, ``{g}.d2h`` and each ``(name, kind)`` of ``extra``."""
     for g in gpus:
-        for name, kind in (*GPU_STREAMS, *extra):
+        for name, kind in (("compute", "compute"), ("h2d", "h2d"), ("d2h", "d2h"), *extra):
             b.stream(f"{g}.{name}", g, kind)
 
 
@@ -147,20 +144,17 @@ def cpu_streams(b: PlanBuilder, ranks: Iterable[int], per_rank: Sequence[tuple[s
 
 def comm_streams(b: PlanBuilder, lay: Layout, order: Sequence[str] = ("grad", "param")) -> None:
     """The data-parallel streams (``order``: which of grad / param first), then the tensor-parallel ones."""
-    if lay.dp > 1:
-        for j in range(lay.tp):
-            for what in order:
-                b.stream(lay.dp_stream(j, what), lay.dp_group(j)[0], "comm")
-    if lay.tp > 1:
-        for k in range(lay.dp):
-            b.stream(f"tp{k}", lay.tp_group(k)[0], "comm")
+    for j in range(lay.tp if lay.dp > 1 else 0):
+        for what in order:
+            b.stream(lay.dp_stream(j, what), lay.dp_group(j)[0], "comm")
+    for k in range(lay.dp if lay.tp > 1 else 0):
+        b.stream(f"tp{k}", lay.tp_group(k)[0], "comm")
 
 
 def declare_streams(b: PlanBuilder, lay: Layout, *, cpu_adam: bool = False,
                     cpu_per_rank: Sequence[tuple[str, str]] = (), shared: Sequence[tuple[str, str, str]] = (),
                     comm_order: Sequence[str] = ("grad", "param")) -> None:
-    """The streams of a data-parallel plan, in one order for every policy: per rank the GPU's compute / h2d /
-    d2h, ``cpu.adam{r}`` (``cpu_adam``) and ``cpu_per_rank``; then ``shared`` (id, device, kind); then comm."""
+    """Per rank GPU streams, ``cpu.adam{r}`` and ``cpu_per_rank``; then ``shared`` (id, device, kind); then comm."""
     per_rank = ((("adam", "optim"),) if cpu_adam else ()) + tuple(cpu_per_rank)
     for r in range(lay.n):
         gpu_streams(b, [gpu(r)])
@@ -168,7 +162,6 @@ def declare_streams(b: PlanBuilder, lay: Layout, *, cpu_adam: bool = False,
     for sid, device, kind in shared:
         b.stream(sid, device, kind)
     comm_streams(b, lay, comm_order)
-
 
 
 # -- one task of each kind ---------------------------------------------------------------------------------------------
@@ -207,8 +200,7 @@ def offload(b: PlanBuilder, tid: str, g: str, nbytes: float, deps: Sequence[str]
 def release(b: PlanBuilder, tid: str, g: str, frees: Places, *, layer: int | None, rank: int | None,
             phase: Phase = Phase.GRAD_RELEASE, deps: Sequence[str] = (), stream: str | None = None,
             use: str | None = None, extra: Extra = None) -> str:
-    """A free, by default on GPU g's compute stream (``GRAD_RELEASE``, ``GRAD_ACCUMULATE`` for a bucket folded
-    into a resident gradient buffer, or the phase of the staging buffer it frees)."""
+    """A free on GPU g's compute stream (``GRAD_RELEASE``, ``GRAD_ACCUMULATE``, or a staging buffer's phase)."""
     return b.task(tid, "free", stream or f"{g}.compute", deps, frees=frees,
                   tags=tags(phase, layer=layer, rank=rank, use=use, extra=extra))
 
@@ -230,8 +222,7 @@ def cpu_adam(b: PlanBuilder, tid: str, r: int, deps: Sequence[str], params: floa
 def swap(b: PlanBuilder, tid: str, stream: str, phase: Phase, src: str, dst: str, nbytes: float, deps: Sequence[str], *,
          layer: int | None = None, rank: int | None = None, use: str | None = None, allocs: Places = (),
          frees: Places = (), reads: Places = (), extra: Extra = None) -> str:
-    """A copy between CPU memory and NVMe (``OPTIMIZER_SWAP_IN`` / ``_OUT``, ``PARAM_SWAP_IN`` / ``_OUT``,
-    ``GRAD_SWAP_OUT``) on an io stream."""
+    """A copy between CPU memory and NVMe on an io stream (optimizer, parameter or gradient swap)."""
     return b.task(tid, "copy", stream, deps, src=src, dst=dst, bytes=nbytes, allocs=allocs, frees=frees,
                   reads=reads, tags=tags(phase, layer=layer, rank=rank, use=use, extra=extra))
 
@@ -270,15 +261,13 @@ def backward(b: PlanBuilder, i: int, layer: LayerTrace, g: str, rank: int | None
 
 def move_activation(b: PlanBuilder, tid: str, stream: str, tensor: str, src: str, dst: str, deps: Sequence[str], *,
                     phase: Phase, layer: int, rank: int | None = None, extra: Extra = None) -> str:
-    """Move a layer's saved activations (``tensor``) between a GPU and CPU memory on a copy stream
-    (``ACTIVATION_OFFLOAD`` / ``ACTIVATION_RELOAD``): the copy allocates the destination and frees the source."""
+    """Saved activations (``tensor``) between a GPU and CPU memory; allocates the destination, frees the source."""
     return b.task(tid, "copy", stream, deps, tensor=tensor, src=src, dst=dst, alloc_dst=True, free_src=True,
                   tags=tags(phase, layer=layer, rank=rank, extra=extra))
 
 
 def tp_sync(b: PlanBuilder, lay: Layout, i: int, layer: LayerTrace, phase: str, prefix: str) -> dict[int, str]:
-    """Tensor-parallel all-reduces closing layer i's ``phase`` (``f``, ``r`` or ``b``) in every TP group,
-    after the tasks ``{prefix}{i}.{g}`` of its GPUs: group k -> task id (empty with tp = 1)."""
+    """TP all-reduces closing layer i's ``phase`` (f / r / b) after ``{prefix}{i}.{g}``: group k -> task id."""
     n_ar = TP_ALLREDUCES[layer.kind]
     if lay.tp == 1 or n_ar == 0:
         return {}
@@ -295,8 +284,7 @@ def saved_activation_bytes(job: Job, layer_bytes: float, kind: str, tp: int) -> 
 
 
 def workspace(b: PlanBuilder, job: Job, lay: Layout) -> None:
-    """A persistent per-GPU buffer sized to the largest transient working set of any layer (split by TP): a
-    caching allocator keeps such a block once it has served the largest layer."""
+    """Per GPU the largest transient working set of any layer (split by TP), kept by the caching allocator."""
     ws = max(layer.peak_transient_bytes for layer in job.trace.layers) / lay.tp
     for g in lay.gpus():
         b.tensor(f"ws.{g}", ws, "buffer", home=g, persistent=True)
@@ -363,8 +351,7 @@ class UseOrder:
         return [ref] if ref else []
 
     def window(self, u: int, distance: int, gpus: Sequence[str]) -> list[str]:
-        """What a fetch for use u waits for with prefetch ``distance``: the end of use ``u - distance - 1``
-        on each of ``gpus``."""
+        """What a fetch for use u waits for with prefetch ``distance``: the end of use ``u - distance - 1``."""
         return [d for g in gpus for d in self.ended(u - distance - 1, g)]
 
 
@@ -372,15 +359,13 @@ def bucket_gate(order: Sequence[int], i: int, buckets_in_flight: int, drained: C
     """What holds layer i's backward until the bucket ``buckets_in_flight`` back has drained. ``order``: the
     layers that fill a bucket, in backward order; ``drained(o)``: the task freeing layer o's bucket. Before
     the first B buckets of a micro-step the gate is on the previous micro-step's (``@1``); none with < B."""
-    j = list(order).index(i)
-    B = buckets_in_flight
+    j, B = list(order).index(i), buckets_in_flight
     q, suffix = (j - B, "") if j >= B else (len(order) - B + j, "@1")
     return [drained(order[q]) + suffix] if q >= 0 else []
 
 
 def read_ahead(k: int, window: int, written: str) -> list[str]:
-    """What the read of unit k waits for with a read-ahead ``window``: the write of unit ``k - window``
-    (``written``: its id with ``{}`` for the unit), none for the first units."""
+    """The read of unit k waits for the write of unit ``k - window`` (``written``: its id, ``{}`` for the unit)."""
     return [written.format(k - window)] if k >= window else []
 
 

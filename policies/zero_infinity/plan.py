@@ -31,10 +31,8 @@ from workloads.trace import LayerTrace
 
 @dataclass
 class MicroStep:
-    """Emits one micro-step in the current segment. ``sfx`` suffixes its ids; ``prev(task_id)`` names a task
-    of the previous micro-step (None when there is none in this step); ``boundary``: the accumulation
-    boundary (fp32 gradients go to NVMe with optimizer_device=nvme); ``last_opt[r]``: rank r's last
-    optimizer task (the previous step's update that the first fetch waits for)."""
+    """One micro-step in the current segment: ``sfx`` suffixes its ids, ``prev`` as ``kit.UseOrder``'s,
+    ``boundary``: the accumulation boundary; ``last_opt[r]``: rank r's last optimizer task."""
 
     b: PlanBuilder
     job: Job
@@ -86,9 +84,7 @@ class MicroStep:
                          reads_of=lambda r: [] if k.param_nvme else [(f"param16.r{r}", "cpu")])
 
     def ready(self, i: int, ph: str, g: str, layer: LayerTrace) -> list[str]:
-        if layer.params <= 0:
-            return []
-        return [f"ag{ph}{i}{self.sfx}"] if self.n > 1 else [f"up{ph}{i}{self.sfx}.{g}"]
+        return [] if layer.params <= 0 else [f"ag{ph}{i}{self.sfx}" if self.n > 1 else f"up{ph}{i}{self.sfx}.{g}"]
 
     def forward(self, i: int, layer: LayerTrace) -> None:
         sfx = self.sfx
@@ -218,9 +214,7 @@ def declare_tensors(b: PlanBuilder, job: Job, knobs: Knobs, n: int, groups: list
 def layer_tensors(b: PlanBuilder, job: Job, knobs: Knobs, n: int, r: int, i: int) -> None:
     """Layer i's tensors of one micro-step on rank r: activations, gradient bucket and slice, the fp32
     gradient staging buffer, and per use the gathered layer, its GPU slice and its pinned CPU slice."""
-    layer = job.trace.layers[i]
-    g = f"gpu{r}"
-    db = kit.dtype_bytes(job)
+    layer, g, db = job.trace.layers[i], kit.gpu(r), kit.dtype_bytes(job)
     s = layer.params / n
     ckpt_kind = "checkpoint" if job.config.checkpointing == "full" else "activation"
     b.tensor(f"act{i}.{g}", layer.activation_bytes, ckpt_kind if offloads_ckpt(job, knobs, i) else "activation",
@@ -259,8 +253,7 @@ def notes(job: Job, knobs: Knobs, n: int, accum: int, n_groups: int) -> list[str
 
 def info(job: Job, knobs: Knobs, n: int, accum: int, groups: list[list[int]],
          need: dict[str, float]) -> dict[str, Any]:
-    layers = job.trace.layers
-    homes = state_homes(knobs)
+    layers, homes = job.trace.layers, state_homes(knobs)
     return {"dp": n, "accumulation": accum, "sub_groups": [len(grp) for grp in groups],
             "sub_group_params_per_rank": [sum(layers[i].params for i in grp) / n for grp in groups],
             "bytes_per_param": {k: {"bytes": v, "home": homes[k]} for k, v in per_param_bytes(job, knobs).items()

@@ -94,9 +94,7 @@ def sub_groups(job: Job, n: int, size: int) -> list[list[int]]:
 
 def nvme_bytes_per_step(job: Job, knobs: Knobs, accumulation: int) -> dict[str, float]:
     """Bytes read and written over nvme.io per step (package docstring)."""
-    p = float(job.trace.params)
-    db = kit.dtype_bytes(job)
-    pp = per_param_bytes(job, knobs)
+    p, db, pp = float(job.trace.params), kit.dtype_bytes(job), per_param_bytes(job, knobs)
     read = write = 0.0
     if knobs.param_device == "nvme":
         read += 2 * db * p * accumulation
@@ -123,16 +121,14 @@ def param_pinned_window(job: Job, knobs: Knobs, n: int) -> float:
 
 def check_fit(job: Job, knobs: Knobs, n: int, groups: list[list[int]]) -> dict[str, float]:
     """Lower bounds of what each pool must hold at once; PlanInfeasible when one is over capacity."""
-    topo = build_topology(job.hw)
-    layers = job.trace.layers
-    pp = per_param_bytes(job, knobs)
+    topo, layers, pp = build_topology(job.hw), job.trace.layers, per_param_bytes(job, knobs)
     full = max(layer.params for layer in layers) * kit.dtype_bytes(job)
     ws = max(layer.peak_transient_bytes for layer in layers)
     kept = [layer.activation_bytes for i, layer in enumerate(layers) if not offloads_ckpt(job, knobs, i)]
     moved = [layer.activation_bytes for i, layer in enumerate(layers) if offloads_ckpt(job, knobs, i)]
     gpu_need = n * (ws + sum(kept) + max(moved, default=0) + 2 * full)  # backward of the largest layer
     need: dict[str, float] = {}
-    what: dict[str, list[str]] = {}
+    what: dict[str, list[str]] = {}  # pool -> what it must hold
 
     def add(loc: str, nbytes: float, label: str) -> None:
         pool = topo.pool_of[loc]
