@@ -1,44 +1,42 @@
 """The policy kit: each mechanism a plan is made of, defined once, as calls on ``policies.builder.PlanBuilder``.
 
-Every task a kit function emits is tagged with a ``simulator.phase.Phase`` member (``tags``). Functions take the
-task id (or build the conventional one), the dependencies and the placements explicitly, so a policy (none,
-zero-offload, zero-infinity, lazytrain, synergyscale, tinypipe) keeps its own names and schedule while the kit
-owns what a task of each kind *is* (op, stream, pricing fields, tags). In this module: the layout and streams,
-then one task of each kind, then the mechanisms of many tasks and the dependency rules that schedule them.
+Every kit task is tagged with a ``simulator.phase.Phase`` member (``tags``). Functions take the task id (or build
+the conventional one), the dependencies and the placements explicitly, so a policy (none, zero-offload,
+zero-infinity, lazytrain, synergyscale, tinypipe) keeps its own names and schedule while the kit owns what a task of
+each kind *is* (op, stream, pricing fields, tags). Below: layout and streams, one task of each kind, then the
+mechanisms of many tasks and the dependency rules that schedule them.
 
-- Layout: the GPUs form ``tp``-wide tensor-parallel groups of neighbouring GPUs (Megatron-LM, Shoeybi et al.
-  2019, arXiv 1909.08053); GPUs at the same position of every group form a data-parallel group of ``dp = n / tp``
-  ranks. Collectives are single tasks over the ranks of their group on that group's communication stream:
-  ``dp{j}.grad`` / ``dp{j}.param`` per data-parallel group j and ``tp{k}`` per tensor-parallel group k, or, with
-  ``flat_comm`` (one data-parallel group), ``dp.grad`` / ``dp.param``.
-- Compute: one layer's forward, recomputation or backward on one GPU's compute stream, priced by the trace's
-  FLOPs and HBM bytes divided by ``share`` (the tensor-parallel degree, or a chunk count); ``flops`` /
-  ``hbm_bytes`` override the priced figures; ids default to ``fwd{i}.{g}``, ``rc{i}.{g}``, ``bwd{i}.{g}``. With
-  tp > 1 every block ends its forward, recomputation and backward with the two all-reduces of Megatron's tensor
-  parallelism (of the ``s*b*h`` layer output, merged into one collective task) the next layer waits for.
-- Activations with tensor parallelism (Korthikanti et al. 2022, arXiv 2205.05198, Table 2, no sequence
-  parallelism): of the ``34 sbh`` a GPT block saves, ``10 sbh`` (layer norms, dropout masks, inputs of the
-  column-parallel GEMMs) stay replicated and ``24 sbh`` are split; we apply that 10/34 : 24/34 ratio to whatever
-  the workload trace saves per block. Full checkpointing keeps only the (replicated) layer input.
+- Layout: ``tp``-wide tensor-parallel groups of neighbouring GPUs (Megatron-LM, Shoeybi et al. 2019, arXiv
+  1909.08053); GPUs at the same position of every group form a data-parallel group of ``dp = n / tp`` ranks. A
+  collective is one task over its group on that group's stream: ``dp{j}.grad`` / ``dp{j}.param`` per data-parallel
+  group j and ``tp{k}`` per tensor-parallel group k, or with ``flat_comm`` ``dp.grad`` / ``dp.param``.
+- Compute: a layer's forward, recomputation or backward on one GPU's compute stream, priced by the trace's FLOPs
+  and HBM bytes divided by ``share`` (TP degree or chunk count) unless ``flops`` / ``hbm_bytes`` are given; ids
+  default to ``fwd{i}.{g}``, ``rc{i}.{g}``, ``bwd{i}.{g}``. With tp > 1 each of them ends with Megatron's two
+  all-reduces of the ``s*b*h`` layer output (one collective task) that the next layer waits for (``tp_sync``).
+- Activations under TP (Korthikanti et al. 2022, arXiv 2205.05198, Table 2, no sequence parallelism): of the
+  ``34 sbh`` a GPT block saves, ``10 sbh`` (layer norms, dropout masks, inputs of the column-parallel GEMMs) stay
+  replicated and ``24 sbh`` are split; we apply that ratio to whatever the trace saves per block. Full
+  checkpointing keeps only the (replicated) layer input.
 - Optimizer: the GPU step is bounded by HBM bandwidth (``gpu.optimizer_bytes_per_param``); CPU Adam (DeepSpeed's
-  vectorised kernel) runs per rank on ``cpu.adam{r}``, every rank sharing the ``cpu.adam`` rate. NVMe
-  read-ahead: the read of unit k waits for the write ``window`` units back (at most ``window`` units' buffers).
-- Sliced fetch (ZeRO-3, ZeRO-Infinity's bandwidth-centric partitioning): every rank uploads only its ``1/dp``
-  slice of a layer from its home (CPU, or NVMe through a pinned CPU buffer) on its H2D engine, then an
-  all-gather over the data-parallel group assembles the full layer on every GPU; ZeRO-3 without offload only
-  gathers. A prefetch distance ``d`` bounds how far ahead a fetch runs: the fetch for use ``u`` may start once
-  use ``u - d`` has started, i.e. after the compute of use ``u - d - 1`` (``UseOrder``); d = 0 is on demand.
-- Gradients are reduced across the data-parallel group as soon as a layer's backward ends, overlapping the next
+  vectorised kernel) runs per rank on ``cpu.adam{r}``, all ranks sharing the ``cpu.adam`` rate. NVMe read-ahead:
+  the read of unit k waits for the write ``window`` units back (at most ``window`` units' buffers live).
+- Sliced fetch (ZeRO-3, ZeRO-Infinity's bandwidth-centric partitioning): every rank uploads its ``1/dp`` slice of a
+  layer from its home (CPU, or NVMe through a pinned CPU buffer) on its H2D engine, then an all-gather over the
+  data-parallel group assembles the layer on every GPU; ZeRO-3 without offload only gathers. Prefetch distance
+  ``d``: the fetch for use ``u`` may start once use ``u - d`` has started, i.e. after the compute of use
+  ``u - d - 1`` (``UseOrder``); d = 0 is fetch-on-demand.
+- Gradients are reduced over the data-parallel group as soon as a layer's backward ends, overlapping the next
   layer's backward (DeepSpeed ``overlap_comm``): all-reduce for ZeRO 0/1, reduce-scatter for ZeRO 2/3 and the
-  offloading policies; with offload each rank then copies its partition to the CPU on its D2H engine. The
-  bucket gate (``buckets_in_flight`` = B): a layer's backward does not produce its gradients before the bucket
-  B buckets back (backward order, across micro-steps) has drained, so a slow link stalls the backward instead
-  of piling gradients up (DeepSpeed double-buffers its ipg bucket: B = 2; each policy passes its own B).
-- The micro-step of data/tensor parallelism (``emit_microstep``: none, zero-offload): per GPU the forward of
-  every layer on a 1/tp slice (saving its activations, or only its input under full checkpointing), then in
-  reverse the recomputation and backward, each ended by its tensor-parallel sync; ZeRO-3 all-gathers each layer
-  before its forward and again before its backward and frees it after use, one layer ahead (layer i is
-  gathered while layer i-1 computes: at most two gathered layers live, DeepSpeed's prefetch).
+  offloading policies; with offload each rank then copies its partition to the CPU on its D2H engine. Bucket gate
+  (B = ``buckets_in_flight``, each policy's own; DeepSpeed double-buffers its ipg bucket: B = 2): a layer's
+  backward waits until the bucket B back (backward order, across micro-steps) has drained, so a slow link stalls
+  the backward instead of piling gradients up.
+- Data/tensor-parallel micro-step (``emit_microstep``: none, zero-offload): per GPU the forward of every layer on a
+  1/tp slice (saving its activations, or only its input under full checkpointing), then in reverse recomputation
+  and backward, each ended by its TP sync; ZeRO-3 all-gathers each layer before its forward and again before its
+  backward and frees it after use, one layer ahead (layer i while layer i-1 computes: at most two gathered layers
+  live, as DeepSpeed's prefetch).
 """
 
 from __future__ import annotations

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from policies import kit
 from policies.base import Job, unified
@@ -187,49 +186,48 @@ def plan(job: Job, knobs: Knobs) -> Plan:
         MicroStep(b, job, knobs, n, ".last" if boundary else "", prev, boundary, last_opt).emit()
     b.segment("optimizer", 1)
     emit_optimizer(b, job, knobs, n, groups)
-    return b.build(steps=2, notes=notes(job, knobs, n, accum, len(groups)),
-                   info=info(job, knobs, n, accum, groups, need))
+    homes = state_homes(knobs)
+    return b.build(steps=2, notes=notes(job, knobs, n, accum, len(groups)), info={
+        "dp": n, "accumulation": accum, "sub_groups": [len(grp) for grp in groups],
+        "sub_group_params_per_rank": [sum(job.trace.layers[i].params for i in grp) / n for grp in groups],
+        "bytes_per_param": {k: {"bytes": v, "home": homes[k]} for k, v in per_param_bytes(job, knobs).items() if v > 0},
+        "model_state_bytes": model_state_bytes(job, knobs),
+        "nvme_bytes_per_step": nvme_bytes_per_step(job, knobs, accum), "min_need_bytes_by_pool": need,
+        "param_pinned_window_elements_per_rank": param_pinned_window(job, knobs, n)})
 
 
 def declare_tensors(b: PlanBuilder, job: Job, knobs: Knobs, n: int, groups: list[list[int]]) -> None:
-    """The persistent model states per rank partition at their homes, the workspace, then per rank each
-    layer's micro-step tensors and each sub-group's optimizer staging buffers."""
+    """The model states per rank partition at their homes, the workspace, then per rank each layer's micro-step
+    tensors (activations, gradient bucket, slice and fp32 staging) and each sub-group's optimizer buffers."""
     homes, pp, db = state_homes(knobs), per_param_bytes(job, knobs), kit.dtype_bytes(job)
     for r in range(n):
         for kind, nb in pp.items():
             if nb > 0:
                 b.tensor(f"{kind}.r{r}", nb * job.trace.params / n, kind, home=homes[kind], persistent=True)
     kit.workspace(b, job, kit.Layout(n, flat_comm=True))
-    for r in range(n):
-        for i in range(len(job.trace.layers)):
-            layer_tensors(b, job, knobs, n, r, i)
+    ckpt_kind = "checkpoint" if job.config.checkpointing == "full" else "activation"
+    for r, g in enumerate(kit.Layout(n).gpus()):
+        for i, layer in enumerate(job.trace.layers):  # per use: the gathered layer, its GPU and pinned CPU slices
+            s = layer.params / n
+            b.tensor(f"act{i}.{g}", layer.activation_bytes, ckpt_kind if offloads_ckpt(job, knobs, i) else "activation",
+                     scope="iteration", layer=i)
+            b.tensor(f"gb{i}.{g}", layer.params * db, "grad", scope="iteration", layer=i)
+            if n > 1:
+                b.tensor(f"gs{i}.{g}", s * knobs.grad_bytes_per_param, "grad", scope="iteration", layer=i)
+            if knobs.optimizer_nvme:
+                b.tensor(f"gst{i}.r{r}", s * pp["grad32"], "buffer", scope="iteration", layer=i)
+            for ph in "fb":
+                b.tensor(f"pg{ph}{i}.{g}", layer.params * db, "param16", scope="iteration", layer=i)
+                if n > 1:
+                    b.tensor(f"ps{ph}{i}.{g}", s * db, "param16", scope="iteration", layer=i)
+                if knobs.param_nvme:
+                    b.tensor(f"pin{ph}{i}.r{r}", s * db, "buffer", scope="iteration", layer=i)
         for k, grp in enumerate(groups):
             q = sum(job.trace.layers[i].params for i in grp) / n
             if knobs.optimizer_nvme:
                 b.tensor(f"osb{k}.r{r}", q * (pp["param32"] + pp["optim"] + pp["grad32"]), "buffer", scope="step")
             if knobs.param_nvme:
                 b.tensor(f"pst{k}.r{r}", q * db, "buffer", scope="step")
-
-
-def layer_tensors(b: PlanBuilder, job: Job, knobs: Knobs, n: int, r: int, i: int) -> None:
-    """Layer i's tensors of one micro-step on rank r: activations, gradient bucket and slice, the fp32
-    gradient staging buffer, and per use the gathered layer, its GPU slice and its pinned CPU slice."""
-    layer, g, db = job.trace.layers[i], kit.gpu(r), kit.dtype_bytes(job)
-    s = layer.params / n
-    ckpt_kind = "checkpoint" if job.config.checkpointing == "full" else "activation"
-    b.tensor(f"act{i}.{g}", layer.activation_bytes, ckpt_kind if offloads_ckpt(job, knobs, i) else "activation",
-             scope="iteration", layer=i)
-    b.tensor(f"gb{i}.{g}", layer.params * db, "grad", scope="iteration", layer=i)
-    if n > 1:
-        b.tensor(f"gs{i}.{g}", s * knobs.grad_bytes_per_param, "grad", scope="iteration", layer=i)
-    if knobs.optimizer_nvme:
-        b.tensor(f"gst{i}.r{r}", s * per_param_bytes(job, knobs)["grad32"], "buffer", scope="iteration", layer=i)
-    for ph in "fb":
-        b.tensor(f"pg{ph}{i}.{g}", layer.params * db, "param16", scope="iteration", layer=i)
-        if n > 1:
-            b.tensor(f"ps{ph}{i}.{g}", s * db, "param16", scope="iteration", layer=i)
-        if knobs.param_nvme:
-            b.tensor(f"pin{ph}{i}.r{r}", s * db, "buffer", scope="iteration", layer=i)
 
 
 def notes(job: Job, knobs: Knobs, n: int, accum: int, n_groups: int) -> list[str]:
@@ -249,15 +247,3 @@ def notes(job: Job, knobs: Knobs, n: int, accum: int, n_groups: int) -> list[str
                    f"default offload_param pool ({DS_PARAM_BUFFERS} x {DS_PARAM_BUFFER_SIZE:.0e}); raise "
                    f"buffer_count or lower nvme_prefetch")
     return out
-
-
-def info(job: Job, knobs: Knobs, n: int, accum: int, groups: list[list[int]],
-         need: dict[str, float]) -> dict[str, Any]:
-    layers, homes = job.trace.layers, state_homes(knobs)
-    return {"dp": n, "accumulation": accum, "sub_groups": [len(grp) for grp in groups],
-            "sub_group_params_per_rank": [sum(layers[i].params for i in grp) / n for grp in groups],
-            "bytes_per_param": {k: {"bytes": v, "home": homes[k]} for k, v in per_param_bytes(job, knobs).items()
-                                if v > 0},
-            "model_state_bytes": model_state_bytes(job, knobs),
-            "nvme_bytes_per_step": nvme_bytes_per_step(job, knobs, accum),
-            "min_need_bytes_by_pool": need, "param_pinned_window_elements_per_rank": param_pinned_window(job, knobs, n)}
