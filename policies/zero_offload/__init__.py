@@ -88,21 +88,6 @@ def cpu_state_bytes(job: Job, knobs: Knobs) -> dict[str, float]:
     return out
 
 
-def notes(job: Job, knobs: Knobs, lay: kit.Layout, accum: int) -> list[str]:
-    out = [f"ZeRO-2 + CPU optimizer over {lay.dp} data-parallel rank(s) x tp={lay.tp}, {accum} micro-step(s) per "
-           f"step; gradients offloaded every micro-step ({knobs.grad_offload_bytes_per_param:g} B/param), "
-           f"parameters uploaded once per step ({knobs.upload_bytes_per_param:g} B/param)"]
-    if knobs.tp == 0 and lay.tp > 1:
-        out.append(f"tp={lay.tp} picked automatically: the fp16 parameters do not fit one GPU otherwise")
-    if knobs.delayed_update:
-        out.append("delayed parameter update: step i+1 computes with the parameters of step i-1 "
-                   "(training semantics change on purpose)")
-    if unified(job):
-        out.append("unified memory: GPU and CPU share one pool, so offloading to the CPU frees nothing; "
-                   "the copies still cost DRAM bandwidth")
-    return out
-
-
 def plan(job: Job, knobs: Knobs) -> Plan:
     tp = knobs.tp or auto_tp(job)
     kit.check_tp(job, tp, NAME)
@@ -134,7 +119,18 @@ def plan(job: Job, knobs: Knobs) -> Plan:
     b.segment("optimizer", 1)
     kit.cpu_update_by_layer(b, job, lay, upload_bytes_per_param=knobs.upload_bytes_per_param, staged=staged,
                             first_deps={r: [f"d2h0.{g}"] for r, g in enumerate(lay.gpus())})
-    return b.build(steps=3 if knobs.delayed_update else 2, notes=notes(job, knobs, lay, accum),
+    notes = [f"ZeRO-2 + CPU optimizer over {lay.dp} data-parallel rank(s) x tp={lay.tp}, {accum} micro-step(s) per "
+             f"step; gradients offloaded every micro-step ({knobs.grad_offload_bytes_per_param:g} B/param), "
+             f"parameters uploaded once per step ({knobs.upload_bytes_per_param:g} B/param)"]
+    if knobs.tp == 0 and lay.tp > 1:
+        notes.append(f"tp={lay.tp} picked automatically: the fp16 parameters do not fit one GPU otherwise")
+    if knobs.delayed_update:
+        notes.append("delayed parameter update: step i+1 computes with the parameters of step i-1 "
+                     "(training semantics change on purpose)")
+    if unified(job):
+        notes.append("unified memory: GPU and CPU share one pool, so offloading to the CPU frees nothing; "
+                     "the copies still cost DRAM bandwidth")
+    return b.build(steps=3 if knobs.delayed_update else 2, notes=notes,
                    info={"accumulation": accum, "tp": tp, "dp": lay.dp,
                          "cpu_state_bytes": cpu_state_bytes(job, knobs), "gpu_param_bytes_per_gpu": gpu_params})
 
