@@ -1,73 +1,489 @@
 """The policy kit: each mechanism a plan is made of, defined once, as calls on ``policies.builder.PlanBuilder``.
 
-Every task a kit function emits is tagged with a ``simulator.phase.Phase`` member. Functions take the task
-id (or build the conventional one), the dependencies and the placements explicitly, so a policy keeps
-its own names and schedule while the kit owns what a task of each kind *is* (op, stream, pricing fields,
-tags). Mechanisms, who uses them, and their parameters:
+Every kit task is tagged with a ``simulator.phase.Phase`` member (``tags``). Functions take the task id (or build
+the conventional one), the dependencies and the placements explicitly, so a policy (none, zero-offload,
+zero-infinity, lazytrain, synergyscale, tinypipe) keeps its own names and schedule while the kit owns what a task of
+each kind *is* (op, stream, pricing fields, tags). Below: layout and streams, one task of each kind, then the
+mechanisms of many tasks and the dependency rules that schedule them.
 
-- ``layout``: ``Layout(n, tp, flat_comm)`` (data-parallel x tensor-parallel groups of GPUs, the names of
-  their communication streams and collectives), ``gpu(r)``, ``dtype_bytes(job)``, ``check_tp(job, tp,
-  policy)``; stream declarations ``declare_streams`` (per-rank GPU compute/h2d/d2h, ``cpu.adam{r}`` and
-  other per-rank CPU streams, shared streams, communication streams in ``comm_order``), and the pieces
-  ``gpu_streams`` / ``cpu_streams`` / ``comm_streams``. Used by none, zero-offload, zero-infinity (and
-  the ports of lazytrain, synergyscale, tinypipe).
-- ``layers``: per-layer compute ``forward`` / ``recompute`` / ``backward`` (``share``: TP degree or chunk
-  count; ``flops`` / ``hbm_bytes`` overrides; ``tid``, ``stream``, ``allocs``, ``frees``, ``extra`` tags),
-  ``move_activation`` (saved activations to the CPU and back), Megatron ``tp_sync``,
-  ``saved_activation_bytes`` (Korthikanti's split under TP), ``workspace``. Used by none, zero-offload
-  (through ``microstep``), zero-infinity.
-- ``fetch``: ``upload`` (a parameter copy to a GPU: ``src``, ``use``, ``allocs`` / ``frees`` / ``reads``),
-  ``all_gather`` (a parameter all-gather over ranks), ``sliced_fetch`` (every rank uploads its slice of a
-  layer, then one all-gather assembles it: ZeRO-Infinity's bandwidth-centric fetch), ``gather_layer``
-  (ZeRO-3: every data-parallel group gathers layer i, with the caller's prefetch bound), ``UseOrder``
-  (forward-then-backward use order and the prefetch-distance window ``window(u, d, gpus)``). Used by
-  none (stage 3), zero-offload, zero-infinity.
-- ``grads``: ``bucket_gate(order, i, buckets_in_flight, drained)`` (the one bound on gradient buckets in
-  flight; each policy passes its own: zero-offload 2, lazytrain 2, synergyscale 3), ``reduce`` (all-reduce
-  / reduce-scatter), ``offload`` (GPU -> CPU copy), ``release`` (a free: ``GRAD_RELEASE``,
-  ``GRAD_ACCUMULATE`` or a staging buffer's phase), ``Grads`` + ``reduce_and_offload`` (the data/tensor-
-  parallel path). Used by none, zero-offload, zero-infinity.
-- ``optimizer``: ``gpu_step`` (GPU optimizer over a partition), ``cpu_adam`` (per rank, layer or
-  sub-group), ``swap`` (CPU <-> NVMe of optimizer states, parameters, gradients), ``read_ahead(k, window,
-  written)`` (the NVMe read-ahead window), ``cpu_update_by_layer`` (ZeRO-Offload's Adam + upload +
-  all-gather per layer). Used by none (GPU step), zero-offload, zero-infinity.
-- ``microstep``: ``emit_microstep`` (forward, recompute, backward and gradient path of one data/tensor-
-  parallel micro-step, ZeRO-3 gathers with a one-layer prefetch) built from the above. Used by none,
-  zero-offload.
-- ``tags``: ``tags(phase, layer=, rank=, use=, extra=)``, the tag dict of every kit task.
+- Layout: ``tp``-wide tensor-parallel groups of neighbouring GPUs (Megatron-LM, Shoeybi et al. 2019, arXiv
+  1909.08053); GPUs at the same position of every group form a data-parallel group of ``dp = n / tp`` ranks. A
+  collective is one task over its group on that group's stream: ``dp{j}.grad`` / ``dp{j}.param`` per data-parallel
+  group j and ``tp{k}`` per tensor-parallel group k, or with ``flat_comm`` ``dp.grad`` / ``dp.param``.
+- Compute: a layer's forward, recomputation or backward on one GPU's compute stream, priced by the trace's FLOPs
+  and HBM bytes divided by ``share`` (TP degree or chunk count) unless ``flops`` / ``hbm_bytes`` are given; ids
+  default to ``fwd{i}.{g}``, ``rc{i}.{g}``, ``bwd{i}.{g}``. With tp > 1 each of them ends with Megatron's two
+  all-reduces of the ``s*b*h`` layer output (one collective task) that the next layer waits for (``tp_sync``).
+- Activations under TP (Korthikanti et al. 2022, arXiv 2205.05198, Table 2, no sequence parallelism): of the
+  ``34 sbh`` a GPT block saves, ``10 sbh`` (layer norms, dropout masks, inputs of the column-parallel GEMMs) stay
+  replicated and ``24 sbh`` are split; we apply that ratio to whatever the trace saves per block. Full
+  checkpointing keeps only the (replicated) layer input.
+- Optimizer: the GPU step is bounded by HBM bandwidth (``gpu.optimizer_bytes_per_param``); CPU Adam (DeepSpeed's
+  vectorised kernel) runs per rank on ``cpu.adam{r}``, all ranks sharing the ``cpu.adam`` rate. NVMe read-ahead:
+  the read of unit k waits for the write ``window`` units back (at most ``window`` units' buffers live).
+- Sliced fetch (ZeRO-3, ZeRO-Infinity's bandwidth-centric partitioning): every rank uploads its ``1/dp`` slice of a
+  layer from its home (CPU, or NVMe through a pinned CPU buffer) on its H2D engine, then an all-gather over the
+  data-parallel group assembles the layer on every GPU; ZeRO-3 without offload only gathers. Prefetch distance
+  ``d``: the fetch for use ``u`` may start once use ``u - d`` has started, i.e. after the compute of use
+  ``u - d - 1`` (``UseOrder``); d = 0 is fetch-on-demand.
+- Gradients are reduced over the data-parallel group as soon as a layer's backward ends, overlapping the next
+  layer's backward (DeepSpeed ``overlap_comm``): all-reduce for ZeRO 0/1, reduce-scatter for ZeRO 2/3 and the
+  offloading policies; with offload each rank then copies its partition to the CPU on its D2H engine. Bucket gate
+  (B = ``buckets_in_flight``, each policy's own; DeepSpeed double-buffers its ipg bucket: B = 2): a layer's
+  backward waits until the bucket B back (backward order, across micro-steps) has drained, so a slow link stalls
+  the backward instead of piling gradients up.
+- Data/tensor-parallel micro-step (``emit_microstep``: none, zero-offload): per GPU the forward of every layer on a
+  1/tp slice (saving its activations, or only its input under full checkpointing), then in reverse recomputation
+  and backward, each ended by its TP sync; ZeRO-3 all-gathers each layer before its forward and again before its
+  backward and frees it after use, one layer ahead (layer i while layer i-1 computes: at most two gathered layers
+  live, as DeepSpeed's prefetch).
 """
 
-from policies.kit.fetch import UseOrder, all_gather, gather_layer, sliced_fetch, upload
-from policies.kit.grads import Grads, bucket_gate, offload, reduce, reduce_and_offload, release
-from policies.kit.layers import (
-    REPLICATED_ACT_FRACTION,
-    TP_ALLREDUCES,
-    backward,
-    forward,
-    move_activation,
-    recompute,
-    saved_activation_bytes,
-    tp_sync,
-    workspace,
-)
-from policies.kit.layout import (
-    Layout,
-    check_tp,
-    comm_streams,
-    cpu_streams,
-    declare_streams,
-    dtype_bytes,
-    gpu,
-    gpu_streams,
-)
-from policies.kit.microstep import emit_microstep
-from policies.kit.optimizer import cpu_adam, cpu_update_by_layer, gpu_step, read_ahead, swap
-from policies.kit.tags import tags, use_of
+from __future__ import annotations
 
-__all__ = [
-    "REPLICATED_ACT_FRACTION", "TP_ALLREDUCES", "Grads", "Layout", "UseOrder", "all_gather", "backward",
-    "bucket_gate", "check_tp", "comm_streams", "cpu_adam", "cpu_streams", "cpu_update_by_layer",
-    "declare_streams", "dtype_bytes", "emit_microstep", "forward", "gather_layer", "gpu", "gpu_step",
-    "gpu_streams", "move_activation", "offload", "read_ahead", "recompute", "reduce", "reduce_and_offload", "release",
-    "saved_activation_bytes", "sliced_fetch", "swap", "tags", "tp_sync", "upload", "use_of", "workspace",
-]
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from policies.base import Job, KnobError
+from policies.builder import PlanBuilder
+from simulator.phase import Phase
+from workloads.trace import LayerTrace
+
+Places = Sequence[tuple[str, str]]
+REPLICATED_ACT_FRACTION = 10 / 34  # Korthikanti Table 2: 10sbh of 34sbh are not split by TP
+TP_ALLREDUCES = {"block": 2, "embedding": 1, "head": 0}  # Megatron: attention + MLP per block
+TP_PHASE = {"f": Phase.TP_FWD, "r": Phase.TP_RECOMPUTE, "b": Phase.TP_BWD}
+Extra = Mapping[str, Any] | None
+ParamReady = Mapping[int, Sequence[str]]
+
+
+def tags(phase: Phase, *, layer: int | None = None, rank: int | None = None, use: str | None = None,
+         extra: Extra = None) -> dict[str, Any]:
+    """A kit task's tags: ``phase``, then layer / rank / use (``"fwd"`` or ``"bwd"``) where given, then ``extra``."""
+    out: dict[str, Any] = {"phase": phase}
+    for key, v in (("layer", layer), ("rank", rank), ("use", use)):
+        if v is not None:
+            out[key] = v
+    out.update(extra or {})
+    return out
+
+
+def use_of(phase: str) -> str:
+    """``"fwd"`` for the forward use of a layer (``"f"``), ``"bwd"`` otherwise."""
+    return "fwd" if phase == "f" else "bwd"
+
+
+def gpu(r: int) -> str:
+    return f"gpu{r}"
+
+
+def dtype_bytes(job: Job) -> int:
+    """Bytes per element of the training precision (the 16-bit parameters and gradients)."""
+    return {"bf16": 2, "fp16": 2, "fp32": 4}[job.config.precision]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """n GPUs as dp x tp groups; ``flat_comm`` (tp = 1): no group index in names (``dp.grad``, ``red{i}``)."""
+
+    n: int
+    tp: int = 1
+    flat_comm: bool = False
+
+    @property
+    def dp(self) -> int:
+        return self.n // self.tp
+
+    def gpus(self) -> list[str]:
+        return [gpu(r) for r in range(self.n)]
+
+    def tp_group(self, k: int) -> list[str]:
+        return [gpu(k * self.tp + j) for j in range(self.tp)]
+
+    def dp_group(self, j: int) -> list[str]:
+        return [gpu(k * self.tp + j) for k in range(self.dp)]
+
+    def tp_index(self, r: int) -> tuple[int, int]:
+        """(tensor-parallel group k, position j) of GPU r."""
+        return r // self.tp, r % self.tp
+
+    def dp_stream(self, j: int, what: str) -> str:
+        """The communication stream of data-parallel group j for ``what`` (``grad`` or ``param``)."""
+        return f"dp.{what}" if self.flat_comm else f"dp{j}.{what}"
+
+    def dp_suffix(self, j: int) -> str:
+        """The suffix of a data-parallel collective's task id for group j (``.d{j}``, or none when flat)."""
+        return "" if self.flat_comm else f".d{j}"
+
+
+def check_tp(job: Job, tp: int, policy: str) -> None:
+    """KnobError unless ``tp`` divides the GPU count and the model's attention heads."""
+    if tp < 1 or job.n_gpus % tp:
+        raise KnobError(f"{policy}: knob 'tp' must divide the GPU count {job.n_gpus}, got {tp}")
+    m = job.model
+    if m.n_heads % tp or m.n_kv_heads % tp and tp % m.n_kv_heads:
+        raise KnobError(f"{policy}: knob 'tp' = {tp} does not divide the model's {m.n_heads} attention heads")
+
+
+def gpu_streams(b: PlanBuilder, gpus: Iterable[str], extra: Sequence[tuple[str, str]] = ()) -> None:
+    """Per GPU: ``{g}.compute``, ``{g}.h2d``, ``{g}.d2h`` and each ``(name, kind)`` of ``extra``."""
+    for g in gpus:
+        for name, kind in (("compute", "compute"), ("h2d", "h2d"), ("d2h", "d2h"), *extra):
+            b.stream(f"{g}.{name}", g, kind)
+
+
+def cpu_streams(b: PlanBuilder, ranks: Iterable[int], per_rank: Sequence[tuple[str, str]], device: str = "cpu") -> None:
+    """Per rank r: ``{device}.{name}{r}`` of each ``(name, kind)``, e.g. ``("adam", "optim")``."""
+    for r in ranks:
+        for name, kind in per_rank:
+            b.stream(f"{device}.{name}{r}", device, kind)
+
+
+def comm_streams(b: PlanBuilder, lay: Layout, order: Sequence[str] = ("grad", "param")) -> None:
+    """The data-parallel streams (``order``: which of grad / param first), then the tensor-parallel ones."""
+    for j in range(lay.tp if lay.dp > 1 else 0):
+        for what in order:
+            b.stream(lay.dp_stream(j, what), lay.dp_group(j)[0], "comm")
+    for k in range(lay.dp if lay.tp > 1 else 0):
+        b.stream(f"tp{k}", lay.tp_group(k)[0], "comm")
+
+
+def declare_streams(b: PlanBuilder, lay: Layout, *, cpu_adam: bool = False,
+                    cpu_per_rank: Sequence[tuple[str, str]] = (), shared: Sequence[tuple[str, str, str]] = (),
+                    comm_order: Sequence[str] = ("grad", "param")) -> None:
+    """Per rank GPU streams, ``cpu.adam{r}`` and ``cpu_per_rank``; then ``shared`` (id, device, kind); then comm."""
+    per_rank = ((("adam", "optim"),) if cpu_adam else ()) + tuple(cpu_per_rank)
+    for r in range(lay.n):
+        gpu_streams(b, [gpu(r)])
+        cpu_streams(b, [r], per_rank)
+    for sid, device, kind in shared:
+        b.stream(sid, device, kind)
+    comm_streams(b, lay, comm_order)
+
+
+# -- one task of each kind ---------------------------------------------------------------------------------------------
+def upload(b: PlanBuilder, tid: str, g: str, nbytes: float, deps: Sequence[str], *, layer: int | None, rank: int | None,
+           src: str = "cpu", use: str | None = None, stream: str | None = None, allocs: Places = (), frees: Places = (),
+           reads: Places = (), phase: Phase = Phase.PARAM_UPLOAD, extra: Extra = None) -> str:
+    """A copy of ``nbytes`` of parameters from ``src`` to GPU g on its H2D stream."""
+    return b.task(tid, "copy", stream or f"{g}.h2d", deps, src=src, dst=g, bytes=nbytes, allocs=allocs,
+                  frees=frees, reads=reads, tags=tags(phase, layer=layer, rank=rank, use=use, extra=extra))
+
+
+def all_gather(b: PlanBuilder, tid: str, stream: str, ranks: Sequence[str], nbytes: float, deps: Sequence[str], *,
+               layer: int | None = None, use: str | None = None, allocs: Places = (), frees: Places = (),
+               phase: Phase = Phase.PARAM_GATHER, extra: Extra = None) -> str:
+    """An all-gather of ``nbytes`` (the full tensor) over ``ranks`` on a communication stream."""
+    return b.task(tid, "collective", stream, deps, coll="all_gather", bytes=nbytes, ranks=tuple(ranks),
+                  allocs=allocs, frees=frees, tags=tags(phase, layer=layer, use=use, extra=extra))
+
+
+def reduce(b: PlanBuilder, tid: str, stream: str, ranks: Sequence[str], nbytes: float, deps: Sequence[str], *,
+           coll: str = "reduce_scatter", layer: int | None = None, allocs: Places = (), frees: Places = (),
+           extra: Extra = None) -> str:
+    """A gradient reduction (``all_reduce`` or ``reduce_scatter``) of ``nbytes`` over ``ranks``."""
+    return b.task(tid, "collective", stream, deps, coll=coll, bytes=nbytes, ranks=tuple(ranks), allocs=allocs,
+                  frees=frees, tags=tags(Phase.GRAD_REDUCE, layer=layer, extra=extra))
+
+
+def offload(b: PlanBuilder, tid: str, g: str, nbytes: float, deps: Sequence[str], *, layer: int | None,
+            rank: int | None, dst: str = "cpu", stream: str | None = None, frees: Places = (), reads: Places = (),
+            extra: Extra = None) -> str:
+    """A copy of ``nbytes`` of GPU g's gradients to ``dst`` on its D2H stream."""
+    return b.task(tid, "copy", stream or f"{g}.d2h", deps, src=g, dst=dst, bytes=nbytes, frees=frees,
+                  reads=reads, tags=tags(Phase.GRAD_OFFLOAD, layer=layer, rank=rank, extra=extra))
+
+
+def release(b: PlanBuilder, tid: str, g: str, frees: Places, *, layer: int | None, rank: int | None,
+            phase: Phase = Phase.GRAD_RELEASE, deps: Sequence[str] = (), stream: str | None = None,
+            use: str | None = None, extra: Extra = None) -> str:
+    """A free on GPU g's compute stream (``GRAD_RELEASE``, ``GRAD_ACCUMULATE``, or a staging buffer's phase)."""
+    return b.task(tid, "free", stream or f"{g}.compute", deps, frees=frees,
+                  tags=tags(phase, layer=layer, rank=rank, use=use, extra=extra))
+
+
+def gpu_step(b: PlanBuilder, tid: str, stream: str, deps: Sequence[str], params: float, *, rank: int | None,
+             layer: int | None = None, extra: Extra = None) -> str:
+    """An optimizer step over ``params`` parameters on a GPU's compute ``stream``."""
+    return b.task(tid, "optimizer", stream, deps, params=params,
+                  tags=tags(Phase.OPTIMIZER, layer=layer, rank=rank, extra=extra))
+
+
+def cpu_adam(b: PlanBuilder, tid: str, r: int, deps: Sequence[str], params: float, *, layer: int | None = None,
+             rank: int | None = None, extra: Extra = None) -> str:
+    """CPU Adam of rank r over ``params`` parameters on ``cpu.adam{r}`` (``rank`` tag defaults to r)."""
+    return b.task(tid, "optimizer", f"cpu.adam{r}", deps, params=params,
+                  tags=tags(Phase.OPTIMIZER, layer=layer, rank=r if rank is None else rank, extra=extra))
+
+
+def swap(b: PlanBuilder, tid: str, stream: str, phase: Phase, src: str, dst: str, nbytes: float, deps: Sequence[str], *,
+         layer: int | None = None, rank: int | None = None, use: str | None = None, allocs: Places = (),
+         frees: Places = (), reads: Places = (), extra: Extra = None) -> str:
+    """A copy between CPU memory and NVMe on an io stream (optimizer, parameter or gradient swap)."""
+    return b.task(tid, "copy", stream, deps, src=src, dst=dst, bytes=nbytes, allocs=allocs, frees=frees,
+                  reads=reads, tags=tags(phase, layer=layer, rank=rank, use=use, extra=extra))
+
+
+def _compute(b: PlanBuilder, kind: str, phase: Phase, i: int, g: str, rank: int | None, deps: Sequence[str],
+             flops: float, hbm_bytes: float, tid: str | None, stream: str | None, allocs: Places, frees: Places,
+             extra: Extra) -> str:
+    return b.task(tid or f"{kind}{i}.{g}", "compute", stream or f"{g}.compute", deps, flops=flops,
+                  hbm_bytes=hbm_bytes, allocs=allocs, frees=frees, tags=tags(phase, layer=i, rank=rank, extra=extra))
+
+
+def forward(b: PlanBuilder, i: int, layer: LayerTrace, g: str, rank: int | None, deps: Sequence[str], *,
+            share: float = 1, flops: float | None = None, hbm_bytes: float | None = None, tid: str | None = None,
+            stream: str | None = None, allocs: Places = (), frees: Places = (), extra: Extra = None) -> str:
+    """Layer i's forward on GPU g (1/share of it); returns the task id."""
+    return _compute(b, "fwd", Phase.FWD, i, g, rank, deps, layer.fwd_flops / share if flops is None else flops,
+                    layer.fwd_hbm_bytes / share if hbm_bytes is None else hbm_bytes, tid, stream, allocs, frees, extra)
+
+
+def recompute(b: PlanBuilder, i: int, layer: LayerTrace, g: str, rank: int | None, deps: Sequence[str], *,
+              share: float = 1, flops: float | None = None, hbm_bytes: float | None = None, tid: str | None = None,
+              stream: str | None = None, allocs: Places = (), frees: Places = (), extra: Extra = None) -> str:
+    """Layer i's recomputation (the trace's ``recompute_flops`` unless ``flops``), reading as its forward."""
+    return _compute(b, "rc", Phase.RECOMPUTE, i, g, rank, deps,
+                    layer.recompute_flops / share if flops is None else flops,
+                    layer.fwd_hbm_bytes / share if hbm_bytes is None else hbm_bytes, tid, stream, allocs, frees, extra)
+
+
+def backward(b: PlanBuilder, i: int, layer: LayerTrace, g: str, rank: int | None, deps: Sequence[str], *,
+             share: float = 1, flops: float | None = None, hbm_bytes: float | None = None, tid: str | None = None,
+             stream: str | None = None, allocs: Places = (), frees: Places = (), extra: Extra = None) -> str:
+    """Layer i's backward on GPU g (1/share of it); returns the task id."""
+    return _compute(b, "bwd", Phase.BWD, i, g, rank, deps, layer.bwd_flops / share if flops is None else flops,
+                    layer.bwd_hbm_bytes / share if hbm_bytes is None else hbm_bytes, tid, stream, allocs, frees, extra)
+
+
+def move_activation(b: PlanBuilder, tid: str, stream: str, tensor: str, src: str, dst: str, deps: Sequence[str], *,
+                    phase: Phase, layer: int, rank: int | None = None, extra: Extra = None) -> str:
+    """Saved activations (``tensor``) between a GPU and CPU memory; allocates the destination, frees the source."""
+    return b.task(tid, "copy", stream, deps, tensor=tensor, src=src, dst=dst, alloc_dst=True, free_src=True,
+                  tags=tags(phase, layer=layer, rank=rank, extra=extra))
+
+
+def tp_sync(b: PlanBuilder, lay: Layout, i: int, layer: LayerTrace, phase: str, prefix: str) -> dict[int, str]:
+    """TP all-reduces closing layer i's ``phase`` (f / r / b) after ``{prefix}{i}.{g}``: group k -> task id."""
+    n_ar = TP_ALLREDUCES[layer.kind]
+    if lay.tp == 1 or n_ar == 0:
+        return {}
+    return {k: b.task(f"tp{phase}{i}.k{k}", "collective", f"tp{k}", [f"{prefix}{i}.{g}" for g in lay.tp_group(k)],
+                      coll="all_reduce", bytes=n_ar * layer.output_bytes, ranks=tuple(lay.tp_group(k)),
+                      tags=tags(TP_PHASE[phase], layer=i)) for k in range(lay.dp)}
+
+
+def saved_activation_bytes(job: Job, layer_bytes: float, kind: str, tp: int) -> float:
+    """Bytes a GPU keeps of a layer's saved activations with tensor parallelism ``tp`` (module docstring)."""
+    if tp == 1 or kind != "block" or job.config.checkpointing == "full":
+        return layer_bytes
+    return layer_bytes * (REPLICATED_ACT_FRACTION + (1 - REPLICATED_ACT_FRACTION) / tp)
+
+
+def workspace(b: PlanBuilder, job: Job, lay: Layout) -> None:
+    """Per GPU the largest transient working set of any layer (split by TP), kept by the caching allocator."""
+    ws = max(layer.peak_transient_bytes for layer in job.trace.layers) / lay.tp
+    for g in lay.gpus():
+        b.tensor(f"ws.{g}", ws, "buffer", home=g, persistent=True)
+
+
+# -- mechanisms of many tasks, dependency rules ------------------------------------------------------------------------
+def sliced_fetch(b: PlanBuilder, gpus: Sequence[str], i: int, ph: str, slice_bytes: float, full_bytes: float,
+                 deps_of: Callable[[int, str], list[str]], *, sfx: str = "", src: str = "cpu",
+                 gather_deps: Sequence[str] = (), stream: str = "dp.param", gather_use: bool = True,
+                 frees_of: Callable[[int], Places] | None = None,
+                 reads_of: Callable[[int], Places] | None = None) -> dict[str, str]:
+    """Layer i's parameters to every GPU for use ``ph`` (``f`` / ``b``): each rank r uploads its slice
+    (``up{ph}{i}{sfx}.{g}``, ``slice_bytes`` from ``src``, after ``deps_of(r, g)``) into ``ps{ph}{i}.{g}``;
+    with more than one rank an all-gather (``ag{ph}{i}{sfx}``, ``full_bytes``, after the uploads and
+    ``gather_deps``) assembles ``pg{ph}{i}.{g}`` and frees the slices; one rank uploads straight into
+    ``pg{ph}{i}.{g}``. Returns GPU -> the task its use waits for."""
+    n = len(gpus)
+    full, part = f"pg{ph}{i}", f"ps{ph}{i}"
+    ready = {g: upload(b, f"up{ph}{i}{sfx}.{g}", g, slice_bytes, deps_of(r, g), layer=i, rank=r, src=src,
+                       use=use_of(ph), allocs=[(f"{part if n > 1 else full}.{g}", g)],
+                       frees=frees_of(r) if frees_of else (), reads=reads_of(r) if reads_of else ())
+             for r, g in enumerate(gpus)}
+    if n > 1:
+        t = all_gather(b, f"ag{ph}{i}{sfx}", stream, gpus, full_bytes, [*ready.values(), *gather_deps], layer=i,
+                       use=use_of(ph) if gather_use else None, allocs=[(f"{full}.{g}", g) for g in gpus],
+                       frees=[(f"{part}.{g}", g) for g in gpus])
+        ready = dict.fromkeys(gpus, t)
+    return ready
+
+
+def gather_layer(b: PlanBuilder, lay: Layout, i: int, phase: str, nbytes: float,
+                 deps_of: Mapping[int, Sequence[str]]) -> dict[int, str]:
+    """ZeRO-3: all-gather layer i (``nbytes`` per GPU) in every data-parallel group j into a transient
+    ``pg{i}.{g}`` before its use ``phase`` (``f`` / ``b``), after ``deps_of[j]``. Returns j -> task id."""
+    return {j: all_gather(b, f"ag{phase}{i}{lay.dp_suffix(j)}", lay.dp_stream(j, "param"), lay.dp_group(j), nbytes,
+                          deps_of.get(j, []), layer=i, use=use_of(phase),
+                          allocs=[(f"pg{i}.{g}", g) for g in lay.dp_group(j)]) for j in range(lay.tp)}
+
+
+@dataclass(frozen=True)
+class UseOrder:
+    """The order in which a micro-step uses its layers: forward 0..L-1, then backward L-1..0. A use ends
+    with its compute task (``fwd{i}`` / ``bwd{i}``); ``sfx`` is appended to ids of this micro-step, and
+    ``prev(id)`` names a task of the previous micro-step (None when this step has none)."""
+
+    n_layers: int
+    sfx: str = ""
+    prev: Callable[[str], str | None] = lambda x: f"{x}@1"
+
+    @property
+    def uses(self) -> list[tuple[int, str]]:
+        L = self.n_layers
+        return [(i, "f") for i in range(L)] + [(i, "b") for i in reversed(range(L))]
+
+    def end_id(self, u: int) -> str:
+        i, ph = self.uses[u]
+        return f"fwd{i}" if ph == "f" else f"bwd{i}"
+
+    def ended(self, u: int, g: str) -> list[str]:
+        """The end of use u on GPU g (u < 0: a use of the previous micro-step)."""
+        if u >= 0:
+            return [f"{self.end_id(u)}{self.sfx}.{g}"]
+        ref = self.prev(f"{self.end_id(max(u + 2 * self.n_layers, 0))}.{g}")  # previous step: no suffix
+        return [ref] if ref else []
+
+    def window(self, u: int, distance: int, gpus: Sequence[str]) -> list[str]:
+        """What a fetch for use u waits for with prefetch ``distance``: the end of use ``u - distance - 1``."""
+        return [d for g in gpus for d in self.ended(u - distance - 1, g)]
+
+
+def bucket_gate(order: Sequence[int], i: int, buckets_in_flight: int, drained: Callable[[int], str]) -> list[str]:
+    """What holds layer i's backward until the bucket ``buckets_in_flight`` back has drained. ``order``: the
+    layers that fill a bucket, in backward order; ``drained(o)``: the task freeing layer o's bucket. Before
+    the first B buckets of a micro-step the gate is on the previous micro-step's (``@1``); none with < B."""
+    j, B = list(order).index(i), buckets_in_flight
+    q, suffix = (j - B, "") if j >= B else (len(order) - B + j, "@1")
+    return [drained(order[q]) + suffix] if q >= 0 else []
+
+
+def read_ahead(k: int, window: int, written: str) -> list[str]:
+    """The read of unit k waits for the write of unit ``k - window`` (``written``: its id, ``{}`` for the unit)."""
+    return [written.format(k - window)] if k >= window else []
+
+
+@dataclass(frozen=True)
+class Grads:
+    """How a layer's gradients leave the backward in the data/tensor-parallel micro-step."""
+
+    reduce: str          # "all_reduce" | "reduce_scatter"
+    bucket: bool         # gradients land in a transient per-layer bucket (else in a persistent buffer)
+    offload: bool        # the rank's partition is copied to the CPU (ZeRO-Offload)
+    offload_bytes_per_param: float = 2.0
+    buckets_in_flight: int = 0  # offloaded buckets in flight per GPU before the backward waits (0: no gate)
+
+
+def reduce_and_offload(b: PlanBuilder, job: Job, lay: Layout, grads: Grads, i: int) -> None:
+    """Reduce layer i's gradients across each data-parallel group, then (offload) copy them down; a bucket
+    that is neither reduced nor offloaded is folded into the resident buffer (``acc{i}.{g}``)."""
+    layer = job.trace.layers[i]
+    for j in range(lay.tp):
+        grp = lay.dp_group(j)
+        red = None
+        if lay.dp > 1:
+            red = reduce(b, f"red{i}{lay.dp_suffix(j)}", lay.dp_stream(j, "grad"), grp,
+                         layer.params / lay.tp * dtype_bytes(job), [f"bwd{i}.{g}" for g in grp], coll=grads.reduce,
+                         layer=i, frees=[(f"gb{i}.{g}", g) for g in grp] if grads.bucket and not grads.offload else [])
+        for g in grp:
+            r = int(g[3:])
+            if grads.offload:
+                offload(b, f"d2h{i}.{g}", g, layer.params / lay.n * grads.offload_bytes_per_param,
+                        [red or f"bwd{i}.{g}"], layer=i, rank=r, frees=[(f"gb{i}.{g}", g)])
+            elif grads.bucket and red is None:
+                release(b, f"acc{i}.{g}", g, [(f"gb{i}.{g}", g)], layer=i, rank=r, phase=Phase.GRAD_ACCUMULATE)
+
+
+def emit_microstep(b: PlanBuilder, job: Job, lay: Layout, grads: Grads, *, gather_params: bool,
+                   param_ready: ParamReady) -> None:
+    """One micro-step for all GPUs in the current segment: per GPU and layer its tensors (saved activations,
+    the gradient bucket, ZeRO-3's gathered parameters), the forward pass and the backward pass.
+    ``param_ready[i]``: what makes layer i's parameters usable (the previous step's all-gather or upload)."""
+    if gather_params and lay.dp == 1:
+        raise ValueError("gathering parameters needs more than one data-parallel rank")
+    db = dtype_bytes(job)
+    for g in lay.gpus():
+        for i, layer in enumerate(job.trace.layers):
+            b.tensor(f"act{i}.{g}", saved_activation_bytes(job, layer.activation_bytes, layer.kind, lay.tp),
+                     "activation", scope="iteration", layer=i)
+            if grads.bucket:
+                b.tensor(f"gb{i}.{g}", layer.params / lay.tp * db, "grad", scope="iteration", layer=i)
+            if gather_params:
+                b.tensor(f"pg{i}.{g}", layer.params / lay.tp * db, "param16", scope="iteration", layer=i)
+    prev_sync = _forward_pass(b, job, lay, gather_params=gather_params, param_ready=param_ready)
+    _backward_pass(b, job, lay, grads, gather_params=gather_params, prev_sync=prev_sync)
+
+
+def _forward_pass(b: PlanBuilder, job: Job, lay: Layout, *, gather_params: bool, param_ready: ParamReady) -> dict[int,
+                  str]:
+    """The forward of every layer on every GPU; returns the last layer's TP syncs (group -> task)."""
+    prev_sync: dict[int, str] = {}
+    for i, layer in enumerate(job.trace.layers):
+        pre: dict[int, str] = {}
+        if gather_params:
+            bound = {j: [f"fwd{i - 2}.{g}" for g in lay.dp_group(j)] if i >= 2 else [] for j in range(lay.tp)}
+            pre = gather_layer(b, lay, i, "f", layer.params / lay.tp * dtype_bytes(job),
+                               {j: list(param_ready.get(i, [])) + bound[j] for j in range(lay.tp)})
+        for r, g in enumerate(lay.gpus()):
+            k, j = lay.tp_index(r)
+            deps = ([pre[j]] if pre else list(param_ready.get(i, []))) + ([prev_sync[k]] if k in prev_sync else [])
+            forward(b, i, layer, g, r, deps, share=lay.tp, allocs=[(f"act{i}.{g}", g)],
+                    frees=[(f"pg{i}.{g}", g)] if gather_params else [])
+        prev_sync = tp_sync(b, lay, i, layer, "f", "fwd")
+    return prev_sync
+
+
+def _backward_pass(b: PlanBuilder, job: Job, lay: Layout, grads: Grads, *, gather_params: bool,
+                   prev_sync: dict[int, str]) -> None:
+    """Recomputation and backward of every layer, last first, each followed by its gradient reduction."""
+    layers = job.trace.layers
+    L = len(layers)
+    order = list(reversed(range(L)))
+    for i in order:
+        layer = layers[i]
+        pre: dict[int, str] = {}
+        if gather_params:
+            after = f"fwd{L - 1}" if i >= L - 2 else f"bwd{i + 2}"  # backward prefetch: also one layer ahead
+            pre = gather_layer(b, lay, i, "b", layer.params / lay.tp * dtype_bytes(job),
+                               {j: [f"{after}.{g}" for g in lay.dp_group(j)] for j in range(lay.tp)})
+        rc_sync: dict[int, str] = {}
+        if layer.recompute_flops > 0:
+            for r, g in enumerate(lay.gpus()):
+                k, j = lay.tp_index(r)
+                recompute(b, i, layer, g, r, ([pre[j]] if pre else []) + ([prev_sync[k]] if k in prev_sync else []),
+                          share=lay.tp)
+            rc_sync = tp_sync(b, lay, i, layer, "r", "rc")
+        for r, g in enumerate(lay.gpus()):
+            k, j = lay.tp_index(r)
+            deps = [] if layer.recompute_flops > 0 else ([pre[j]] if pre else [])
+            deps += [s[k] for s in (rc_sync, prev_sync) if k in s][:1]
+            if grads.offload and grads.buckets_in_flight:
+                deps += bucket_gate(order, i, grads.buckets_in_flight, f"d2h{{}}.{g}".format)
+            backward(b, i, layer, g, r, deps, share=lay.tp, allocs=[(f"gb{i}.{g}", g)] if grads.bucket else [],
+                     frees=[(f"act{i}.{g}", g)] + ([(f"pg{i}.{g}", g)] if gather_params else []))
+        prev_sync = tp_sync(b, lay, i, layer, "b", "bwd")
+        reduce_and_offload(b, job, lay, grads, i)
+
+
+def cpu_update_by_layer(b: PlanBuilder, job: Job, lay: Layout, *, upload_bytes_per_param: float, staged: bool,
+                        first_deps: Mapping[int, Sequence[str]]) -> None:
+    """ZeRO-Offload's step: per layer in order, every rank's CPU Adam of its ``1/n`` partition
+    (``adam{i}.r{r}``; layer 0's waits for ``first_deps[r]``), the upload of the updated partition
+    (``up{i}.{g}``, through an fp32 staging buffer ``stage32_{i}.{g}`` when ``staged``) and, with more
+    than one data-parallel rank, the all-gather of the layer in every group (``ag{i}.d{j}``)."""
+    n = lay.n
+    for i, layer in enumerate(job.trace.layers):
+        for r, g in enumerate(lay.gpus()):
+            cpu_adam(b, f"adam{i}.r{r}", r, list(first_deps.get(r, [])) if i == 0 else [], layer.params / n, layer=i)
+            upload(b, f"up{i}.{g}", g, layer.params / n * upload_bytes_per_param, [f"adam{i}.r{r}"], layer=i,
+                   rank=r, allocs=[(f"stage32_{i}.{g}", g)] if staged else [],
+                   frees=[(f"stage32_{i}.{g}", g)] if staged and lay.dp == 1 else [])
+        for j in range(lay.tp if lay.dp > 1 else 0):
+            grp = lay.dp_group(j)
+            all_gather(b, f"ag{i}{lay.dp_suffix(j)}", lay.dp_stream(j, "param"), grp,
+                       layer.params / lay.tp * dtype_bytes(job), [f"up{i}.{g}" for g in grp], layer=i,
+                       frees=[(f"stage32_{i}.{g}", g) for g in grp] if staged else [])

@@ -1,19 +1,19 @@
-"""``zero-infinity``'s plan: streams, tensors at their homes, the micro-steps and the optimizer step."""
+"""``zero-infinity``'s plan: streams, tensors at their homes, the micro-steps (per use of a layer its fetch,
+checkpoint reload, compute and gradients) and the optimizer step per sub-group."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
 
 from policies import kit
 from policies.base import Job, unified
 from policies.builder import PlanBuilder
-from policies.zero_infinity.knobs import NAME, Knobs
-from policies.zero_infinity.microstep import MicroStep
-from policies.zero_infinity.optimizer import emit_optimizer, last_optimizer_tasks
-from policies.zero_infinity.sizes import (
+from policies.zero_infinity.states import (
     DS_PARAM_BUFFER_SIZE,
     DS_PARAM_BUFFERS,
+    NAME,
+    Knobs,
     check_fit,
     model_state_bytes,
     nvme_bytes_per_step,
@@ -24,6 +24,139 @@ from policies.zero_infinity.sizes import (
     sub_groups,
 )
 from simulator import Plan
+from simulator.phase import Phase
+from workloads.trace import LayerTrace
+
+
+@dataclass
+class MicroStep:
+    """One micro-step in the current segment: ``sfx`` suffixes its ids, ``prev`` as ``kit.UseOrder``'s,
+    ``boundary``: the accumulation boundary; ``last_opt[r]``: rank r's last optimizer task."""
+
+    b: PlanBuilder
+    job: Job
+    knobs: Knobs
+    n: int
+    sfx: str
+    prev: Callable[[str], str | None]
+    boundary: bool
+    last_opt: list[str]
+
+    def __post_init__(self) -> None:
+        self.gpus = [kit.gpu(r) for r in range(self.n)]
+        self.db = kit.dtype_bytes(self.job)
+        self.order = kit.UseOrder(len(self.job.trace.layers), self.sfx, self.prev)
+
+    def emit(self) -> None:
+        first_fetch = True
+        for u, (i, ph) in enumerate(self.order.uses):
+            layer = self.job.trace.layers[i]
+            if layer.params > 0:
+                self.fetch(u, i, ph, first_fetch)
+                first_fetch = False
+            if ph == "f":
+                self.forward(i, layer)
+                continue
+            if offloads_ckpt(self.job, self.knobs, i):  # the checkpoint back from CPU memory (cpu_prefetch)
+                for g in self.gpus:
+                    kit.move_activation(self.b, f"cki{i}{self.sfx}.{g}", f"{g}.h2d", f"act{i}.{g}", "cpu", g,
+                                        [f"cko{i}{self.sfx}.{g}"] + self.order.window(u, self.knobs.cpu_prefetch, [g]),
+                                        phase=Phase.ACTIVATION_RELOAD, layer=i)
+            self.backward(i, layer)
+            self.gradients(i, layer)
+
+    def fetch(self, u: int, i: int, ph: str, first_fetch: bool) -> None:
+        """NVMe -> pinned CPU -> GPU slice -> all-gather, each with its prefetch distance."""
+        b, n, k, sfx, window = self.b, self.n, self.knobs, self.sfx, self.order.window
+        s = self.job.trace.layers[i].params / n
+        opt_dep = [f"{self.last_opt[r]}^1" for r in range(n)] if first_fetch else []
+        if k.param_nvme:  # every rank reads its slice at once: one flow of n slices over the shared drives
+            kit.swap(b, f"nr{ph}{i}{sfx}", "cpu.pread", Phase.PARAM_SWAP_IN, "nvme", "cpu", n * s * self.db,
+                     window(u, k.nvme_prefetch, self.gpus) + opt_dep, layer=i, use=kit.use_of(ph),
+                     allocs=[(f"pin{ph}{i}.r{r}", "cpu") for r in range(n)],
+                     reads=[(f"param16.r{r}", "nvme") for r in range(n)])
+        kit.sliced_fetch(b, self.gpus, i, ph, s * self.db, self.job.trace.layers[i].params * self.db,
+                         lambda r, g: window(u, k.cpu_prefetch, [g]) + ([f"nr{ph}{i}{sfx}"] if k.param_nvme
+                                                                        else opt_dep[r:r + 1]),
+                         sfx=sfx, gather_deps=window(u, k.gather_prefetch, self.gpus),
+                         frees_of=lambda r: [(f"pin{ph}{i}.r{r}", "cpu")] if k.param_nvme else [],
+                         reads_of=lambda r: [] if k.param_nvme else [(f"param16.r{r}", "cpu")])
+
+    def ready(self, i: int, ph: str, g: str, layer: LayerTrace) -> list[str]:
+        return [] if layer.params <= 0 else [f"ag{ph}{i}{self.sfx}" if self.n > 1 else f"up{ph}{i}{self.sfx}.{g}"]
+
+    def forward(self, i: int, layer: LayerTrace) -> None:
+        sfx = self.sfx
+        for r, g in enumerate(self.gpus):
+            kit.forward(self.b, i, layer, g, r, self.ready(i, "f", g, layer), tid=f"fwd{i}{sfx}.{g}",
+                        allocs=[(f"act{i}.{g}", g)], frees=[(f"pgf{i}.{g}", g)] if layer.params > 0 else [])
+            if offloads_ckpt(self.job, self.knobs, i):
+                kit.move_activation(self.b, f"cko{i}{sfx}.{g}", f"{g}.d2h", f"act{i}.{g}", g, "cpu",
+                                    [f"fwd{i}{sfx}.{g}"], phase=Phase.ACTIVATION_OFFLOAD, layer=i, rank=r)
+
+    def backward(self, i: int, layer: LayerTrace) -> None:
+        sfx, ckpt = self.sfx, offloads_ckpt(self.job, self.knobs, i)
+        for r, g in enumerate(self.gpus):
+            deps = self.ready(i, "b", g, layer) + ([f"cki{i}{sfx}.{g}"] if ckpt else [])
+            if layer.recompute_flops > 0:
+                kit.recompute(self.b, i, layer, g, r, deps, tid=f"rc{i}{sfx}.{g}")
+                deps = []
+            kit.backward(self.b, i, layer, g, r, deps, tid=f"bwd{i}{sfx}.{g}", allocs=[(f"gb{i}.{g}", g)],
+                         frees=[(f"act{i}.{g}", g)] + ([(f"pgb{i}.{g}", g)] if layer.params > 0 else []))
+
+    def gradients(self, i: int, layer: LayerTrace) -> None:
+        """Reduce-scatter, the slice to the CPU accumulation buffer (and at the boundary the fp32 one to NVMe)."""
+        b, n, sfx, gpus = self.b, self.n, self.sfx, self.gpus
+        if layer.params <= 0:
+            for r, g in enumerate(gpus):
+                kit.release(b, f"gfree{i}{sfx}.{g}", g, [(f"gb{i}.{g}", g)], layer=i, rank=r)
+            return
+        s = layer.params / n
+        if n > 1:
+            kit.reduce(b, f"rs{i}{sfx}", "dp.grad", gpus, layer.params * self.db, [f"bwd{i}{sfx}.{g}" for g in gpus],
+                       layer=i, allocs=[(f"gs{i}.{g}", g) for g in gpus], frees=[(f"gb{i}.{g}", g) for g in gpus])
+        for r, g in enumerate(gpus):
+            kit.offload(b, f"gd{i}{sfx}.{g}", g, s * self.knobs.grad_bytes_per_param,
+                        [f"rs{i}{sfx}" if n > 1 else f"bwd{i}{sfx}.{g}"], layer=i, rank=r,
+                        frees=[(f"gs{i}.{g}" if n > 1 else f"gb{i}.{g}", g)], reads=[(f"grad.r{r}", "cpu")])
+        if self.boundary and self.knobs.optimizer_nvme:  # all ranks' fp32 gradient slices: one flow to the drives
+            kit.swap(b, f"gw{i}{sfx}", "cpu.gwrite", Phase.GRAD_SWAP_OUT, "cpu", "nvme",
+                     n * s * per_param_bytes(self.job, self.knobs)["grad32"], [f"gd{i}{sfx}.{g}" for g in gpus],
+                     layer=i, allocs=[(f"gst{i}.r{r}", "cpu") for r in range(n)],
+                     frees=[(f"gst{i}.r{r}", "cpu") for r in range(n)])
+
+
+def emit_optimizer(b: PlanBuilder, job: Job, knobs: Knobs, n: int, groups: list[list[int]]) -> None:
+    """Per sub-group and rank: CPU Adam in place, or the states read from NVMe, Adam and written back
+    (``pipeline_io``: read k+1 when Adam k starts, Adam k+1 after the write of k-1); with param_device=nvme
+    the updated 16-bit slice written to its NVMe home."""
+    layers = job.trace.layers
+    pp = per_param_bytes(job, knobs)
+    last = next(i for i in range(len(layers)) if layers[i].params > 0)  # the last gradient to arrive
+    all_grads = [f"gd{last}.last.{kit.gpu(r)}" for r in range(n)] + [f"gw{last}.last"] * knobs.optimizer_nvme
+    states = pp["param32"] + pp["optim"]
+    for k, grp in enumerate(groups):
+        q = sum(layers[i].params for i in grp) / n
+        extra = {"sub_group": k, "layers": f"{grp[0]}-{grp[-1]}"}
+        for r in range(n):
+            adam_deps = all_grads if k == 0 else []
+            if knobs.optimizer_nvme:
+                rd, after = (kit.read_ahead(k, 2, f"adam{{}}.r{r}") + kit.read_ahead(k, 3, f"ow{{}}.r{r}"),
+                             kit.read_ahead(k, 2, f"ow{{}}.r{r}")) if knobs.pipeline_io else \
+                    (kit.read_ahead(k, 1, f"ow{{}}.r{r}"), [])
+                kit.swap(b, f"or{k}.r{r}", f"cpu.oread{r}", Phase.OPTIMIZER_SWAP_IN, "nvme", "cpu",
+                         q * (states + pp["grad32"]), (all_grads if k == 0 else []) + rd, rank=r,
+                         allocs=[(f"osb{k}.r{r}", "cpu")], reads=[(f"param32.r{r}", "nvme")] if pp["param32"] else [],
+                         extra=extra)
+                adam_deps = adam_deps + after + [f"or{k}.r{r}"]
+            kit.cpu_adam(b, f"adam{k}.r{r}", r, adam_deps, q, extra=extra)
+            if knobs.param_nvme:
+                kit.swap(b, f"pw{k}.r{r}", f"cpu.owrite{r}", Phase.PARAM_SWAP_OUT, "cpu", "nvme",
+                         q * kit.dtype_bytes(job), [f"adam{k}.r{r}"], rank=r, allocs=[(f"pst{k}.r{r}", "cpu")],
+                         frees=[(f"pst{k}.r{r}", "cpu")], extra=extra)
+            if knobs.optimizer_nvme:
+                kit.swap(b, f"ow{k}.r{r}", f"cpu.owrite{r}", Phase.OPTIMIZER_SWAP_OUT, "cpu", "nvme", q * states,
+                         [f"adam{k}.r{r}"], rank=r, frees=[(f"osb{k}.r{r}", "cpu")], extra=extra)
 
 
 def plan(job: Job, knobs: Knobs) -> Plan:
@@ -41,10 +174,10 @@ def plan(job: Job, knobs: Knobs) -> Plan:
                         shared=[("cpu.pread", "cpu", "io")] * knobs.param_nvme       # parameter reads, all ranks
                         + [("cpu.gwrite", "cpu", "io")] * knobs.optimizer_nvme,      # fp32 gradients, all ranks
                         comm_order=("param", "grad"))
-    state_tensors(b, job, knobs, n)
-    kit.workspace(b, job, lay)
-    step_tensors(b, job, knobs, n, groups)
-    last_opt = last_optimizer_tasks(knobs, n, len(groups))
+    declare_tensors(b, job, knobs, n, groups)
+    k = len(groups) - 1  # per rank, the task ending its optimizer step (what the next step's first fetch waits for)
+    last_opt = [f"ow{k}.r{r}" if knobs.optimizer_nvme else f"pw{k}.r{r}" if knobs.param_nvme else f"adam{k}.r{r}"
+                for r in range(n)]
     segs: list[tuple[str, int, bool]] = [("micro-steps", accum - 1, False)] if accum > 1 else []
     for name, rep, boundary in [*segs, ("last-micro-step", 1, True)]:
         b.segment(name, rep)
@@ -53,54 +186,48 @@ def plan(job: Job, knobs: Knobs) -> Plan:
         MicroStep(b, job, knobs, n, ".last" if boundary else "", prev, boundary, last_opt).emit()
     b.segment("optimizer", 1)
     emit_optimizer(b, job, knobs, n, groups)
-    return b.build(steps=2, notes=notes(job, knobs, n, accum, len(groups)),
-                   info=info(job, knobs, n, accum, groups, need))
-
-
-def state_tensors(b: PlanBuilder, job: Job, knobs: Knobs, n: int) -> None:
-    """Persistent model states, per rank partition, at their homes."""
     homes = state_homes(knobs)
+    return b.build(steps=2, notes=notes(job, knobs, n, accum, len(groups)), info={
+        "dp": n, "accumulation": accum, "sub_groups": [len(grp) for grp in groups],
+        "sub_group_params_per_rank": [sum(job.trace.layers[i].params for i in grp) / n for grp in groups],
+        "bytes_per_param": {k: {"bytes": v, "home": homes[k]} for k, v in per_param_bytes(job, knobs).items() if v > 0},
+        "model_state_bytes": model_state_bytes(job, knobs),
+        "nvme_bytes_per_step": nvme_bytes_per_step(job, knobs, accum), "min_need_bytes_by_pool": need,
+        "param_pinned_window_elements_per_rank": param_pinned_window(job, knobs, n)})
+
+
+def declare_tensors(b: PlanBuilder, job: Job, knobs: Knobs, n: int, groups: list[list[int]]) -> None:
+    """The model states per rank partition at their homes, the workspace, then per rank each layer's micro-step
+    tensors (activations, gradient bucket, slice and fp32 staging) and each sub-group's optimizer buffers."""
+    homes, pp, db = state_homes(knobs), per_param_bytes(job, knobs), kit.dtype_bytes(job)
     for r in range(n):
-        for kind, nb in per_param_bytes(job, knobs).items():
+        for kind, nb in pp.items():
             if nb > 0:
                 b.tensor(f"{kind}.r{r}", nb * job.trace.params / n, kind, home=homes[kind], persistent=True)
-
-
-def step_tensors(b: PlanBuilder, job: Job, knobs: Knobs, n: int, groups: list[list[int]]) -> None:
-    """Per rank: each layer's micro-step tensors, then each sub-group's optimizer staging buffers."""
-    for r in range(n):
-        for i in range(len(job.trace.layers)):
-            layer_tensors(b, job, knobs, n, r, i)
+    kit.workspace(b, job, kit.Layout(n, flat_comm=True))
+    ckpt_kind = "checkpoint" if job.config.checkpointing == "full" else "activation"
+    for r, g in enumerate(kit.Layout(n).gpus()):
+        for i, layer in enumerate(job.trace.layers):  # per use: the gathered layer, its GPU and pinned CPU slices
+            s = layer.params / n
+            b.tensor(f"act{i}.{g}", layer.activation_bytes, ckpt_kind if offloads_ckpt(job, knobs, i) else "activation",
+                     scope="iteration", layer=i)
+            b.tensor(f"gb{i}.{g}", layer.params * db, "grad", scope="iteration", layer=i)
+            if n > 1:
+                b.tensor(f"gs{i}.{g}", s * knobs.grad_bytes_per_param, "grad", scope="iteration", layer=i)
+            if knobs.optimizer_nvme:
+                b.tensor(f"gst{i}.r{r}", s * pp["grad32"], "buffer", scope="iteration", layer=i)
+            for ph in "fb":
+                b.tensor(f"pg{ph}{i}.{g}", layer.params * db, "param16", scope="iteration", layer=i)
+                if n > 1:
+                    b.tensor(f"ps{ph}{i}.{g}", s * db, "param16", scope="iteration", layer=i)
+                if knobs.param_nvme:
+                    b.tensor(f"pin{ph}{i}.r{r}", s * db, "buffer", scope="iteration", layer=i)
         for k, grp in enumerate(groups):
             q = sum(job.trace.layers[i].params for i in grp) / n
             if knobs.optimizer_nvme:
-                pp = per_param_bytes(job, knobs)
                 b.tensor(f"osb{k}.r{r}", q * (pp["param32"] + pp["optim"] + pp["grad32"]), "buffer", scope="step")
             if knobs.param_nvme:
-                b.tensor(f"pst{k}.r{r}", q * kit.dtype_bytes(job), "buffer", scope="step")
-
-
-def layer_tensors(b: PlanBuilder, job: Job, knobs: Knobs, n: int, r: int, i: int) -> None:
-    """Layer i's tensors of one micro-step on rank r: activations, gradient bucket and slice, the fp32
-    gradient staging buffer, and per use the gathered layer, its GPU slice and its pinned CPU slice."""
-    layer = job.trace.layers[i]
-    g = f"gpu{r}"
-    db = kit.dtype_bytes(job)
-    s = layer.params / n
-    ckpt_kind = "checkpoint" if job.config.checkpointing == "full" else "activation"
-    b.tensor(f"act{i}.{g}", layer.activation_bytes, ckpt_kind if offloads_ckpt(job, knobs, i) else "activation",
-             scope="iteration", layer=i)
-    b.tensor(f"gb{i}.{g}", layer.params * db, "grad", scope="iteration", layer=i)
-    if n > 1:
-        b.tensor(f"gs{i}.{g}", s * knobs.grad_bytes_per_param, "grad", scope="iteration", layer=i)
-    if knobs.optimizer_nvme:
-        b.tensor(f"gst{i}.r{r}", s * per_param_bytes(job, knobs)["grad32"], "buffer", scope="iteration", layer=i)
-    for ph in "fb":
-        b.tensor(f"pg{ph}{i}.{g}", layer.params * db, "param16", scope="iteration", layer=i)
-        if n > 1:
-            b.tensor(f"ps{ph}{i}.{g}", s * db, "param16", scope="iteration", layer=i)
-        if knobs.param_nvme:
-            b.tensor(f"pin{ph}{i}.r{r}", s * db, "buffer", scope="iteration", layer=i)
+                b.tensor(f"pst{k}.r{r}", q * db, "buffer", scope="step")
 
 
 def notes(job: Job, knobs: Knobs, n: int, accum: int, n_groups: int) -> list[str]:
@@ -120,16 +247,3 @@ def notes(job: Job, knobs: Knobs, n: int, accum: int, n_groups: int) -> list[str
                    f"default offload_param pool ({DS_PARAM_BUFFERS} x {DS_PARAM_BUFFER_SIZE:.0e}); raise "
                    f"buffer_count or lower nvme_prefetch")
     return out
-
-
-def info(job: Job, knobs: Knobs, n: int, accum: int, groups: list[list[int]],
-         need: dict[str, float]) -> dict[str, Any]:
-    layers = job.trace.layers
-    homes = state_homes(knobs)
-    return {"dp": n, "accumulation": accum, "sub_groups": [len(grp) for grp in groups],
-            "sub_group_params_per_rank": [sum(layers[i].params for i in grp) / n for grp in groups],
-            "bytes_per_param": {k: {"bytes": v, "home": homes[k]} for k, v in per_param_bytes(job, knobs).items()
-                                if v > 0},
-            "model_state_bytes": model_state_bytes(job, knobs),
-            "nvme_bytes_per_step": nvme_bytes_per_step(job, knobs, accum),
-            "min_need_bytes_by_pool": need, "param_pinned_window_elements_per_rank": param_pinned_window(job, knobs, n)}

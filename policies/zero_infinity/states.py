@@ -1,23 +1,67 @@
-"""``zero-infinity``'s decisions about sizes: where each model state lives, the optimizer's sub-groups,
-NVMe traffic per step, and the lower bounds of what each memory pool must hold (feasibility)."""
+"""``zero-infinity``'s knobs and its decisions about sizes: where each model state lives, the optimizer's
+sub-groups, NVMe traffic per step, and the lower bounds of what each memory pool must hold (feasibility)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 from hardware_models import build_topology
 from policies import kit
-from policies.base import Job, PlanInfeasible
-from policies.zero_infinity.knobs import NAME, Knobs
+from policies.base import Job, KnobError, PlanInfeasible
 
+NAME = "zero-infinity"
 DS_PARAM_BUFFERS = 5          # DeepSpeed offload_param.buffer_count
 DS_PARAM_BUFFER_SIZE = 1e8    # DeepSpeed offload_param.buffer_size (elements)
-DS_OPTIMIZER_BUFFERS = 4      # DeepSpeed offload_optimizer.buffer_count (p32, g32, m, v of one sub-group)
+
+
+@dataclass(frozen=True)
+class Knobs:
+    param_device: Literal["cpu", "nvme"] = "cpu"
+    optimizer_device: Literal["cpu", "nvme"] = "cpu"
+    nvme_prefetch: int = 3
+    cpu_prefetch: int = 2
+    gather_prefetch: int = 1
+    sub_group_size: int = 1_000_000_000
+    pipeline_io: bool = True
+    offload_checkpoints: bool = False
+    grad_bytes_per_param: float = 2.0
+
+    def validate(self) -> None:
+        for name in ("param_device", "optimizer_device"):
+            if getattr(self, name) not in ("cpu", "nvme"):
+                raise KnobError(f"{NAME}: knob '{name}' must be cpu or nvme, got {getattr(self, name)!r}")
+        for name in ("nvme_prefetch", "cpu_prefetch", "gather_prefetch"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise KnobError(f"{NAME}: knob '{name}' must be an integer >= 0 (0 = fetch on demand), got {v!r}")
+        if isinstance(self.sub_group_size, bool) or not isinstance(self.sub_group_size, int) \
+                or self.sub_group_size < 1:
+            raise KnobError(f"{NAME}: knob 'sub_group_size' must be a positive number of parameters, "
+                            f"got {self.sub_group_size!r}")
+        if self.grad_bytes_per_param not in (2.0, 4.0):
+            raise KnobError(f"{NAME}: knob 'grad_bytes_per_param' must be 2 (fp16/bf16) or 4 (fp32), "
+                            f"got {self.grad_bytes_per_param!r}")
+
+    @property
+    def param_nvme(self) -> bool:
+        return self.param_device == "nvme"
+
+    @property
+    def optimizer_nvme(self) -> bool:
+        return self.optimizer_device == "nvme"
+
+    def check_devices(self, job: Job) -> None:
+        """KnobError naming the knob when an NVMe home is asked of a machine without a drive."""
+        for name in ("param_device", "optimizer_device"):
+            if getattr(self, name) == "nvme" and job.hw.nvme is None:
+                raise KnobError(f"{NAME}: knob '{name}' = nvme but {job.hw.name} has no NVMe drive; use cpu")
 
 
 def per_param_bytes(job: Job, knobs: Knobs) -> dict[str, float]:
     """Bytes per parameter of each model state (ZeRO-Infinity's 20 B/param with bf16/fp16)."""
     db = kit.dtype_bytes(job)
-    mixed = db < 4
-    return {"param16": float(db), "grad": knobs.grad_bytes_per_param, "param32": 4.0 if mixed else 0.0,
+    return {"param16": float(db), "grad": knobs.grad_bytes_per_param, "param32": 4.0 if db < 4 else 0.0,
             "optim": 8.0, "grad32": 4.0}
 
 
@@ -28,44 +72,36 @@ def state_homes(knobs: Knobs) -> dict[str, str]:
 
 def model_state_bytes(job: Job, knobs: Knobs) -> dict[str, dict[str, float]]:
     """Whole-machine model-state bytes by location and kind."""
-    p = float(job.trace.params)
     out: dict[str, dict[str, float]] = {}
     for kind, nb in per_param_bytes(job, knobs).items():
         if nb > 0:
-            out.setdefault(state_homes(knobs)[kind], {})[kind] = nb * p
+            out.setdefault(state_homes(knobs)[kind], {})[kind] = nb * float(job.trace.params)
     return out
 
 
 def sub_groups(job: Job, n: int, size: int) -> list[list[int]]:
     """Consecutive layers whose per-rank partition holds at most ``size`` parameters (a bigger layer alone)."""
-    groups: list[list[int]] = []
-    cur: list[int] = []
+    groups: list[list[int]] = [[]]
     acc = 0.0
     for i, layer in enumerate(job.trace.layers):
-        s = layer.params / n
-        if cur and acc + s > size:
-            groups.append(cur)
-            cur, acc = [], 0.0
-        cur.append(i)
-        acc += s
-    if cur:
-        groups.append(cur)
-    return groups
+        if groups[-1] and acc + layer.params / n > size:
+            groups.append([])
+            acc = 0.0
+        groups[-1].append(i)
+        acc += layer.params / n
+    return groups if groups[-1] else []
 
 
 def nvme_bytes_per_step(job: Job, knobs: Knobs, accumulation: int) -> dict[str, float]:
     """Bytes read and written over nvme.io per step (package docstring)."""
-    p = float(job.trace.params)
-    db = kit.dtype_bytes(job)
-    pp = per_param_bytes(job, knobs)
+    p, db, pp = float(job.trace.params), kit.dtype_bytes(job), per_param_bytes(job, knobs)
     read = write = 0.0
     if knobs.param_device == "nvme":
         read += 2 * db * p * accumulation
         write += db * p
     if knobs.optimizer_device == "nvme":
-        states = pp["param32"] + pp["optim"]
-        read += (states + pp["grad32"]) * p
-        write += (states + pp["grad32"]) * p
+        read += (pp["param32"] + pp["optim"] + pp["grad32"]) * p
+        write += (pp["param32"] + pp["optim"] + pp["grad32"]) * p
     return {"read": read, "write": write}
 
 
@@ -85,17 +121,14 @@ def param_pinned_window(job: Job, knobs: Knobs, n: int) -> float:
 
 def check_fit(job: Job, knobs: Knobs, n: int, groups: list[list[int]]) -> dict[str, float]:
     """Lower bounds of what each pool must hold at once; PlanInfeasible when one is over capacity."""
-    topo = build_topology(job.hw)
-    layers = job.trace.layers
-    db = kit.dtype_bytes(job)
-    pp = per_param_bytes(job, knobs)
-    full = max(layer.params for layer in layers) * db
+    topo, layers, pp = build_topology(job.hw), job.trace.layers, per_param_bytes(job, knobs)
+    full = max(layer.params for layer in layers) * kit.dtype_bytes(job)
     ws = max(layer.peak_transient_bytes for layer in layers)
     kept = [layer.activation_bytes for i, layer in enumerate(layers) if not offloads_ckpt(job, knobs, i)]
     moved = [layer.activation_bytes for i, layer in enumerate(layers) if offloads_ckpt(job, knobs, i)]
     gpu_need = n * (ws + sum(kept) + max(moved, default=0) + 2 * full)  # backward of the largest layer
     need: dict[str, float] = {}
-    what: dict[str, list[str]] = {}
+    what: dict[str, list[str]] = {}  # pool -> what it must hold
 
     def add(loc: str, nbytes: float, label: str) -> None:
         pool = topo.pool_of[loc]
@@ -103,18 +136,16 @@ def check_fit(job: Job, knobs: Knobs, n: int, groups: list[list[int]]) -> dict[s
         what.setdefault(pool, []).append(label)
 
     for g in range(n):
-        add(f"gpu{g}", gpu_need / n, "")
-    what = {k: ["the GPU working set (workspace, activations, a gathered layer and its gradient bucket)"]
-            for k in what}
+        add(f"gpu{g}", gpu_need / n, "the GPU working set (workspace, activations, a gathered layer and its "
+                                     "gradient bucket)")
     for loc, kinds in model_state_bytes(job, knobs).items():
         add(loc, sum(kinds.values()), f"model states ({', '.join(f'{k} {v / 1e9:.0f} GB' for k, v in kinds.items())})")
     if moved:
         add("cpu", n * sum(moved), "offloaded activation checkpoints")
-    if knobs.optimizer_device == "nvme":
+    if knobs.optimizer_nvme:
         q = max(sum(layers[i].params for i in grp) / n for grp in groups)
         add("cpu", n * q * (pp["param32"] + pp["optim"] + pp["grad32"]), "one sub-group's optimizer swap buffers")
     for pool, nbytes in need.items():
-        cap = topo.pools[pool].capacity_bytes
-        if nbytes > cap:
+        if nbytes > (cap := topo.pools[pool].capacity_bytes):
             raise PlanInfeasible(NAME, pool, nbytes, cap, " + ".join(dict.fromkeys(what[pool])))
     return need
