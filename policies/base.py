@@ -119,7 +119,9 @@ class PolicyInfo:
       depend on the workload's setting (it decides recomputation itself), else None;
     - ``refine(job, knobs, plan, step_seconds)``: an optional second pass that may replace ``plan`` after
       pricing alternatives with ``step_seconds`` (the simulator's seconds per step of a plan, ``inf`` when
-      it does not fit). The policy never runs the simulator itself; ``planner.job.make_plan`` hands it in.
+      it does not fit). The policy never runs the simulator itself; ``planner.job.make_plan`` hands it in;
+    - ``replay_knobs``: the knobs (``name=value``) that keep the policy to plans the torch runner executes
+      today (its documented limits); empty when every plan of the policy replays.
     """
 
     name: str
@@ -130,6 +132,7 @@ class PolicyInfo:
     search_grid: Callable[[int], dict[str, tuple[Any, ...]]] = no_grid
     fixed_checkpointing: str | None = None
     refine: Callable[[Job, Any, Plan, StepSeconds], Plan] | None = None
+    replay_knobs: tuple[str, ...] = ()
 
 
 def knob_help(info: PolicyInfo) -> list[tuple[str, str, str]]:

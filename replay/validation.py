@@ -91,6 +91,7 @@ from pathlib import Path
 from typing import Any
 
 from hardware_models import HardwareSpec, spec_from_dict
+from policies import get_policy
 from policies.job import JobRequest, make_job, make_plan
 from simulator import Plan, Result, simulate_plan
 from simulator.simulate import step_seconds
@@ -136,14 +137,19 @@ class Case:
     global_batch: int = 4
     offload: bool = True  # search a GPU budget small enough that the policy offloads
 
+    @property
+    def all_knobs(self) -> tuple[str, ...]:
+        """The case's knobs after the policy's ``replay_knobs`` (the runner's limits; the case's win)."""
+        return (*get_policy(self.policy).replay_knobs, *self.knobs)
+
 
 _ZI_NVME = ("param_device=nvme", "optimizer_device=nvme")
 _ZI_CPU = ("param_device=cpu", "optimizer_device=cpu")
 _M: dict[str, Any] = {"micro_batch": 1, "global_batch": 2}  # the medium model: one sequence per micro-step
 # the runner replays one compute stream with whole-layer tasks: synergyscale with chunks>1 or streams>1
 # fails there ("input of layer 1 is not there"), and so does a layer whose optimizer is split between CPU and
-# GPU ("updates layer 9 on cpu, but another optimizer task updates it on gpu0"); so those knobs are pinned
-_SY = ("auto=false", "streams=1", "chunks=1", "cpu_fraction=1")
+# GPU ("updates layer 9 on cpu, but another optimizer task updates it on gpu0"); a policy names the knobs
+# that keep it within the runner's limits (PolicyInfo.replay_knobs), and every case applies them
 
 FULL_CASES: tuple[Case, ...] = (
     Case("none-small", "none", SMALL, offload=False),
@@ -156,8 +162,8 @@ FULL_CASES: tuple[Case, ...] = (
     Case("tinypipe-medium", "tinypipe", MEDIUM, **_M),
     Case("lazytrain-small", "lazytrain", SMALL),
     Case("lazytrain-medium", "lazytrain", MEDIUM, **_M),
-    Case("synergy-small", "synergyscale", SMALL, _SY),
-    Case("synergy-medium", "synergyscale", MEDIUM, _SY, **_M),
+    Case("synergy-small", "synergyscale", SMALL),
+    Case("synergy-medium", "synergyscale", MEDIUM, **_M),
 )
 
 QUICK_CASES: tuple[Case, ...] = (
@@ -193,7 +199,7 @@ class Row:
 
     def to_dict(self) -> dict[str, Any]:
         return {"case": self.case.name, "policy": self.case.policy, "model": self.case.model.name,
-                "knobs": list(self.case.knobs), "gpu_budget": self.budget, "sim_step_s": self.sim_step,
+                "knobs": list(self.case.all_knobs), "gpu_budget": self.budget, "sim_step_s": self.sim_step,
                 "meas_step_s": self.meas_step, "last_step_s": self.last_step, "meas_steps_s": self.meas_steps,
                 "step_error": self.step_error,
                 "sim_peak": self.sim_peak, "meas_peak": self.meas_peak,
@@ -358,7 +364,7 @@ def _plan(hw: HardwareSpec, model: str, case: Case, budget: float | None) -> tup
                      precision="fp32")  # the replay computes in fp32: plan and simulate fp32 too
     overrides = [f"gpu.memory={budget:.0f}"] if budget is not None else []
     job, _ = make_job(hw, model, req, hw_overrides=overrides)
-    return make_plan(job, case.policy, case.knobs, lambda p: step_seconds(p, job.hw)), job.hw
+    return make_plan(job, case.policy, case.all_knobs, lambda p: step_seconds(p, job.hw)), job.hw
 
 
 def _offloads(r: Result) -> bool:
@@ -457,7 +463,7 @@ HEADER = ["case", "policy", "model", "GPU budget MB", "sim step ms", "meas step 
 def table_rows(rows: Sequence[Row]) -> list[list[str]]:
     out = []
     for r in rows:
-        cells = [r.case.name, r.case.policy + ("" if not r.case.knobs else " " + ",".join(r.case.knobs)),
+        cells = [r.case.name, r.case.policy + ("" if not r.case.all_knobs else " " + ",".join(r.case.all_knobs)),
                  r.case.model.name, "-" if r.budget is None else _mb(r.budget),
                  f"{r.sim_step * 1e3:.1f}", f"{r.meas_step * 1e3:.1f}", _pct(r.step_error)]
         for p in POOLS:

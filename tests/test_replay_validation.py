@@ -60,3 +60,14 @@ def test_full_suite_covers_the_issue() -> None:
     assert len({c.model.name for c in cases}) >= 2
     assert any("param_device=nvme" in c.knobs and "optimizer_device=nvme" in c.knobs for c in cases)
     assert all(c.offload for c in cases if c.policy != "none")
+
+
+def test_a_case_applies_its_policys_replay_knobs_and_its_own_win() -> None:
+    from policies import get_policy
+    from replay.validation import SMALL, Case
+
+    pinned = get_policy("synergyscale").replay_knobs
+    assert "chunks=1" in pinned
+    case = Case("s", "synergyscale", SMALL, ("chunks=2",))
+    assert case.all_knobs == (*pinned, "chunks=2")
+    assert Case("n", "none", SMALL).all_knobs == ()

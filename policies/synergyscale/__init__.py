@@ -151,6 +151,9 @@ def refine(job: Job, knobs: Knobs, plan: Plan, step_seconds: StepSeconds) -> Pla
 
 POLICY = PolicyInfo(NAME, "hierarchical offloading over peer GPUs, CPU and NVMe with multi-stream chunking and "
                           "an automatic parameter search", Knobs, plan, __doc__ or "",
-                    search_grid=lambda n: {"auto": (True,), "offload_activations": (False, True)}, refine=refine)
+                    search_grid=lambda n: {"auto": (True,), "offload_activations": (False, True)}, refine=refine,
+                    # the runner replays one compute stream of whole-layer tasks, and each layer's optimizer in
+                    # one place: chunks/streams > 1 and a CPU/GPU-split optimizer are beyond it today
+                    replay_knobs=("auto=false", "streams=1", "chunks=1", "cpu_fraction=1"))
 
 __all__ = ["NAME", "POLICY", "Knobs", "plan", "refine"]
