@@ -297,3 +297,32 @@ def test_every_architecture_simulates_end_to_end(tmp_path: Path, model_type: str
         assert d["feasible"] is True, d["verdict"]
     else:
         assert d["feasible"] is False and "cpu" in d["verdict"]
+
+
+@pytest.mark.parametrize(("extra", "fragment"), [
+    ("expert_ffn: 512\n", "field 'expert_ffn' needs 'experts' > 1"),
+    ("sliding_layers: [0, 40]\nsliding_window: 64\n", "field 'sliding_layers' holds 40; block indices run 0..3"),
+    ("global_every: 2\n", "field 'global_every' needs 'sliding_window'"),
+    ("kv_lora_rank: 64\n", "latent attention needs 0 < 'qk_rope_head_dim'"),
+    ("qk_norm: partial\n", "field 'qk_norm' must be one of none, head, full"),
+    ("head_dim: -1\n", "field 'head_dim' must be >= 0"),
+    ("alibi: 1\n", "field 'alibi' must be true or false"),
+])
+def test_yaml_new_fields_are_checked(tmp_path: Path, extra: str, fragment: str) -> None:
+    path = tmp_path / "m.yaml"
+    path.write_text("name: m\nlayers: 4\nhidden: 256\nheads: 4\nvocab: 1000\nmlp: swiglu\n" + extra)
+    with pytest.raises(WorkloadInputError) as err:
+        load_model(str(path))
+    assert fragment in str(err.value) and "\n" not in str(err.value)
+
+
+def test_models_show_prints_counts_and_route(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tiersim.cli import main
+
+    m = _load(tmp_path, "deepseek_v3")
+    assert main(["models", "show", str(tmp_path / "deepseek_v3" / "config.json")]) == 0
+    rows = [ln.split(None, 1) for ln in capsys.readouterr().out.splitlines() if ln.strip()]
+    table = {k: v for k, v in rows if k != "note"}
+    assert table["params"] == f"{m.params():,}" and table["active_params"] == f"{m.active_params():,}"
+    assert table["route"] == "formula" and table["kv_lora_rank"] == "512" and table["first_dense_layers"] == "3"
+    assert [v for k, v in rows if k == "note"] == list(m.notes) and len(m.notes) == 2

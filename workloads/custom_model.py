@@ -120,6 +120,10 @@ def _architecture(data: dict[str, Any], layers: int, where: str) -> dict[str, ob
         out["qk_norm"] = choice(data["qk_norm"], "qk_norm", ("none", "head", "full"), where)
     if data.get("block_norms") is not None:
         out["block_norms"] = non_negative_int(data["block_norms"], "block_norms", where)
+    if (data.get("experts") or 1) == 1:
+        for key in ("expert_ffn", "shared_experts", "shared_expert_ffn", "first_dense_layers"):
+            if data.get(key) is not None:
+                raise WorkloadInputError(f"{where}: field '{key}' needs 'experts' > 1 (a mixture of experts)")
     sliding = _sliding_layers(data, layers, where)
     if sliding:
         out["sliding_layers"] = sliding
