@@ -39,6 +39,7 @@ from typing import Any
 import yaml
 
 from hardware_models import HardwareInputError, HardwareSpec, load_hardware
+from planner.version import tiersim_version
 from policies import POLICIES, KnobError, get_policy, parse_knobs
 from workloads import ModelSpec, WorkloadInputError, load_model
 
@@ -97,7 +98,8 @@ def expand_grid(data: object, *, label: str = "sweep", base: Path | None = None)
     points: dict[str, Point] = {}
     for (hw_name, sets, spec), (model_name, model), workload, (policy, knobs, full_knobs) in itertools.product(
             hardware, models, workloads, policies):
-        canonical = {"v": KEY_VERSION, "hardware": _hardware_figures(spec), "model": dataclasses.asdict(model),
+        canonical = {"v": KEY_VERSION, "tiersim": tiersim_version(),  # another version: another run
+                     "hardware": _hardware_figures(spec), "model": dataclasses.asdict(model),
                      "policy": policy, "knobs": full_knobs, "workload": workload}
         key = hashlib.sha256(_canonical_json(canonical).encode()).hexdigest()[:32]
         inputs = {"hardware": hw_name, "set": list(sets), "model": model_name, "policy": policy,

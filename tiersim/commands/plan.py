@@ -22,6 +22,7 @@ import os
 import sys
 from typing import Any
 
+from planner.result_json import versioned
 from planner.search import CPU_KINDS, GPU_KINDS, OBJECTIVES, Evaluated, SearchOutcome, search
 from reports.units import table
 from tiersim.command import Command
@@ -153,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
                         "checkpointing" if request.checkpointing is None else "") if f)
                      + " and each policy's knobs (fix them with --micro-batch / --checkpointing)")
     if args.json:
-        print(json.dumps(outcome.to_dict(), indent=1, sort_keys=False))
+        print(json.dumps(versioned(outcome.to_dict()), indent=1, sort_keys=False))
     else:
         print(format_outcome(outcome, args.top, fixed, args.hw, args.sets))
     print(f"tiersim plan: {outcome.wall_s:.1f} s wall, {outcome.n_simulated} simulated"
