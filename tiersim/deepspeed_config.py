@@ -133,7 +133,9 @@ class _Mapper:
         return HF_DEFAULTS[name], f"HF TrainingArguments.{name} default"
 
     def resolve_auto(self, stage: int, world: int) -> None:
-        autos = [p for p, v in leaves(self.cfg) if v == "auto"]
+        first = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size")
+        autos = sorted((p for p, v in leaves(self.cfg) if v == "auto"),
+                       key=lambda p: first.index(p) if p in first else len(first))
         for path in autos:  # an "auto" line, then the line of what the value maps to
             value, how = self.auto_value(path, stage, world)
             set_path(self.cfg, path, value)
@@ -296,6 +298,17 @@ class _Mapper:
         if given is not None and given != value:
             raise self.fail(path, f"the config gives {value} but {flag} {given}; drop {flag} or change the config")
 
+    def wrapper_precision(self) -> None:
+        """A Trainer/accelerate file asking for mixed precision adds the section when the config has none (as
+        accelerate's ``DeepSpeedPlugin.set_mixed_precision`` does)."""
+        if "fp16" in self.cfg or "bf16" in self.cfg or "bfloat16" in self.cfg:
+            return
+        for dtype in ("bf16", "fp16"):
+            if self.src.training_args.get(dtype) is True and self.flags.precision in (None, dtype):
+                self.cfg[dtype] = {"enabled": True}
+                self.entries.append(Entry("auto", f"{dtype}.enabled", None, f"absent: {dtype} of the "
+                                          f"{self.src.wrapper} file adds it (accelerate's set_mixed_precision)"))
+
     def precision(self) -> str:
         for alias, name in (("bfloat16", "bf16"),):
             if alias in self.cfg and name not in self.cfg:
@@ -346,14 +359,14 @@ class _Mapper:
             self.classify(path, value, policy)
 
     def classify(self, path: str, value: Any, policy: str) -> None:
-        for key, (ok, why) in REFUSED.items():
+        for key, (ok, refusal) in REFUSED.items():
             if (path == key and value not in ok) or (path.startswith(f"{key}.") and ok == (None,)):
-                raise self.fail(path, f"{why}; remove it")
+                raise self.fail(path, f"{refusal}; remove it")
         checked = self.checked(path, value, policy)
         if checked is not None:
             self.add(*checked)
             return
-        why = ignored_reason(path)
+        why: str | None = ignored_reason(path)
         if why is None and any(k.path == path for k in KNOB_KEYS):
             why = f"DeepSpeed uses it only with {', '.join(k.policy for k in KNOB_KEYS if k.path == path)} settings"
             if path.endswith(("pipeline_read", "pipeline_write")):
@@ -367,6 +380,7 @@ class _Mapper:
         self.add("ignored", path, "not a key tiersim models (DeepSpeed passes over unknown top-level keys)")
 
     def checked(self, path: str, value: Any, policy: str) -> tuple[str, str, str] | None:
+        """(status, path, detail) for a value that is tiersim's own assumption (or close to it), else None."""
         if path == "optimizer.type":
             if not isinstance(value, str) or value.lower() not in ADAM_LIKE:
                 raise self.fail(path, "tiersim models Adam's optimizer state (fp32 master, m, v: 12 B/param); use "
@@ -407,6 +421,7 @@ def map_config(src: DeepSpeedSource, *, n_gpus: int, hidden: int, flags: JobRequ
         raise m.fail("tensor_parallel.autotp_size", "tensor parallelism with ZeRO-3 offload is not a tiersim "
                      "policy; remove it")
     micro, global_batch = m.batch(world)
+    m.wrapper_precision()
     precision = m.precision()
     ckpt = m.checkpointing(policy, knobs)
     m.classify_rest(policy)

@@ -115,7 +115,14 @@ def compare(plan: Plan) -> Comparison | None:
     if plan.policy == "zero-offload":
         ds_host, ds_gpu = zero2_estimate(p, n, cpu_offload=True, additional_buffer_factor=1)
         helper = "estimate_zero2_model_states_mem_needs, cpu_offload"
-        if 4 * n > 16:
+        cg = float(knobs.get("cpu_grad_bytes", 4.0))
+        if cg != 4.0:
+            diffs.append(("host", (cg - 4) * p, f"knob cpu_grad_bytes={cg:g}: DeepSpeed's CPU gradient buffer is fp32"))
+        if knobs.get("cpu_param_copy_per_rank"):
+            diffs.append(("host", (16 + 4 * n - max(4 * n, 16)) * p, "tiersim counts the steady state (16 B/param) "
+                          f"and every rank's fp32 copy (4 B/param x {n}) together; DeepSpeed's estimator takes the "
+                          "larger of the two"))
+        elif 4 * n > 16:
             diffs.append(("host", 16 * p - 4 * n * p, f"DeepSpeed budgets 4 B/param per GPU process ({n} x 4 > 16): "
                                                        "each loads an fp32 copy at start-up; tiersim counts the "
                                                        "steady state (knob cpu_param_copy_per_rank adds the copies)"))

@@ -103,8 +103,8 @@ def _accelerate(path: Path, data: Mapping[str, Any]) -> DeepSpeedSource:
                                        "or bf16")
         args = {"fp16": mp == "fp16", "bf16": mp == "bf16"}
     if "deepspeed_config_file" in section:
-        inner, config = _nested_file(path, section["deepspeed_config_file"], "deepspeed_config.deepspeed_config_file")
-        return DeepSpeedSource(f"{path}: deepspeed_config_file -> {inner}", config, "accelerate", args, num_processes)
+        inner, nested = _nested_file(path, section["deepspeed_config_file"], "deepspeed_config.deepspeed_config_file")
+        return DeepSpeedSource(f"{path}: deepspeed_config_file -> {inner}", nested, "accelerate", args, num_processes)
     config: dict[str, Any] = {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto"}
     for key, value in section.items():
         if key in ACCELERATE_IGNORED:
