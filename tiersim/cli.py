@@ -131,7 +131,6 @@ def simulate_parser() -> argparse.ArgumentParser:
     """The ``simulate`` entry point's parser: ``tiersim simulate`` under its own name."""
     p = _Parser(prog="simulate", description="Simulate one training step (same as `tiersim simulate`).",
                 epilog="exit codes: 0 feasible, 1 invariant violated (--check), 2 bad input, 3 infeasible")
-    p.add_argument("--version", action=_VersionAction, help="print tiersim's version and exit")
     return _command_parser(p, simulate.COMMAND)
 
 

@@ -139,8 +139,9 @@ class _Mapper:
         for path in autos:  # an "auto" line, then the line of what the value maps to
             value, how = self.auto_value(path, stage, world)
             set_path(self.cfg, path, value)
-            self.entries.append(Entry("auto", path, "auto", f"-> {_show(value)} ({how}, as transformers' DeepSpeed "
-                                                            "integration fills it)"))
+            detail = how if value == "auto" else f"-> {_show(value)} ({how}, as transformers' DeepSpeed " \
+                                                   "integration fills it)"
+            self.entries.append(Entry("auto", path, "auto", detail))
 
     def auto_value(self, path: str, stage: int, world: int) -> tuple[Any, str]:
         f = self.flags
