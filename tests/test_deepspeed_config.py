@@ -222,3 +222,19 @@ def test_flags_that_contradict_the_config_are_bad_input(tmp_path: Path, capsys: 
     assert "train_micro_batch_size_per_gpu" in capsys.readouterr().err
     assert main(["simulate", "--deepspeed", str(ds), "--model", MODEL, "--policy", "none"]) == 2
     assert "--policy" in capsys.readouterr().err
+
+
+def test_a_sweep_takes_deepspeed_configs(tmp_path: Path) -> None:
+    from planner.sweep import SweepFileError, expand_grid
+    from tiersim.deepspeed_cli import sweep_reader
+
+    (tmp_path / "ds.json").write_text(json.dumps(ZERO3_NVME))
+    grid = {"hardware": ["a100", "a100x8"], "models": [MODEL], "deepspeed": ["ds.json"], "workload": {"seq_len": 128}}
+    points = expand_grid(grid, base=tmp_path, deepspeed=sweep_reader)
+    assert [(p.inputs["hardware"], p.inputs["policy"], p.inputs["workload"]["global_batch"]) for p in points] == \
+        [("a100", "zero-infinity", 2), ("a100x8", "zero-infinity", 16)]
+    assert points[0].inputs["knobs"]["param_device"] == "nvme" and points[0].inputs["workload"]["seq_len"] == 128
+    with pytest.raises(SweepFileError, match="run tiersim sweep"):
+        expand_grid(grid, base=tmp_path)
+    with pytest.raises(SweepFileError, match="deepspeed\\[0\\].*train_micro_batch_size_per_gpu"):
+        expand_grid({**grid, "workload": {"micro_batch": 4}}, base=tmp_path, deepspeed=sweep_reader)

@@ -9,11 +9,13 @@ plan as a DeepSpeed config.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from hardware_models import HardwareSpec
 from planner.search import SearchOutcome
 from policies.job import JobRequest, resolve_hardware
 from simulator import Plan
@@ -23,7 +25,7 @@ from tiersim.deepspeed_keys import DS_POLICIES, NO_DS_EQUIVALENT
 from tiersim.deepspeed_source import load_source
 from tiersim.errors import UsageError
 from tiersim.output_files import write_or_fail
-from workloads import load_model
+from workloads import ModelSpec, load_model
 
 
 def apply_deepspeed(args: argparse.Namespace, default_hw: str, default_model: str,
@@ -54,6 +56,14 @@ def apply_deepspeed(args: argparse.Namespace, default_hw: str, default_model: st
     if sets_policy:  # simulate: the config's run; a search (plan, whatif) searches micro-batch and checkpointing
         args.micro_batch, args.checkpointing = r.micro_batch, r.checkpointing
     return job
+
+
+def sweep_reader(path: str, hw: HardwareSpec, model: ModelSpec,
+                 flags: Mapping[str, Any]) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """A sweep's ``deepspeed:`` entry on one machine and model: (policy, knobs, workload) for its points."""
+    job = map_config(load_source(path), n_gpus=hw.gpu.count, hidden=model.hidden, flags=JobRequest(**flags))
+    workload = {k: v for k, v in dataclasses.asdict(job.request).items() if v is not None}
+    return job.policy, dict(job.knobs), workload
 
 
 def write_best_as_deepspeed(path: str, outcome: SearchOutcome, hw: str, sets: Sequence[str]) -> None:

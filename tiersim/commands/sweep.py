@@ -61,7 +61,9 @@ def run(args: argparse.Namespace) -> int:
     store = args.store if args.store is not None else f"{Path(args.grid).stem}.sqlite"
     show = sys.stderr if (args.progress or sys.stderr.isatty()) else None
     try:
-        points = load_grid(args.grid)
+        from tiersim.deepspeed_cli import sweep_reader
+
+        points = load_grid(args.grid, deepspeed=sweep_reader)
         summary = run_sweep(points, store, processes=args.processes, workers=args.workers,
                             scheduler=args.scheduler, retry_failed=args.retry_failed, progress=show)
     except (SweepFileError, SweepSetupError, StoreError) as e:
