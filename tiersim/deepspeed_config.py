@@ -225,8 +225,9 @@ class _Mapper:
             got = get_path(self.cfg, path)
             if path == "zero_optimization.stage" and got != value:
                 self.add("approx", path, f"stage {got} with offload_optimizer cpu: simulated as zero-offload "
-                         "(ZeRO-2: gradients partitioned); DeepSpeed's stage 1 keeps whole gradients on each GPU "
-                         "until the step, so its GPU memory is higher than shown")
+                         "(ZeRO-2: gradients reduce-scattered and offloaded per micro-step); DeepSpeed's stage 1 keeps "
+                         "the full 16-bit gradients on each GPU until the accumulation boundary (2 B/param more GPU "
+                         "memory than shown, one offload per step)")
             else:
                 self.add("mapped", path, f"policy {policy}")
         for key in KNOB_KEYS:

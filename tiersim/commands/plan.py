@@ -162,7 +162,8 @@ def run(args: argparse.Namespace) -> int:
                         "checkpointing" if request.checkpointing is None else "") if f)
                      + " and each policy's knobs (fix them with --micro-batch / --checkpointing)")
     if args.json:
-        print(json.dumps(versioned(outcome.to_dict()), indent=1, sort_keys=False))
+        print(json.dumps(versioned({**outcome.to_dict(), **({"deepspeed": {"input": ds.to_dict()}} if ds else {})}),
+                         indent=1, sort_keys=False))
     else:
         print(format_outcome(outcome, args.top, fixed, args.hw, args.sets))
     print(f"tiersim plan: {outcome.wall_s:.1f} s wall, {outcome.n_simulated} simulated"

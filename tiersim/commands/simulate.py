@@ -104,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
         except PlanInfeasible as e:
             d = infeasible_json(e, job, knobs)
             if args.json:
+                if ds is not None:
+                    d["deepspeed"] = ds_cli.json_section(ds, None, None)
                 print(dumps(d))
             else:
                 print(format_infeasible(d, hw, args.sets))
