@@ -9,12 +9,14 @@ the notes that come with the config.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from policies import get_policy, parse_knobs
 from simulator import Plan
 from tiersim.deepspeed_keys import DS_POLICIES, KNOB_KEYS, NO_DS_EQUIVALENT, POLICY_KEYS, set_path
 from tiersim.errors import UsageError
@@ -56,6 +58,7 @@ def to_deepspeed(policy: str, knobs: Mapping[str, Any], *, micro_batch: int, glo
     """The DeepSpeed config of a plan: its policy and knobs, micro-batch, global batch, precision and
     checkpointing, on ``n_gpus`` GPUs (DeepSpeed's world size is ``n_gpus / tp``)."""
     check_exportable(policy)
+    knobs = {**dataclasses.asdict(parse_knobs(get_policy(policy), dict(knobs)))}  # every knob, defaults filled in
     tp = int(knobs.get("tp", 1) or 1)
     world = n_gpus // tp
     notes: list[str] = []
