@@ -25,10 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from policies.job import JobRequest
+from tiersim.deepspeed_auto import resolve_auto
 from tiersim.deepspeed_keys import (
     ADAM_LIKE,
-    HF_AUTO_UNPRICED,
-    HF_DEFAULTS,
     IMPLIED_KNOBS,
     KNOB_KEYS,
     POLICY_KEYS,
@@ -37,7 +36,7 @@ from tiersim.deepspeed_keys import (
     get_path,
     ignored_reason,
     leaves,
-    set_path,
+    show,
 )
 from tiersim.deepspeed_source import DeepSpeedConfigError, DeepSpeedSource
 
@@ -53,7 +52,7 @@ class Entry:
     detail: str
 
     def line(self) -> str:
-        return f"  {self.status:<8}{self.path} = {_show(self.value)}: {self.detail}"
+        return f"  {self.status:<8}{self.path} = {show(self.value)}: {self.detail}"
 
 
 @dataclass(frozen=True)
@@ -95,18 +94,6 @@ def _is_round_trip(path: str) -> bool:
         any(path in keys for keys in POLICY_KEYS.values())
 
 
-def _show(v: Any) -> str:
-    if isinstance(v, Mapping):
-        return "{...}"
-    if isinstance(v, str):
-        return f'"{v}"'
-    if isinstance(v, bool) or v is None:
-        return {True: "true", False: "false", None: "null"}[v]
-    if isinstance(v, float):
-        return f"{v:g}"
-    return str(v)
-
-
 class _Mapper:
     """One pass over one config: resolve "auto", pick the policy and knobs, complete the batch, classify the rest."""
 
@@ -118,7 +105,7 @@ class _Mapper:
 
     def fail(self, path: str, why: str) -> DeepSpeedConfigError:
         value = get_path(self.cfg, path)
-        shown = f" = {_show(value)}" if value is not None else ""
+        shown = f" = {show(value)}" if value is not None else ""
         return DeepSpeedConfigError(f"{self.src.label}: {path}{shown}: {why}")
 
     def add(self, status: str, path: str, detail: str, value: Any = None) -> None:
@@ -126,57 +113,10 @@ class _Mapper:
         self.done.add(path)
 
     # -- "auto" ------------------------------------------------------------------------------------------------
-    def arg(self, name: str) -> tuple[Any, str]:
-        """A TrainingArguments value: the wrapper file's, else HF's default."""
-        if name in self.src.training_args:
-            return self.src.training_args[name], f"{name} of the {self.src.wrapper} file"
-        return HF_DEFAULTS[name], f"HF TrainingArguments.{name} default"
-
     def resolve_auto(self, stage: int, world: int) -> None:
-        first = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size")
-        autos = sorted((p for p, v in leaves(self.cfg) if v == "auto"),
-                       key=lambda p: first.index(p) if p in first else len(first))
-        for path in autos:  # an "auto" line, then the line of what the value maps to
-            value, how = self.auto_value(path, stage, world)
-            set_path(self.cfg, path, value)
-            detail = how if value == "auto" else f"-> {_show(value)} ({how}, as transformers' DeepSpeed " \
-                                                   "integration fills it)"
+        """Resolve every "auto" (``tiersim.deepspeed_auto``): an auto line each, then the line of what it maps to."""
+        for path, detail in resolve_auto(self.cfg, self.src, self.flags, hidden=self.hidden, stage=stage, world=world):
             self.entries.append(Entry("auto", path, "auto", detail))
-
-    def auto_value(self, path: str, stage: int, world: int) -> tuple[Any, str]:
-        f = self.flags
-        if path == "train_micro_batch_size_per_gpu":
-            if f.micro_batch is not None:
-                return f.micro_batch, "--micro-batch, as --per_device_train_batch_size"
-            return self.arg("per_device_train_batch_size")
-        if path == "gradient_accumulation_steps":
-            if "gradient_accumulation_steps" not in self.src.training_args and f.global_batch is not None:
-                micro = self.cfg.get("train_micro_batch_size_per_gpu")
-                if isinstance(micro, int) and f.global_batch % (micro * world) == 0:
-                    return f.global_batch // (micro * world), "--global-batch / (micro-batch x world size)"
-            return self.arg("gradient_accumulation_steps")
-        if path == "train_batch_size":
-            micro, accum = self.cfg.get("train_micro_batch_size_per_gpu"), self.cfg.get("gradient_accumulation_steps")
-            if isinstance(micro, int) and isinstance(accum, int):
-                return world * micro * accum, "world size x micro-batch x accumulation"
-            raise self.fail(path, "HF computes it from the micro-batch and the accumulation; give them")
-        if path in ("fp16.enabled", "bf16.enabled"):
-            dtype = path.split(".")[0]
-            if f.precision is not None:
-                return f.precision == dtype, f"--precision {f.precision}, as --{dtype}"
-            value, how = self.arg(dtype)
-            full_eval = self.src.training_args.get(f"{dtype}_full_eval", False)
-            return bool(value or full_eval), how
-        if path == "zero_optimization.reduce_bucket_size":
-            return self.hidden * self.hidden, f"hidden_size^2, hidden_size {self.hidden}"
-        if path in ("zero_optimization.stage3_prefetch_bucket_size",
-                    "zero_optimization.stage3_param_persistence_threshold") and stage == 3:
-            if path.endswith("prefetch_bucket_size"):
-                return int(0.9 * self.hidden * self.hidden), f"0.9 x hidden_size^2, hidden_size {self.hidden}"
-            return 10 * self.hidden, f"10 x hidden_size, hidden_size {self.hidden}"
-        if path in HF_AUTO_UNPRICED:
-            return "auto", f"HF fills it from {HF_AUTO_UNPRICED[path]}; it changes nothing tiersim prices"
-        raise self.fail(path, "\"auto\" here is not one transformers' DeepSpeed integration resolves; give a value")
 
     # -- policy and knobs --------------------------------------------------------------------------------------
     def device(self, which: str, stage: int) -> str:

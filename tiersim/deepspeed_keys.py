@@ -257,3 +257,16 @@ def ignored_reason(path: str) -> str | None:
         if path.startswith(f"{prefix}." if not prefix.endswith(".") else prefix):
             return why
     return None
+
+
+def show(v: Any) -> str:
+    """A config value as JSON writes it (a section as ``{...}``, a whole float as ``1e+09``)."""
+    if isinstance(v, Mapping):
+        return "{...}"
+    if isinstance(v, str):
+        return f'"{v}"'
+    if isinstance(v, bool) or v is None:
+        return {True: "true", False: "false", None: "null"}[v]
+    if isinstance(v, float):
+        return f"{v:g}"
+    return str(v)
