@@ -238,3 +238,22 @@ def test_a_sweep_takes_deepspeed_configs(tmp_path: Path) -> None:
         expand_grid(grid, base=tmp_path)
     with pytest.raises(SweepFileError, match="deepspeed\\[0\\].*train_micro_batch_size_per_gpu"):
         expand_grid({**grid, "workload": {"micro_batch": 4}}, base=tmp_path, deepspeed=sweep_reader)
+
+
+def test_the_readme_example_maps_to_zero_infinity_on_nvme() -> None:
+    example = Path(__file__).resolve().parent.parent / "examples" / "ds_zero3_nvme.json"
+    job = map_config(load_source(str(example)), n_gpus=8, hidden=HIDDEN, flags=JobRequest(micro_batch=2))
+    assert (job.policy, job.knobs["param_device"], job.knobs["optimizer_device"]) == ("zero-infinity", "nvme", "nvme")
+    assert (job.request.micro_batch, job.request.global_batch) == (2, 16)
+
+
+def test_approximations_and_unknown_keys_are_said() -> None:
+    job = mapped({"train_micro_batch_size_per_gpu": 1, "my_launcher_key": 3,
+                  "zero_optimization": {"stage": 1, "overlap_comm": False, "offload_optimizer": {"device": "cpu",
+                                                                                                 "pin_memory": False}}})
+    assert job.policy == "zero-offload"
+    status = {e.path: e.status for e in job.entries}
+    assert status["zero_optimization.stage"] == status["zero_optimization.overlap_comm"] == "approx"
+    assert status["zero_optimization.offload_optimizer.pin_memory"] == "approx"
+    assert status["my_launcher_key"] == "ignored"
+    assert "zero_optimization.stage" not in job.mapped_paths()  # an approximation is not round-tripped
