@@ -14,6 +14,7 @@ from typing import Any
 
 from hardware_models import build_topology
 from hardware_models.units import gb, secs
+from planner.version import tiersim_version
 from policies import Job, PlanInfeasible
 from simulator import Result
 from workloads import ModelSpec
@@ -35,7 +36,7 @@ def simulated_json(result: Result) -> dict[str, Any]:
             o.setdefault("message", oom_verdict(o))
     verdict = "FEASIBLE" if result.feasible else oom_verdict(d["oom"])
     d["model"] = with_model_counts(d["model"])
-    return finite({"feasible": d.pop("feasible"), "verdict": verdict, **d})
+    return finite({"feasible": d.pop("feasible"), "verdict": verdict, **d, "tiersim_version": tiersim_version()})
 
 
 def with_model_counts(model: Mapping[str, Any]) -> dict[str, Any]:
@@ -74,12 +75,18 @@ def infeasible_json(e: PlanInfeasible, job: Job | None = None, knobs: Any = None
         "sim": dict(NOT_SIMULATED),
         "notes": [],
         "info": {},
+        "tiersim_version": tiersim_version(),
     })
 
 
 def dumps(d: Mapping[str, Any]) -> str:
-    """The JSON text the commands print: indented, NaN and Infinity written as null."""
-    return json.dumps(finite(dict(d)), indent=1)
+    """The JSON text the commands print: indented, NaN and Infinity written as null, with ``tiersim_version``."""
+    return json.dumps(finite(versioned(d)), indent=1)
+
+
+def versioned(d: Mapping[str, Any]) -> dict[str, Any]:
+    """``d`` with the ``tiersim_version`` key every ``--json`` object carries (kept when already there)."""
+    return {**d, "tiersim_version": d.get("tiersim_version", tiersim_version())}
 
 
 def oom_verdict(oom: Mapping[str, Any]) -> str:

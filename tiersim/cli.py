@@ -96,6 +96,20 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see --help)\n")
 
 
+class _VersionAction(argparse.Action):
+    """``--version``: the version is looked up when asked (``planner.version``), not when the parser is built."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest=dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        from planner.version import tiersim_version
+
+        print(f"tiersim {tiersim_version()}")
+        parser.exit(EXIT_OK)
+
+
 def _command_parser(p: argparse.ArgumentParser, command: Command) -> argparse.ArgumentParser:
     command.add_args(p)
     p.set_defaults(command=command)
@@ -106,6 +120,7 @@ def build_parser(prog: str = "tiersim") -> argparse.ArgumentParser:
     ap = _Parser(prog=prog, description="Simulate and plan LLM training across GPU HBM, CPU DRAM and NVMe.",
                  epilog="exit codes: 0 feasible/success, 1 invariant violated (--check), 2 bad input, "
                         "3 infeasible")
+    ap.add_argument("--version", action=_VersionAction, help="print tiersim's version and exit")
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
     for command in COMMANDS:
         _command_parser(sub.add_parser(command.name, help=command.help), command)

@@ -125,11 +125,25 @@ def add_workload_flags(p: argparse.ArgumentParser, flags: JobFlags) -> None:
 
 
 def add_job_flags(p: argparse.ArgumentParser, flags: JobFlags) -> None:
-    """``--hw``, ``--model``, ``--set`` and the workload flags (``simulate``, ``plan``)."""
+    """``--hw``, ``--model``, ``--set``, the workload flags and ``--deepspeed`` (``simulate``, ``plan``)."""
     add_hw_flag(p, flags)
     add_model_flag(p, flags)
     add_set_flag(p, flags.set_help)
     add_workload_flags(p, flags)
+    add_deepspeed_flag(p)
+
+
+def add_deepspeed_flag(p: argparse.ArgumentParser) -> None:
+    """``--deepspeed DS.json``: the job from a DeepSpeed config (``tiersim.deepspeed_cli.apply_deepspeed``)."""
+    p.add_argument("--deepspeed", metavar="DS.json", type=nonempty("a DeepSpeed config file"),
+                   help="take the policy, knobs and workload from a DeepSpeed config (JSON, or HF Trainer "
+                        "arguments / an accelerate config holding one); prints what became of each key")
+
+
+def add_deepspeed_out_flag(p: argparse.ArgumentParser) -> None:
+    """``--deepspeed-out DS.json``: write the plan as a DeepSpeed config (``simulate``, ``plan``)."""
+    p.add_argument("--deepspeed-out", metavar="DS.json",
+                   help="write the plan as a DeepSpeed config (policies none, zero-offload, zero-infinity)")
 
 
 def request_from_args(args: argparse.Namespace) -> JobRequest:
@@ -141,7 +155,7 @@ def request_from_args(args: argparse.Namespace) -> JobRequest:
 # the flags that describe the job, so make no sense with ``simulate --plan`` (dest -> flag)
 JOB_FLAGS = {"model": "--model", "policy": "--policy", "knobs": "--knob", "micro_batch": "--micro-batch",
              "seq_len": "--seq-len", "global_batch": "--global-batch", "precision": "--precision",
-             "checkpointing": "--checkpointing", "flash": "--no-flash-attention"}
+             "checkpointing": "--checkpointing", "flash": "--no-flash-attention", "deepspeed": "--deepspeed"}
 
 
 def check_no_job_flags(args: argparse.Namespace) -> None:

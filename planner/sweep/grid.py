@@ -17,6 +17,9 @@ The file names a grid; every list is one axis and the points are the product of 
       precision: bf16              # bf16 | fp16 | fp32
       checkpointing: [none, full]  # none | selective | full
       flash_attention: true
+    deepspeed: [ds_z3.json]        # DeepSpeed configs (tiersim sweep only): each is one more policy entry whose
+                                   # knobs and workload come from the file (the workload values above act as
+                                   # flags: they resolve "auto" and must agree with the file)
 
 Files named in the sweep file are relative to it. Everything is checked before any simulation: a bad
 field is one :class:`SweepFileError` line naming the file, the field and the fix. The key of a point
@@ -31,7 +34,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,11 +42,17 @@ from typing import Any
 import yaml
 
 from hardware_models import HardwareInputError, HardwareSpec, load_hardware
+from planner.version import tiersim_version
 from policies import POLICIES, KnobError, get_policy, parse_knobs
 from workloads import ModelSpec, WorkloadInputError, load_model
 
 KEY_VERSION = 1  # bump when the meaning of a point's inputs changes, so old rows are not reused
-SECTIONS = ("hardware", "models", "policies", "workload")
+SECTIONS = ("hardware", "models", "policies", "workload", "deepspeed")
+#: ``deepspeed: [ds.json, ...]``: a DeepSpeed config file, its hardware, model and the YAML's workload values (as
+#: flags) -> (policy, knobs, workload). ``tiersim sweep`` passes tiersim's reader (``tiersim.deepspeed_cli``),
+#: which the planner may not import; a ValueError is the file's one-line error.
+DeepSpeedReader = Callable[[str, HardwareSpec, ModelSpec, Mapping[str, Any]],
+                           tuple[str, dict[str, Any], dict[str, Any]]]
 WORKLOAD_FIELDS: dict[str, tuple[type, tuple[Any, ...] | None]] = {
     "global_batch": (int, None), "micro_batch": (int, None), "seq_len": (int, None),
     "precision": (str, ("bf16", "fp16", "fp32")), "checkpointing": (str, ("none", "selective", "full")),
@@ -63,7 +72,7 @@ class Point:
     inputs: Mapping[str, Any]
 
 
-def load_grid(path: str | Path) -> list[Point]:
+def load_grid(path: str | Path, *, deepspeed: DeepSpeedReader | None = None) -> list[Point]:
     """Read and expand a sweep file (see the module docstring); raises :class:`SweepFileError`."""
     p = Path(path)
     try:
@@ -76,34 +85,60 @@ def load_grid(path: str | Path) -> list[Point]:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         raise SweepFileError(f"{path}: not valid YAML{where}; fix the syntax") from None
-    return expand_grid(data, label=str(path), base=p.parent)
+    return expand_grid(data, label=str(path), base=p.parent, deepspeed=deepspeed)
 
 
-def expand_grid(data: object, *, label: str = "sweep", base: Path | None = None) -> list[Point]:
-    """Expand a parsed sweep mapping into points (in file order, the product of every axis, no duplicates)."""
+def expand_grid(data: object, *, label: str = "sweep", base: Path | None = None,
+                deepspeed: DeepSpeedReader | None = None) -> list[Point]:
+    """Expand a parsed sweep mapping into points (in file order, the product of every axis, no duplicates);
+    ``deepspeed`` reads the files of a ``deepspeed`` section (each one more policy entry, with its workload)."""
     base = base or Path.cwd()
     if not isinstance(data, Mapping):
         raise SweepFileError(f"{label}: expected a mapping with {', '.join(SECTIONS)}; see examples/sweep.yaml")
     unknown = [k for k in data if k not in SECTIONS]
     if unknown:
         raise SweepFileError(f"{label}: unknown section {unknown[0]!r}; sections are {', '.join(SECTIONS)}")
-    for required in ("hardware", "models", "policies"):
+    for required in ("hardware", "models") if data.get("deepspeed") else ("hardware", "models", "policies"):
         if not data.get(required):
             raise SweepFileError(f"{label}: {required}: missing or empty; list at least one")
     hardware = _hardware_axis(data["hardware"], label, base)
     models = _models_axis(data["models"], label, base)
-    policies = _policies_axis(data["policies"], label)
+    policies = _policies_axis(data["policies"], label) if data.get("policies") else []
     workloads = _workload_axis(data.get("workload") or {}, label)
     points: dict[str, Point] = {}
-    for (hw_name, sets, spec), (model_name, model), workload, (policy, knobs, full_knobs) in itertools.product(
-            hardware, models, workloads, policies):
-        canonical = {"v": KEY_VERSION, "hardware": _hardware_figures(spec), "model": dataclasses.asdict(model),
+    combos = [(hw, m, w, pol) for hw, m, w, pol in itertools.product(hardware, models, workloads, policies)]
+    combos += _deepspeed_axis(data.get("deepspeed"), hardware, models, workloads, label, base, deepspeed)
+    for (hw_name, sets, spec), (model_name, model), workload, (policy, knobs, full_knobs) in combos:
+        canonical = {"v": KEY_VERSION, "tiersim": tiersim_version(),  # another version: another run
+                     "hardware": _hardware_figures(spec), "model": dataclasses.asdict(model),
                      "policy": policy, "knobs": full_knobs, "workload": workload}
         key = hashlib.sha256(_canonical_json(canonical).encode()).hexdigest()[:32]
         inputs = {"hardware": hw_name, "set": list(sets), "model": model_name, "policy": policy,
                   "knobs": dict(knobs), "workload": dict(workload)}
         points.setdefault(key, Point(key, inputs))
     return list(points.values())
+
+
+def _deepspeed_axis(section: object, hardware: list[Any], models: list[Any], workloads: list[dict[str, Any]],
+                    label: str, base: Path, reader: DeepSpeedReader | None) -> list[tuple[Any, ...]]:
+    """(hardware, model, workload, (policy, knobs, full knobs)) of each DeepSpeed file on each machine and model."""
+    if not section:
+        return []
+    if reader is None:
+        raise SweepFileError(f"{label}: deepspeed: DeepSpeed configs are read by the tiersim CLI; run tiersim sweep")
+    out = []
+    for i, name in enumerate(_as_list(section)):
+        if not isinstance(name, str) or not name.strip():
+            raise SweepFileError(f"{label}: deepspeed[{i}]: expected a DeepSpeed config file")
+        path = _file_or_name(name, base)
+        for hw, model, flags in itertools.product(hardware, models, workloads):
+            try:
+                policy, knobs, workload = reader(path, hw[2], model[1], flags)
+                full = dataclasses.asdict(parse_knobs(get_policy(policy), knobs))
+            except ValueError as e:
+                raise SweepFileError(f"{label}: deepspeed[{i}]: {_one_line(e)}") from None
+            out.append((hw, model, workload, (policy, knobs, full)))
+    return out
 
 
 def _hardware_figures(spec: HardwareSpec) -> dict[str, Any]:

@@ -7,6 +7,11 @@ worker loses nothing that finished, and a row, once written, is never written ag
 CONFLICT DO NOTHING``; a failed row may be replaced by a retry, a done row never). WAL journaling lets
 readers (``tiersim results``, reports) open the file while a sweep writes it.
 
+The store records which tiersim filled it (``meta`` row ``tiersim_version``). A sweep refuses to add to a
+store filled by another version (or by one that did not record it, while it holds runs): the same point may
+simulate differently there, and mixing rows of two versions in one table would pass old figures for new.
+The refusal names both versions; use a new ``--store`` (the old file stays readable by ``tiersim results``).
+
 Readers: :func:`read_results` (simulate --json objects plus ``"point"``) and :func:`results_frame` (a pandas
 DataFrame with one row per run, the columns of :data:`COLUMNS`).
 """
@@ -19,6 +24,8 @@ import sqlite3
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from planner.version import tiersim_version
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -73,6 +80,7 @@ class SweepStore:
             elif version[0] != str(SCHEMA_VERSION):
                 raise StoreError(f"{path}: a sweep store of schema {version[0]}, this tiersim writes "
                                  f"{SCHEMA_VERSION}; pick another --store")
+            _check_filled_by_this_version(self._db, path)
         except sqlite3.DatabaseError as e:
             raise StoreError(f"{path}: not a sweep store ({e}); pick another --store path") from None
 
@@ -108,6 +116,21 @@ class SweepStore:
                                f"ON CONFLICT(key) {conflict}", [row[n] for n in names])
         self._db.commit()
         return cur.rowcount == 1
+
+
+def _check_filled_by_this_version(db: sqlite3.Connection, path: str | os.PathLike[str]) -> None:
+    """Record this tiersim's version in a store without runs; refuse one filled by another version."""
+    this = tiersim_version()
+    row = db.execute("SELECT value FROM meta WHERE name = 'tiersim_version'").fetchone()
+    if row is not None and row[0] == this:
+        return
+    if row is None and db.execute("SELECT 1 FROM runs LIMIT 1").fetchone() is None:
+        db.execute("INSERT INTO meta VALUES ('tiersim_version', ?)", (this,))
+        db.commit()
+        return
+    filled_by = f"tiersim {row[0]}" if row is not None else "a tiersim that did not record its version"
+    raise StoreError(f"{path}: filled by {filled_by}, this is tiersim {this}: its results are not reused (they may "
+                     "differ); pick a new --store (the old one stays readable by tiersim results)")
 
 
 def point_columns(point: Mapping[str, Any], result: Mapping[str, Any] | None = None) -> dict[str, Any]:

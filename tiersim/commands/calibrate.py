@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from hardware_models import HardwareSpec, fmt_bandwidth, fmt_bytes, fmt_flops, load_hardware, spec_from_dict
+from planner.result_json import versioned
 from tiersim.command import Command
 from tiersim.errors import UsageError
 from tiersim.exit_codes import EXIT_OK
@@ -105,8 +106,8 @@ def run(args: argparse.Namespace, sizes: Any = None) -> int:
     spec = write_spec(args.output, data)
     _progress(f"done in {cal.wall_s:.1f} s; wrote {args.output}")
     if args.json:
-        print(json.dumps({"output": str(args.output), "measurements": cal.to_dict(), "spec": spec.to_dict()},
-                         indent=1))
+        print(json.dumps(versioned({"output": str(args.output), "measurements": cal.to_dict(),
+                                    "spec": spec.to_dict()}), indent=1))
         return EXIT_OK
     g, h, pc, nv = spec.gpu, spec.host, spec.pcie, spec.nvme
     peaks = ", ".join(f"{k} {fmt_flops(v)}" for k, v in g.peak_flops.items())

@@ -22,12 +22,14 @@ import os
 import sys
 from typing import Any
 
+from planner.result_json import versioned
 from planner.search import CPU_KINDS, GPU_KINDS, OBJECTIVES, Evaluated, SearchOutcome, search
 from reports.units import table
+from tiersim import deepspeed_cli as ds_cli
 from tiersim.command import Command
 from tiersim.errors import UsageError
 from tiersim.exit_codes import EXIT_INFEASIBLE, EXIT_OK
-from tiersim.job_flags import DEFAULT_HW, DEFAULT_MODEL, PLAN, add_job_flags, request_from_args
+from tiersim.job_flags import DEFAULT_HW, DEFAULT_MODEL, PLAN, add_deepspeed_out_flag, add_job_flags, request_from_args
 from tiersim.output_files import check_output_path, write_or_fail
 from tiersim.search_flags import cache_from_args, check_search_bounds, parse_budget, split_names
 
@@ -48,6 +50,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
                                                   "what was skipped)")
     p.add_argument("--max-candidates", type=int, default=None, help="simulate at most N candidates")
     p.add_argument("--plan-out", help="write the winning plan (JSON) here, for simulate --plan and tiersim replay")
+    add_deepspeed_out_flag(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--cache-dir", default=None, help="evaluation cache directory (default: "
                                                      "$XDG_CACHE_HOME/tiersim or ~/.cache/tiersim)")
@@ -123,6 +126,10 @@ def format_outcome(o: SearchOutcome, top: int, fixed: list[str], hw_arg: str | N
 
 def run(args: argparse.Namespace) -> int:
     check_output_path("--plan-out", args.plan_out)
+    check_output_path("--deepspeed-out", args.deepspeed_out)
+    ds = ds_cli.apply_deepspeed(args, DEFAULT_HW, DEFAULT_MODEL, sets_policy=False)
+    if ds is not None:
+        ds_cli.print_mapping(ds, to_stderr=True)
     if args.top < 1:
         raise UsageError(f"--top {args.top}: must be at least 1")
     check_search_bounds(args)
@@ -138,9 +145,11 @@ def run(args: argparse.Namespace) -> int:
     outcome = search(args.hw or DEFAULT_HW, args.model or DEFAULT_MODEL, request=request, hw_overrides=args.sets,
                      objective=args.objective, policies=policies, budget_s=budget,
                      max_candidates=args.max_candidates, progress=progress if show else None, cache=cache,
-                     workers=args.workers, keep_best_plan=bool(args.plan_out))
+                     workers=args.workers, keep_best_plan=bool(args.plan_out or args.deepspeed_out))
     if args.plan_out and outcome.best is not None and outcome.best.plan is not None:
         write_or_fail("--plan-out", args.plan_out, outcome.best.plan.save)
+    if args.deepspeed_out:
+        ds_cli.write_best_as_deepspeed(args.deepspeed_out, outcome, args.hw or DEFAULT_HW, args.sets)
     fixed = []
     if request.micro_batch is not None or request.checkpointing is not None:
         fixed.append("fixed by flags: " + ", ".join(
@@ -153,7 +162,8 @@ def run(args: argparse.Namespace) -> int:
                         "checkpointing" if request.checkpointing is None else "") if f)
                      + " and each policy's knobs (fix them with --micro-batch / --checkpointing)")
     if args.json:
-        print(json.dumps(outcome.to_dict(), indent=1, sort_keys=False))
+        print(json.dumps(versioned({**outcome.to_dict(), **({"deepspeed": {"input": ds.to_dict()}} if ds else {})}),
+                         indent=1, sort_keys=False))
     else:
         print(format_outcome(outcome, args.top, fixed, args.hw, args.sets))
     print(f"tiersim plan: {outcome.wall_s:.1f} s wall, {outcome.n_simulated} simulated"

@@ -18,6 +18,7 @@ import json
 import math
 from typing import Any
 
+from planner.result_json import versioned
 from tiersim.command import Command
 from tiersim.errors import UsageError
 from tiersim.exit_codes import EXIT_OK
@@ -63,8 +64,8 @@ def run(args: argparse.Namespace) -> int:
         write_or_fail("--csv", args.csv, lambda path: frame.to_csv(path, index=False))
     if args.json:
         rows = [{k: _plain(v) for k, v in r.items()} for r in frame.to_dict(orient="records")]
-        print(json.dumps({"kind": "tiersim.results", "store": args.store, "count": len(rows), "rows": rows},
-                         indent=1))
+        print(json.dumps(versioned({"kind": "tiersim.results", "store": args.store, "count": len(rows),
+                                    "rows": rows}), indent=1))
     elif args.csv:
         print(f"{len(frame)} run{'s' if len(frame) != 1 else ''} written to {args.csv}")
     else:

@@ -10,13 +10,17 @@ from planner.job import make_job, make_plan, resolve_hardware
 from planner.result_json import dumps, infeasible_json, simulated_json
 from policies import PlanInfeasible, get_policy, parse_knobs
 from simulator import Plan, simulate_plan, validate_plan
+from tiersim import deepspeed_cli as ds_cli
 from tiersim.command import Command
+from tiersim.deepspeed_export import check_exportable
+from tiersim.deepspeed_memory import beyond_model_states, compare
 from tiersim.exit_codes import EXIT_INFEASIBLE, EXIT_INVARIANT, EXIT_OK
 from tiersim.job_flags import (
     DEFAULT_HW,
     DEFAULT_MODEL,
     DEFAULT_POLICY,
     SIMULATE,
+    add_deepspeed_out_flag,
     add_job_flags,
     check_no_job_flags,
     nonempty,
@@ -36,6 +40,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="simulate this plan file instead of planning")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plan-out", help="write the plan (JSON) here")
+    add_deepspeed_out_flag(p)
     p.add_argument("--trace", help="write a Chrome/Perfetto trace of the simulated step here")
     p.add_argument("--report", metavar="DIR", help="also write a report (HTML, Markdown, figures, CSV) into DIR")
     p.add_argument("--check", action="store_true", help="also check the simulator's invariants")
@@ -64,9 +69,15 @@ def run(args: argparse.Namespace) -> int:
 
     check_output_path("--plan-out", args.plan_out)
     check_output_path("--trace", args.trace)
+    check_output_path("--deepspeed-out", args.deepspeed_out)
     if args.report is not None:
         check_output_dir("--report", args.report)
     extra_assumed: list[str] = []
+    ds = ds_cli.apply_deepspeed(args, DEFAULT_HW, DEFAULT_MODEL)
+    if args.deepspeed_out and args.plan_in is None:
+        check_exportable(DEFAULT_POLICY if args.policy is None else args.policy)
+    if ds is not None and not args.json:
+        ds_cli.print_mapping(ds, to_stderr=False)
     if args.plan_in is not None:
         plan, hw = _saved_plan(args, extra_assumed)
     else:
@@ -93,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
         except PlanInfeasible as e:
             d = infeasible_json(e, job, knobs)
             if args.json:
+                if ds is not None:
+                    d["deepspeed"] = ds_cli.json_section(ds, None, None)
                 print(dumps(d))
             else:
                 print(format_infeasible(d, hw, args.sets))
@@ -103,7 +116,12 @@ def run(args: argparse.Namespace) -> int:
             return EXIT_INFEASIBLE
     if args.plan_out:
         write_or_fail("--plan-out", args.plan_out, plan.save)
+    exported = None
+    if args.deepspeed_out:
+        check_exportable(plan.policy)
+        exported = ds_cli.write_deepspeed_out(args.deepspeed_out, plan, to_stderr=args.json)
     result = simulate_plan(plan, hw, extrapolate=args.extrapolate)
+    memory = compare(plan) if ds is not None or exported is not None else None
     violations: list[str] = []
     if args.check:
         from simulator.invariants import check_invariants
@@ -117,9 +135,13 @@ def run(args: argparse.Namespace) -> int:
             d["workload"]["assumed"] = [*extra_assumed, *d["workload"].get("assumed", [])]
         if args.check:
             d["invariant_violations"] = violations
+        if ds is not None or exported is not None:
+            d["deepspeed"] = ds_cli.json_section(ds, exported, memory)
         print(dumps(d))
     else:
         print(format_result(result, hw, args.sets, extra_assumed))
+        if memory is not None:
+            print("\n".join(["", *memory.lines(), *beyond_model_states(result.peak_by_kind)]))
         if args.check:
             print("invariants: " + ("all hold" if not violations else f"{len(violations)} VIOLATED"))
             for v in violations:

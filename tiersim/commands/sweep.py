@@ -16,6 +16,7 @@ import json
 import sys
 from pathlib import Path
 
+from planner.result_json import versioned
 from tiersim.command import Command
 from tiersim.errors import UsageError
 from tiersim.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
@@ -60,7 +61,9 @@ def run(args: argparse.Namespace) -> int:
     store = args.store if args.store is not None else f"{Path(args.grid).stem}.sqlite"
     show = sys.stderr if (args.progress or sys.stderr.isatty()) else None
     try:
-        points = load_grid(args.grid)
+        from tiersim.deepspeed_cli import sweep_reader
+
+        points = load_grid(args.grid, deepspeed=sweep_reader)
         summary = run_sweep(points, store, processes=args.processes, workers=args.workers,
                             scheduler=args.scheduler, retry_failed=args.retry_failed, progress=show)
     except (SweepFileError, SweepSetupError, StoreError) as e:
@@ -75,8 +78,8 @@ def run(args: argparse.Namespace) -> int:
     keys = {p.key for p in points}
     failures = [f for f in read_failures(store) if f["key"] in keys]
     if args.json:
-        print(json.dumps({"kind": "tiersim.sweep", **summary.to_dict(),
-                          "failures": [{k: f[k] for k in ("key", "point", "error")} for f in failures]}, indent=1))
+        print(json.dumps(versioned({"kind": "tiersim.sweep", **summary.to_dict(),
+                          "failures": [{k: f[k] for k in ("key", "point", "error")} for f in failures]}), indent=1))
     else:
         s = summary
         print(f"sweep {args.grid}: {s.points} points, {s.already} already stored; this run: {s.done} done, "

@@ -6,6 +6,7 @@ import argparse
 import json
 import statistics
 
+from planner.result_json import versioned
 from reports.units import table
 from tiersim.command import Command
 from tiersim.exit_codes import EXIT_FAILED, EXIT_OK
@@ -21,11 +22,11 @@ def run(args: argparse.Namespace) -> int:
     errors = [abs(o.error) for o in outcomes]
     failed = [o for o in outcomes if not o.ok]
     if args.json:
-        print(json.dumps({
+        print(json.dumps(versioned({
             "cases": [{"name": o.case.name, "source": o.case.source, "published": o.case.published,
                        "simulated": o.simulated, "unit": o.case.unit, "error": o.error,
                        "tolerance": o.case.tolerance, "ok": o.ok, "note": o.case.note} for o in outcomes],
-            "mean_abs_error": statistics.fmean(errors), "max_abs_error": max(errors), "failed": len(failed)},
+            "mean_abs_error": statistics.fmean(errors), "max_abs_error": max(errors), "failed": len(failed)}),
             indent=1))
     else:
         rows = [[o.case.name, f"{o.case.published:.4g}", f"{o.simulated:.4g}", o.case.unit,

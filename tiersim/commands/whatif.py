@@ -10,9 +10,19 @@ import sys
 from typing import Any
 
 from planner.result_json import dumps
+from tiersim import deepspeed_cli as ds_cli
 from tiersim.command import Command
 from tiersim.exit_codes import EXIT_INFEASIBLE, EXIT_OK
-from tiersim.job_flags import SEARCH, add_hardware_flags, add_model_flag, add_workload_flags, request_from_args
+from tiersim.job_flags import (
+    DEFAULT_HW,
+    DEFAULT_MODEL,
+    SEARCH,
+    add_deepspeed_flag,
+    add_hardware_flags,
+    add_model_flag,
+    add_workload_flags,
+    request_from_args,
+)
 from tiersim.search_flags import add_search_args, fmt_rate, progress_printer, search_options, split_names
 
 
@@ -35,6 +45,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policies", default=None, metavar="P1,P2,...",
                    help="comma-separated policies to search (default: all)")
     add_workload_flags(p, SEARCH)
+    add_deepspeed_flag(p)
     add_search_args(p, "bound each scenario's search by wall time, e.g. 60s or 2m")
 
 
@@ -47,6 +58,9 @@ def run(args: argparse.Namespace) -> int:
     from planner.whatif import parse_vary, whatif
     from reports.units import table
 
+    ds = ds_cli.apply_deepspeed(args, DEFAULT_HW, DEFAULT_MODEL, sets_policy=False)
+    if ds is not None:
+        ds_cli.print_mapping(ds, to_stderr=True)
     axes = [parse_vary(v) for v in args.vary]
     policies = split_names(args.policies, "--policies", "none,tinypipe") if args.policies else None
     out = whatif(args.hw, args.model, axes, request=request_from_args(args), hw_overrides=args.sets,

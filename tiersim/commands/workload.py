@@ -16,6 +16,7 @@ import importlib.util
 import json
 from typing import Any
 
+from planner.result_json import versioned
 from policies.job import DEFAULT_SEQ_CAP
 from tiersim.command import Command
 from tiersim.errors import UsageError
@@ -83,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--model {args.model}: {e}") from None
     result = meta_check(model, args.micro_batch, seq).to_dict()
     if args.json:
-        print(json.dumps(result, indent=1))
+        print(json.dumps(versioned(result), indent=1))
     else:
         print(render(result))
     return EXIT_OK
