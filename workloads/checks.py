@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import MISSING, fields
 from typing import Any
 
 from workloads.errors import WorkloadInputError
 
-__all__ = ["positive_int", "boolean", "choice", "reject_unknown_keys", "suggest", "dataclass_kwargs"]
+__all__ = ["positive_int", "non_negative_int", "finite_number", "boolean", "choice", "reject_unknown_keys",
+           "suggest", "dataclass_kwargs"]
 
 
 def suggest(word: str, candidates: Iterable[str]) -> str:
@@ -25,6 +27,24 @@ def positive_int(value: object, field: str, where: str) -> int:
     if value < 1:
         raise WorkloadInputError(f"{where}: field '{field}' must be >= 1 (got {value}); give a positive size")
     return value
+
+
+def non_negative_int(value: object, field: str, where: str) -> int:
+    """Check that ``value`` is an integer >= 0 (bools and floats are refused)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise WorkloadInputError(f"{where}: field '{field}' must be a non-negative integer (got {value!r})")
+    if value < 0:
+        raise WorkloadInputError(f"{where}: field '{field}' must be >= 0 (got {value})")
+    return value
+
+
+def finite_number(value: object, field: str, where: str, minimum: float = 0.0) -> float:
+    """Check that ``value`` is a finite number >= ``minimum`` (bools, NaN and infinities are refused)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < minimum:
+        raise WorkloadInputError(
+            f"{where}: field '{field}' must be a finite number >= {minimum:g} (got {value!r})"
+        )
+    return float(value)
 
 
 def boolean(value: object, field: str, where: str) -> bool:
