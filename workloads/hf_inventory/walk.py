@@ -289,7 +289,7 @@ def _persistent_buffers(model: Any) -> dict[str, int]:
     """Elements of the buffers saved with the weights (not the rotary tables), by buffer name."""
     out: dict[str, int] = {}
     for module in model.modules():
-        skip = getattr(module, "_non_persistent_buffers_set", set())
+        skip: set[str] = getattr(module, "_non_persistent_buffers_set", set())
         for bname, buf in module.named_buffers(recurse=False):
             if buf is None or bname in skip:
                 continue
