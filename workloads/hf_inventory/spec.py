@@ -37,7 +37,10 @@ def _has_bias(layer: LayerInventory, *kinds: str) -> bool:
 def _attention_fields(inv: ModelInventory, notes: list[str]) -> dict[str, Any]:
     shapes = {la.attention for la in inv.layers if la.attention is not None}
     if not shapes:
-        raise WorkloadInputError(f"{inv.architecture}: no attention found in the decoder layers")
+        raise WorkloadInputError(
+            f"{inv.architecture}: no attention with recognised q/k/v/o projections in the decoder layers (kinds "
+            f"found: {', '.join(sorted(inv.kinds()))}); tiersim describes attention transformers"
+        )
     windows = {(s.n_heads, s.n_kv_heads, s.qk_head_dim, s.v_head_dim, s.q_lora_rank, s.kv_lora_rank)
                for s in shapes}
     if len(windows) > 1:
@@ -80,6 +83,11 @@ def _mlp_fields(inv: ModelInventory, notes: list[str]) -> dict[str, Any]:
     moe_layers = [la for la in inv.layers if la.moe is not None]
     dense_layers = [la for la in inv.layers if la.moe is None]
     matrices = max(la.mlp_matrices for la in inv.layers)
+    if not moe_layers and not any(la.ffn for la in dense_layers):
+        raise WorkloadInputError(
+            f"{inv.architecture}: no MLP recognised in the decoder layers (kinds found: "
+            f"{', '.join(sorted(inv.kinds()))}); describe the model in a YAML of dimensions"
+        )
     out: dict[str, Any] = {"mlp": "swiglu" if matrices == 3 else "gelu"}
     if not moe_layers:
         out["ffn"] = dense_layers[0].ffn

@@ -30,8 +30,8 @@ __all__ = ["HF_EXTRA_HINT", "build_meta_model", "inventory_and_config", "invento
            "transformers_available", "walk_model"]
 
 HF_EXTRA_HINT = "pip install 'tiersim[hf]'"
-_TOP_K_KEYS = ("num_experts_per_tok", "num_experts_per_token", "moe_top_k", "top_k", "n_activated_experts",
-               "moe_k", "num_selected_experts")
+_TOP_K_KEYS = ("num_experts_per_tok", "num_experts_per_token", "moe_top_k", "moe_topk", "top_k",
+               "n_activated_experts", "moe_k", "num_selected_experts")
 _EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 
 
@@ -84,10 +84,11 @@ def build_meta_model(config: Mapping[str, Any], where: str) -> tuple[Any, Any, l
             "or describe the model in a YAML of dimensions"
         )
     text = fields.get("text_config")
-    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and isinstance(text, Mapping) and "model_type" in text:
-        notes.append(f"{model_type}: only its language model ({text['model_type']}) is described; "
-                     "the vision/audio towers are not modelled")
-        return build_meta_model(text, where)
+    if (isinstance(text, Mapping) and text.get("model_type") not in (None, model_type)
+            and text["model_type"] in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
+        model, cfg, inner = build_meta_model(text, f"{where} (text_config)")
+        return model, cfg, [f"{model_type}: only its language model ({text['model_type']}, from text_config) is "
+                            "described; the vision/audio towers are not modelled", *inner]
     verbosity = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()   # config sanity warnings (token ids) are not ours to print
     try:
@@ -96,7 +97,7 @@ def build_meta_model(config: Mapping[str, Any], where: str) -> tuple[Any, Any, l
             fields.pop("model_type")
             try:
                 hf_config = AutoConfig.for_model(model_type, **fields)
-            except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            except Exception as exc:  # any refusal of transformers is the user's input at fault
                 raise WorkloadInputError(f"{where}: transformers refused the configuration: {_one_line(exc)}") from None
             if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
                 raise WorkloadInputError(
@@ -106,7 +107,7 @@ def build_meta_model(config: Mapping[str, Any], where: str) -> tuple[Any, Any, l
             try:
                 with torch.device("meta"):
                     model = AutoModelForCausalLM.from_config(hf_config, trust_remote_code=False)
-            except (TypeError, ValueError, KeyError, AttributeError, RuntimeError, IndexError) as exc:
+            except Exception as exc:  # the definition's own checks of the configuration
                 raise WorkloadInputError(
                     f"{where}: transformers could not build the {model_type} model from this configuration: "
                     f"{_one_line(exc)}"
@@ -159,8 +160,10 @@ def _expert_index(parts: list[str]) -> int | None:
     return None
 
 
-def _walk_layer(index: int, prefix: str, layer: Any, cfg: Any, seen: set[int],
-                notes: list[str]) -> LayerInventory:
+_Unknown = dict[tuple[str, tuple[int, ...], bool], list[int]]
+
+
+def _walk_layer(index: int, prefix: str, layer: Any, cfg: Any, seen: set[int], unknown: _Unknown) -> LayerInventory:
     tensors: list[ParamTensor] = []
     widths: dict[str, tuple[int, int]] = {}     # kind -> (out, in) of its weight
     lead = 0
@@ -184,9 +187,7 @@ def _walk_layer(index: int, prefix: str, layer: Any, cfg: Any, seen: set[int],
         if place.kind.startswith("attn.") and attn_module is None:
             attn_module = _attention_module(layer, parts)
         if place.kind in ("other", "attn.other", "mlp.other", "expert.other", "shared.other"):
-            where = ".".join([*parts, pname])
-            notes.append(f"layer {index}: tensor '{where}' {shape} not recognised; "
-                         f"counted in parameters{' and as a dense matmul' if place.matrix else ''}")
+            unknown.setdefault((".".join([*parts, pname]), shape, place.matrix), []).append(index)
     hidden = int(cfg.hidden_size)
     moe = _moe_shape(index, tensors, lead or len(expert_ids), cfg, hidden)
     dense_down = sum(t.numel for t in tensors if t.kind == "mlp.down" and t.matrix)
@@ -225,9 +226,11 @@ def _attention_shape(index: int, widths: dict[str, tuple[int, int]], attn: Any, 
         kv_heads = heads
         q_lora = widths["attn.q_down"][0] if "attn.q_down" in widths else None
         kv_lora = _config_int(cfg, "kv_lora_rank") or widths["attn.kv_up"][1]
-    else:
+    elif "attn.q" in widths:
         qk_head = widths["attn.q"][0] // heads
         kv_heads = widths["attn.k"][0] // qk_head if "attn.k" in widths else heads
+    else:
+        return None
     return AttentionShape(n_heads=heads, n_kv_heads=max(kv_heads, 1), qk_head_dim=qk_head, v_head_dim=v_head,
                           sliding_window=_sliding_window(index, attn, cfg), q_lora_rank=q_lora, kv_lora_rank=kv_lora)
 
@@ -297,13 +300,25 @@ def _persistent_buffers(model: Any) -> dict[str, int]:
     return out
 
 
+def _text_config(cfg: Any) -> Any:
+    """The decoder's configuration (a multimodal config keeps the language model's dimensions in it)."""
+    text_config = getattr(cfg, "get_text_config", None)
+    return text_config(decoder=True) if callable(text_config) else cfg
+
+
 def walk_model(model: Any, cfg: Any, model_type: str, notes: list[str] | None = None) -> ModelInventory:
     """The inventory of a built model (any device; the meta device costs nothing)."""
     notes = list(notes or [])
+    cfg = _text_config(cfg)
     n_layers = _config_int(cfg, "num_hidden_layers", "n_layer", "num_layers")
     layers_name, layer_list = _decoder_layers(model, n_layers)
     seen: set[int] = set()
-    layers = tuple(_walk_layer(i, f"{layers_name}.{i}", layer, cfg, seen, notes) for i, layer in enumerate(layer_list))
+    unknown: _Unknown = {}
+    layers = tuple(_walk_layer(i, f"{layers_name}.{i}", layer, cfg, seen, unknown)
+                   for i, layer in enumerate(layer_list))
+    for (where, shape, matrix), indices in unknown.items():
+        notes.append(f"tensor '{where}' {shape} of {len(indices)} layer(s) not recognised; counted in the "
+                     f"parameters{' and as a dense matmul' if matrix else ''}")
     inp, out = model.get_input_embeddings(), model.get_output_embeddings()
     tied = out is not None and inp is not None and out.weight is inp.weight
     embedding: list[ParamTensor] = []
@@ -347,7 +362,16 @@ def walk_model(model: Any, cfg: Any, model_type: str, notes: list[str] | None = 
 def inventory_and_config(config: Mapping[str, Any], *, where: str = "config.json") -> tuple[ModelInventory, Any]:
     """Build the config's model on the meta device: (its inventory, the transformers config object)."""
     model, cfg, notes = build_meta_model(config, where)
-    return walk_model(model, cfg, str(getattr(cfg, "model_type", config.get("model_type"))), notes), cfg
+    try:
+        inventory = walk_model(model, cfg, str(getattr(cfg, "model_type", config.get("model_type"))), notes)
+    except WorkloadInputError as exc:
+        raise WorkloadInputError(f"{where}: {exc}") from None
+    except Exception as exc:   # a definition whose layout the walk does not know: one line, not a traceback
+        raise WorkloadInputError(
+            f"{where}: the {type(model).__name__} definition could not be inventoried ({type(exc).__name__}: "
+            f"{_one_line(exc)}); describe the model in a YAML of dimensions"
+        ) from None
+    return inventory, _text_config(cfg)
 
 
 def inventory_from_config(config: Mapping[str, Any], *, where: str = "config.json") -> ModelInventory:
