@@ -90,31 +90,51 @@ class BlockActivations:
         return self.norms + self.attention + self.attention_core + self.mlp
 
 
-def _expert_internal_elements(model: ModelSpec) -> int:
-    """Elements (per token) one MLP keeps besides its input: 4f for swiglu, 2f for gelu."""
-    return (4 if model.mlp == "swiglu" else 2) * model.ffn
+def _expert_internal_elements(model: ModelSpec, width: int | None = None) -> int:
+    """Elements (per token) one MLP of ``width`` keeps besides its input: 4f for swiglu, 2f for gelu."""
+    return (4 if model.mlp == "swiglu" else 2) * (model.ffn if width is None else width)
+
+
+def _attention_bytes(model: ModelSpec, sb: int, e: int, flash_attention: bool, mask: int) -> int:
+    """Projection inputs, Q, K, V, the context and the qk-norm / latent-norm inputs (module docstring)."""
+    h = model.hidden
+    expanded = not flash_attention or model.is_mla  # MLA materialises K and V at every head
+    k_width = model.q_dim if expanded else model.kv_dim
+    v_width = model.context_dim if expanded else model.v_dim
+    saved = e * sb * (h + model.q_dim + k_width + v_width + model.context_dim) + mask
+    if model.qk_norm != "none":  # each norm keeps its input: the projected Q and K
+        saved += e * sb * (model.q_dim + model.kv_dim)
+    if model.is_mla:  # q_a output + its norm's output, kv_a output + the latent norm's output
+        saved += e * sb * (2 * model.q_lora_rank + 2 * model.kv_lora_rank + model.qk_rope_head_dim)
+    return saved
+
+
+def _mlp_bytes(model: ModelSpec, sb: int, e: int, layer: int, mask: int) -> int:
+    """The MLP's input, its internals (every routed copy and shared expert) and the router's output."""
+    h = model.hidden
+    shared_input = 0 if model.parallel_blocks and model.block_norms == 1 else e * sb * h  # one norm feeds both
+    if not model.is_moe_layer(layer):
+        return shared_input + e * sb * _expert_internal_elements(model) + mask
+    k = model.experts_per_token
+    routed = k * (2 * e * sb * h + e * sb * _expert_internal_elements(model, model.expert_ffn))
+    shared = model.shared_experts * (e * sb * h + e * sb * _expert_internal_elements(model, model.shared_expert_ffn))
+    return shared_input + FP32_BYTES * sb * model.n_experts + routed + shared + mask
 
 
 def block_activations(model: ModelSpec, micro_batch: int, seq_len: int, dtype_bytes: int,
-                      flash_attention: bool) -> BlockActivations:
-    """Saved bytes of one block, no checkpointing (derivation in the module docstring)."""
+                      flash_attention: bool, layer: int | None = None) -> BlockActivations:
+    """Saved bytes of block ``layer`` (0-based; default the last), no checkpointing (module docstring)."""
+    layer = model.default_layer() if layer is None else layer
     e, sb, h, a = dtype_bytes, seq_len * micro_batch, model.hidden, model.n_heads
     mask = MASK_BYTES * sb * h if model.dropout else 0
-    k_width = model.kv_dim if flash_attention else h
-    attention = e * sb * h + e * sb * h + 2 * e * sb * k_width + e * sb * h + mask
     if flash_attention:
         core = FP32_BYTES * a * sb
     else:
         scores = a * seq_len * seq_len * micro_batch
         core = e * scores + ((MASK_BYTES + e) * scores if model.dropout else 0)
-    internals = e * sb * _expert_internal_elements(model)
-    if model.is_moe:
-        k = model.experts_per_token
-        mlp = e * sb * h + FP32_BYTES * sb * model.n_experts + k * (2 * e * sb * h + internals) + mask
-    else:
-        mlp = e * sb * h + internals + mask
-    return BlockActivations(norms=2 * e * sb * h, attention=attention, attention_core=core, mlp=mlp,
-                            layer_input=e * sb * h)
+    return BlockActivations(norms=model.block_norms * e * sb * h,
+                            attention=_attention_bytes(model, sb, e, flash_attention, mask),
+                            attention_core=core, mlp=_mlp_bytes(model, sb, e, layer, mask), layer_input=e * sb * h)
 
 
 def saved_block_bytes(acts: BlockActivations, checkpointing: str) -> int:
@@ -126,9 +146,11 @@ def saved_block_bytes(acts: BlockActivations, checkpointing: str) -> int:
     return acts.total
 
 
-def embedding_activation_bytes(model: ModelSpec, micro_batch: int, seq_len: int) -> int:
-    """Embedding-dropout mask (1 byte per element) when the model uses dropout, else 0."""
-    return MASK_BYTES * micro_batch * seq_len * model.hidden if model.dropout else 0
+def embedding_activation_bytes(model: ModelSpec, micro_batch: int, seq_len: int, dtype_bytes: int = 2) -> int:
+    """Embedding-dropout mask (1 byte per element) when the model uses dropout, else 0; plus the
+    embedding norm's input (e*sbh, BLOOM)."""
+    sbh = micro_batch * seq_len * model.hidden
+    return (MASK_BYTES * sbh if model.dropout else 0) + (dtype_bytes * sbh if model.embedding_norm else 0)
 
 
 def head_activation_bytes(model: ModelSpec, micro_batch: int, seq_len: int, dtype_bytes: int) -> int:

@@ -17,7 +17,16 @@ d_kv = n_kv_heads*d (grouped-query attention), f = ffn, E = experts, k = experts
     MLP, swiglu           3 * 2*b*s*h*f                (gate, up, down)
     MoE                   k * (one expert's MLP) + router 2*b*s*h*E
 
-and the LM head 2*b*s*h*V. The attention term is counted non-causally (full s x s), the Narayanan
+and the LM head 2*b*s*h*V. For the architectures beyond that (fields of ``ModelSpec``): Q is a*d wide
+with d = ``head_dim`` (not necessarily h/a), K g*d, V g*d_v, the output projection maps a*d_v back to h,
+so the projections cost 2*b*s*h*(a*d + g*d + g*d_v) + 2*b*s*(a*d_v)*h and the core 2*b*s^2*a*(d + d_v);
+latent attention (MLA) replaces the projections by its low-rank down/up products (q: h*r_q + r_q*a*d,
+kv: h*(r_kv + d_rope) + r_kv*a*(d_nope + d_v)) and computes the core at the materialised head widths;
+a block with a sliding window w < s computes s*w query-key pairs per head instead of s^2
+(:func:`attention_pairs`); an MoE block adds its shared experts to the k routed ones, and DeepSeek's
+first dense blocks run one MLP of width ``ffn``. Blocks are priced one by one (``layer``).
+
+The attention term is counted non-causally (full s x s), the Narayanan
 convention used for MFU; a causal kernel (e.g. FlashAttention with causal=True) executes about half
 of it (:data:`CAUSAL_ATTENTION_FACTOR`), selectable per workload through
 ``WorkloadConfig.causal_attention_factor``. FlashAttention's backward also recomputes Q.K^T inside the
@@ -43,8 +52,10 @@ __all__ = [
     "BACKWARD_FACTOR",
     "CAUSAL_ATTENTION_FACTOR",
     "BlockFlops",
+    "attention_pairs",
     "block_forward_flops",
     "head_forward_flops",
+    "mlp_forward_flops",
 ]
 
 BACKWARD_FACTOR = 2
@@ -69,19 +80,58 @@ class BlockFlops:
         return self.qkv + self.attention_core + self.output_projection + self.mlp + self.router
 
 
+def attention_pairs(seq_len: int, window: int, causal_attention_factor: float = 1.0) -> float:
+    """Query-key pairs of one sequence and head that the attention core computes.
+
+    Full attention: s^2 (x the causal factor). A sliding window w < s: each query sees at most w keys,
+    ``s*w - (1 - c)*w^2`` for causal factor c -- s*w in the non-causal convention (c = 1) and, for
+    c = 1/2, the causal count ``s*w - w^2/2`` (the first w queries see fewer keys); both meet the full
+    count at w = s.
+    """
+    if not window or window >= seq_len:
+        return float(seq_len * seq_len) * causal_attention_factor
+    return float(seq_len * window) - (1.0 - causal_attention_factor) * window * window
+
+
+def _projection_flops(model: ModelSpec, tokens: int) -> int:
+    """Q, K, V projections (latent attention: the down- and up-projections of Q and of K/V)."""
+    h = model.hidden
+    if not model.is_mla:
+        return 2 * tokens * h * (model.q_dim + model.kv_dim + model.v_dim)
+    r_q, r_kv, heads = model.q_lora_rank, model.kv_lora_rank, model.n_heads
+    q = 2 * tokens * (h * r_q + r_q * model.q_dim) if r_q else 2 * tokens * h * model.q_dim
+    kv = 2 * tokens * (h * (r_kv + model.qk_rope_head_dim) + r_kv * heads * (model.qk_nope_head_dim + model.v_head_dim))
+    return q + kv
+
+
+def mlp_forward_flops(model: ModelSpec, tokens: int, layer: int) -> int:
+    """MLP of block ``layer``: the dense MLP, or k routed + the shared experts (router not included)."""
+    per_width = model.mlp_matrices * 2 * tokens * model.hidden
+    if not model.is_moe_layer(layer):
+        return per_width * model.ffn
+    return (model.experts_per_token * per_width * model.expert_ffn
+            + model.shared_experts * per_width * model.shared_expert_ffn)
+
+
 def block_forward_flops(model: ModelSpec, micro_batch: int, seq_len: int,
-                        causal_attention_factor: float = 1.0) -> BlockFlops:
-    """Forward FLOPs of one block (see module docstring for the derivation)."""
+                        causal_attention_factor: float = 1.0, layer: int | None = None) -> BlockFlops:
+    """Forward FLOPs of block ``layer`` (0-based; default the last) (see module docstring)."""
+    layer = model.default_layer() if layer is None else layer
     tokens = micro_batch * seq_len
-    h, f = model.hidden, model.ffn
-    q_width = model.n_heads * model.head_dim
-    core = 4 * micro_batch * seq_len * seq_len * q_width
+    h = model.hidden
+    window = model.window(layer)
+    widths = model.q_dim + model.context_dim  # Q.K^T over head_dim, P.V over v_head_dim, every query head
+    if not window or window >= seq_len:
+        core = 2 * micro_batch * seq_len * seq_len * widths
+        attention = core * causal_attention_factor if causal_attention_factor != 1 else float(core)
+    else:
+        attention = 2.0 * micro_batch * attention_pairs(seq_len, window, causal_attention_factor) * widths
     return BlockFlops(
-        qkv=2 * tokens * h * (q_width + 2 * model.kv_dim),
-        attention_core=core * causal_attention_factor if causal_attention_factor != 1 else float(core),
-        output_projection=2 * tokens * q_width * h,
-        mlp=model.experts_per_token * model.mlp_matrices * 2 * tokens * h * f,
-        router=2 * tokens * h * model.n_experts if model.is_moe else 0,
+        qkv=_projection_flops(model, tokens),
+        attention_core=attention,
+        output_projection=2 * tokens * model.context_dim * h,
+        mlp=mlp_forward_flops(model, tokens, layer),
+        router=2 * tokens * h * model.n_experts if model.is_moe_layer(layer) else 0,
     )
 
 

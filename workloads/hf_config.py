@@ -1,21 +1,16 @@
 """Read a Hugging Face ``config.json`` into :class:`~workloads.model.ModelSpec` keyword arguments.
 
-Supported ``model_type`` values (or ``architectures`` entries):
+Supported ``model_type`` values (or ``architectures`` entries): see :data:`SUPPORTED_MODEL_TYPES`; the
+keys each family reads, and the defaults used where a key is absent (those of the family's
+``transformers`` configuration class, as ``transformers`` itself does), are in
+:mod:`workloads.hf_families`. Every value is type-checked (a count must be a positive integer, a flag
+true or false, a rate a finite number >= 0, ``architectures`` a list of names): a wrong one is one line
+naming the file and the key.
 
-* ``llama`` / ``mistral`` / ``mixtral`` (LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM):
-  hidden_size, num_hidden_layers, num_attention_heads, intermediate_size, vocab_size,
-  max_position_embeddings are required; num_key_value_heads defaults to num_attention_heads (plain
-  multi-head attention, as ``transformers`` does); tie_word_embeddings defaults to false;
-  attention_bias / mlp_bias default to false (either one true sets ``bias``); Mixtral also needs
-  num_local_experts and num_experts_per_tok. A ``head_dim`` other than hidden/heads is refused.
-  Dropout is on when attention_dropout > 0 (default 0).
-* ``gpt2``: n_embd, n_layer, n_head, vocab_size, n_positions required; n_inner defaults to 4*n_embd
-  (null counts as absent); tie_word_embeddings defaults to true; dropout when any *_pdrop > 0
-  (defaults 0.1).
-* ``opt``: hidden_size, num_hidden_layers, num_attention_heads, ffn_dim, vocab_size,
-  max_position_embeddings required; enable_bias and tie_word_embeddings default to true; a
-  word_embed_proj_dim other than hidden_size (OPT-350m's project_in/out) is refused; dropout when
-  dropout/attention_dropout > 0 (default 0.1).
+Keys that change the cost of training but that the formulas do not model (``rope_scaling`` that
+stretches the trained context, attention/final logit soft-capping, a vision tower, DeepSeek's
+multi-token-prediction layers, quantised weights) are never dropped silently: each is named in one line
+of the spec's ``notes`` (shown by ``tiersim models show`` and ``simulate --json``).
 
 No network access: the file must be on disk.
 """
@@ -25,19 +20,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from workloads.checks import boolean, positive_int
+from workloads import hf_families
+from workloads.checks import boolean, finite_number, non_negative_int, positive_int
 from workloads.errors import WorkloadInputError
 from workloads.files import read_json
 
-__all__ = ["parse_hf_config", "SUPPORTED_MODEL_TYPES"]
+__all__ = ["SUPPORTED_MODEL_TYPES", "Fields", "parse_hf_config", "parse_hf_dict"]
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "mixtral", "gpt2", "opt")
+SUPPORTED_MODEL_TYPES = tuple(hf_families.PARSERS)
 _ARCHITECTURES = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "mistral",
-    "MixtralForCausalLM": "mixtral",
-    "GPT2LMHeadModel": "gpt2",
-    "OPTForCausalLM": "opt",
+    "LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "MixtralForCausalLM": "mixtral",
+    "GPT2LMHeadModel": "gpt2", "OPTForCausalLM": "opt", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3_moe", "Phi3ForCausalLM": "phi3", "Gemma2ForCausalLM": "gemma2",
+    "Gemma3ForCausalLM": "gemma3_text", "Gemma3ForConditionalGeneration": "gemma3", "Olmo2ForCausalLM": "olmo2",
+    "FalconForCausalLM": "falcon", "GPTNeoXForCausalLM": "gpt_neox", "BloomForCausalLM": "bloom",
+    "DeepseekV3ForCausalLM": "deepseek_v3",
 }
 
 
@@ -48,48 +45,100 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-class _Fields:
-    """Typed access to one config's fields with one-line errors naming the file and field."""
+class Fields:
+    """Typed access to one config's keys, with one-line errors naming the file and the key.
 
-    def __init__(self, path: Path, data: dict[str, Any]) -> None:
-        self.path, self.data = path, data
+    A key may be given as several spellings (``("num_hidden_layers", "n_layer")``): the first present
+    and not null is read, as ``transformers``' ``attribute_map`` does. ``notes`` collects what the
+    formulas do not model.
+    """
 
-    def require(self, key: str, purpose: str) -> int:
-        if self.data.get(key) is None:
-            raise WorkloadInputError(f"{self.path}: missing field '{key}' (needed for {purpose})")
-        return positive_int(self.data[key], key, str(self.path))
+    def __init__(self, where: str, data: dict[str, Any]) -> None:
+        self.where, self.data = where, data
+        self.notes: list[str] = []
 
-    def optional_int(self, key: str, default: int) -> int:
+    def _get(self, keys: str | tuple[str, ...]) -> tuple[str, Any]:
+        names = (keys,) if isinstance(keys, str) else keys
+        for key in names:
+            if self.data.get(key) is not None:
+                return key, self.data[key]
+        return names[0], None
+
+    def require(self, keys: str | tuple[str, ...], purpose: str) -> int:
+        key, value = self._get(keys)
+        if value is None:
+            raise WorkloadInputError(f"{self.where}: missing field '{key}' (needed for {purpose})")
+        return positive_int(value, key, self.where)
+
+    def optional_int(self, keys: str | tuple[str, ...], default: int) -> int:
+        key, value = self._get(keys)
+        return default if value is None else positive_int(value, key, self.where)
+
+    def count(self, keys: str | tuple[str, ...], default: int = 0) -> int:
+        """An integer >= 0 (null reads as ``default``)."""
+        key, value = self._get(keys)
+        return default if value is None else non_negative_int(value, key, self.where)
+
+    def optional_bool(self, keys: str | tuple[str, ...], default: bool) -> bool:
+        key, value = self._get(keys)
+        return default if value is None else boolean(value, key, self.where)
+
+    def rate(self, keys: str | tuple[str, ...], default: float) -> float:
+        key, value = self._get(keys)
+        return default if value is None else finite_number(value, key, self.where)
+
+    def int_list(self, key: str) -> list[int]:
         value = self.data.get(key)
-        return default if value is None else positive_int(value, key, str(self.path))
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            raise WorkloadInputError(f"{self.where}: field '{key}' must be a list of integers (got {value!r})")
+        return [non_negative_int(v, f"{key}[{i}]", self.where) for i, v in enumerate(value)]
 
-    def optional_bool(self, key: str, default: bool) -> bool:
+    def string_list(self, key: str) -> list[str] | None:
         value = self.data.get(key)
-        return default if value is None else boolean(value, key, str(self.path))
+        if value is None:
+            return None
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise WorkloadInputError(f"{self.where}: field '{key}' must be a list of strings (got {value!r})")
+        return value
 
-    def rate(self, key: str, default: float) -> float:
-        value = self.data.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-            raise WorkloadInputError(f"{self.path}: field '{key}' must be a number >= 0 (got {value!r})")
-        return float(value)
+    def nested(self, key: str, defaults: dict[str, Any]) -> Fields:
+        """The keys of the object under ``key`` (e.g. a multimodal config's text_config) over ``defaults``."""
+        value = self.data.get(key)
+        if not isinstance(value, dict):
+            raise WorkloadInputError(f"{self.where}: field '{key}' must be an object of settings (got {value!r})")
+        return Fields(f"{self.where} ({key})", {**defaults, **value})
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
 
 
-def _model_type(path: Path, data: dict[str, Any]) -> str:
+def _model_type(where: str, data: dict[str, Any]) -> str:
+    arches = data.get("architectures")
+    if arches is not None and (not isinstance(arches, list) or not all(isinstance(a, str) for a in arches)):
+        raise WorkloadInputError(
+            f"{where}: field 'architectures' must be a list of class names such as [\"LlamaForCausalLM\"] "
+            f"(got {arches!r})"
+        )
     model_type = data.get("model_type")
     if model_type is None:
-        for arch in data.get("architectures") or []:
+        for arch in arches or []:
             if arch in _ARCHITECTURES:
                 return _ARCHITECTURES[arch]
         raise WorkloadInputError(
-            f"{path}: missing field 'model_type' (needed to know the architecture; one of "
+            f"{where}: missing field 'model_type' (needed to know the architecture; one of "
             f"{', '.join(SUPPORTED_MODEL_TYPES)})"
         )
+    if not isinstance(model_type, str):
+        raise WorkloadInputError(f"{where}: field 'model_type' must be a string such as \"llama\" (got {model_type!r})")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise WorkloadInputError(
-            f"{path}: unsupported model_type {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)} "
-            "(describe other models in a YAML of dimensions)"
+            f"{where}: unsupported model_type {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)} "
+            "(describe other models in a YAML of dimensions: head_dim, expert_ffn, shared_experts, ... "
+            "see `tiersim models --help`)"
         )
-    return str(model_type)
+    return model_type
 
 
 def _name(path: Path, data: dict[str, Any]) -> str:
@@ -99,92 +148,17 @@ def _name(path: Path, data: dict[str, Any]) -> str:
     return path.parent.name or path.stem
 
 
-def _llama_like(f: _Fields, family: str) -> dict[str, object]:
-    hidden = f.require("hidden_size", "the hidden size")
-    heads = f.require("num_attention_heads", "the attention head count")
-    head_dim = f.data.get("head_dim")
-    if head_dim is not None and head_dim != hidden // heads:
-        raise WorkloadInputError(
-            f"{f.path}: field 'head_dim' ({head_dim}) differs from hidden_size/num_attention_heads "
-            f"({hidden // heads}); such models are not supported, describe them in a YAML of dimensions"
-        )
-    moe = family == "mixtral"
-    return {
-        "family": family,
-        "n_layers": f.require("num_hidden_layers", "the layer count"),
-        "hidden": hidden,
-        "n_heads": heads,
-        "n_kv_heads": f.optional_int("num_key_value_heads", heads),
-        "ffn": f.require("intermediate_size", "the MLP width"),
-        "vocab": f.require("vocab_size", "the vocabulary size"),
-        "max_pos": f.require("max_position_embeddings", "the context length"),
-        "tied_embeddings": f.optional_bool("tie_word_embeddings", False),
-        "mlp": "swiglu",
-        "norm": "rmsnorm",
-        "bias": f.optional_bool("attention_bias", False) or f.optional_bool("mlp_bias", False),
-        "learned_pos": False,
-        "n_experts": f.require("num_local_experts", "the expert count") if moe else 1,
-        "experts_per_token": f.require("num_experts_per_tok", "the experts per token") if moe else 1,
-        "dropout": f.rate("attention_dropout", 0.0) > 0,
-    }
-
-
-def _gpt2(f: _Fields) -> dict[str, object]:
-    hidden = f.require("n_embd", "the hidden size")
-    return {
-        "family": "gpt2",
-        "n_layers": f.require("n_layer", "the layer count"),
-        "hidden": hidden,
-        "n_heads": f.require("n_head", "the attention head count"),
-        "n_kv_heads": f.require("n_head", "the attention head count"),
-        "ffn": f.optional_int("n_inner", 4 * hidden),
-        "vocab": f.require("vocab_size", "the vocabulary size"),
-        "max_pos": f.require("n_positions", "the position-embedding rows"),
-        "tied_embeddings": f.optional_bool("tie_word_embeddings", True),
-        "mlp": "gelu",
-        "norm": "layernorm",
-        "bias": True,
-        "learned_pos": True,
-        "dropout": max(f.rate(k, 0.1) for k in ("resid_pdrop", "embd_pdrop", "attn_pdrop")) > 0,
-    }
-
-
-def _opt(f: _Fields) -> dict[str, object]:
-    hidden = f.require("hidden_size", "the hidden size")
-    proj = f.data.get("word_embed_proj_dim")
-    if proj is not None and proj != hidden:
-        raise WorkloadInputError(
-            f"{f.path}: field 'word_embed_proj_dim' ({proj}) differs from hidden_size ({hidden}); "
-            "OPT's project_in/out layers are not supported, describe the model in a YAML of dimensions"
-        )
-    heads = f.require("num_attention_heads", "the attention head count")
-    return {
-        "family": "opt",
-        "n_layers": f.require("num_hidden_layers", "the layer count"),
-        "hidden": hidden,
-        "n_heads": heads,
-        "n_kv_heads": heads,
-        "ffn": f.require("ffn_dim", "the MLP width"),
-        "vocab": f.require("vocab_size", "the vocabulary size"),
-        "max_pos": f.require("max_position_embeddings", "the position-embedding rows"),
-        "tied_embeddings": f.optional_bool("tie_word_embeddings", True),
-        "mlp": "gelu",
-        "norm": "layernorm",
-        "bias": f.optional_bool("enable_bias", True),
-        "learned_pos": True,
-        "dropout": max(f.rate("dropout", 0.1), f.rate("attention_dropout", 0.0)) > 0,
-    }
+def parse_hf_dict(data: dict[str, Any], where: str) -> tuple[dict[str, object], list[str]]:
+    """ModelSpec keyword arguments (without name and source) and the notes, for a parsed config."""
+    model_type = _model_type(where, data)
+    fields = Fields(where, data)
+    spec = hf_families.PARSERS[model_type](fields)
+    hf_families.common_notes(fields)
+    return spec, fields.notes
 
 
 def parse_hf_config(path: Path) -> dict[str, object]:
     """Return ModelSpec keyword arguments for the HF config at ``path``."""
     data = _read_json(path)
-    fields = _Fields(path, data)
-    model_type = _model_type(path, data)
-    if model_type == "gpt2":
-        spec = _gpt2(fields)
-    elif model_type == "opt":
-        spec = _opt(fields)
-    else:
-        spec = _llama_like(fields, model_type)
-    return {"name": _name(path, data), **spec, "source": f"HF config.json: {path}"}
+    spec, notes = parse_hf_dict(data, str(path))
+    return {"name": _name(path, data), **spec, "source": f"HF config.json: {path}", "notes": tuple(notes)}

@@ -74,42 +74,76 @@ class LayerOps:
 EMPTY = LayerOps((), 0.0, 0)
 
 
-def _block_matmuls(m: ModelSpec, tokens: int, bf: wflops.BlockFlops) -> list[float]:
-    h, q_width = m.hidden, m.n_heads * m.head_dim
-    mats = [2.0 * tokens * h * q_width, 2.0 * tokens * h * m.kv_dim, 2.0 * tokens * h * m.kv_dim,
-            2.0 * tokens * q_width * h]
-    per_expert_tokens = tokens * m.experts_per_token / m.n_experts
-    mats += [2.0 * per_expert_tokens * h * m.ffn] * (m.mlp_matrices * m.n_experts)
+def _attention_matmuls(m: ModelSpec, tokens: int) -> list[float]:
+    """Q, K, V and O projections (latent attention: q_a, q_b, kv_a, kv_b and O), one kernel each."""
+    h = m.hidden
+    if not m.is_mla:
+        return [2.0 * tokens * h * m.q_dim, 2.0 * tokens * h * m.kv_dim, 2.0 * tokens * h * m.v_dim,
+                2.0 * tokens * m.context_dim * h]
+    r_q, r_kv = m.q_lora_rank, m.kv_lora_rank
+    q = [2.0 * tokens * h * r_q, 2.0 * tokens * r_q * m.q_dim] if r_q else [2.0 * tokens * h * m.q_dim]
+    kv = [2.0 * tokens * h * (r_kv + m.qk_rope_head_dim),
+          2.0 * tokens * r_kv * m.n_heads * (m.qk_nope_head_dim + m.v_head_dim)]
+    return [*q, *kv, 2.0 * tokens * m.context_dim * h]
+
+
+def _block_matmuls(m: ModelSpec, tokens: int, bf: wflops.BlockFlops, layer: int) -> list[float]:
+    h = m.hidden
+    mats = _attention_matmuls(m, tokens)
+    if m.is_moe_layer(layer):
+        per_expert_tokens = tokens * m.experts_per_token / m.n_experts
+        mats += [2.0 * per_expert_tokens * h * m.expert_ffn] * (m.mlp_matrices * m.n_experts)
+        mats += [2.0 * tokens * h * m.shared_expert_ffn] * (m.mlp_matrices * m.shared_experts)
+    else:
+        mats += [2.0 * tokens * h * m.ffn] * m.mlp_matrices
     if bf.router:
         mats.append(float(bf.router))
     return mats
 
 
-def _block(m: ModelSpec, c: WorkloadConfig, phase: str) -> LayerOps:
+def _mlp_width(m: ModelSpec, layer: int) -> int:
+    """Intermediate elements per token of block ``layer``'s MLPs (every routed copy and shared expert)."""
+    if not m.is_moe_layer(layer):
+        return m.ffn
+    return m.experts_per_token * m.expert_ffn + m.shared_experts * m.shared_expert_ffn
+
+
+def _bias_grads(m: ModelSpec, t_h: float, t_q: float, t_kv: float, t_v: float, t_f: float) -> tuple[float, int]:
+    """Backward bias-gradient reductions: (bytes written, operators)."""
+    qkv, o, mlp = m.has_qkv_bias, m.has_o_bias, m.has_mlp_bias
+    ew = ((t_q + t_kv + t_v) if qkv else 0.0) + (t_h if o else 0.0)
+    ew += ((m.mlp_matrices - 1) * t_f + t_h) if mlp else 0.0
+    n = (3 if qkv else 0) + (1 if o else 0) + (m.mlp_matrices if mlp else 0)
+    return ew, n
+
+
+def _block(m: ModelSpec, c: WorkloadConfig, phase: str, layer: int) -> LayerOps:
     b, s, e = c.micro_batch, c.seq_len, c.dtype_bytes
     tokens = b * s
-    t_h, t_kv, t_f = tokens * m.hidden * e, tokens * m.kv_dim * e, tokens * m.ffn * e
-    bf = wflops.block_forward_flops(m, b, s, c.causal_attention_factor)
-    mats = _block_matmuls(m, tokens, bf)
+    t_h, t_kv, t_f = tokens * m.hidden * e, tokens * m.kv_dim * e, tokens * _mlp_width(m, layer) * e
+    t_q, t_v = tokens * m.q_dim * e, tokens * m.v_dim * e
+    bf = wflops.block_forward_flops(m, b, s, c.causal_attention_factor, layer)
+    mats = _block_matmuls(m, tokens, bf, layer)
     nf, no, nb, nob = _NORM[m.norm]
     af, ao, ab, aob = _ACT[m.mlp]
-    rotary = not m.learned_pos
-    gqa = m.n_kv_heads != m.n_heads
+    rotary, gqa, norms = m.rotary, m.n_kv_heads != m.n_heads, m.block_norms
+    qk = (t_q + t_kv) if m.qk_norm != "none" else 0.0  # qk-norms: one norm over Q and one over K
+    n_qk = 2 if m.qk_norm != "none" else 0
     if phase == "bwd":
         linears = len(mats)
-        bias = (3 * t_h + 2 * t_kv + (m.mlp_matrices - 1) * t_f) if m.bias else 0.0  # dbias: a sum of each output
-        ew = (2 * nb * t_h + 12 * t_h + ab * t_f + bias + (20 * t_h + 9.5 * t_kv if rotary else 0.0)
-              + (4 * t_h if gqa else 0.0))
-        n = (2 * linears + 1 + 2 * nob + 4 + aob + (linears if m.bias else 0) + (15 if rotary else 0)
+        bias, n_bias = _bias_grads(m, t_h, t_q, t_kv, t_v, t_f)
+        ew = (norms * nb * t_h + nb * qk + 12 * t_h + ab * t_f + bias
+              + (20 * t_q + 9.5 * t_kv if rotary else 0.0) + (4 * t_q if gqa else 0.0))
+        n = (2 * linears + 1 + norms * nob + n_qk * nob + 4 + aob + n_bias + (15 if rotary else 0)
              + (4 if gqa else 0))
         return LayerOps((*[f for f in mats for _ in (0, 1)], 2.0 * bf.attention_core), ew, n)
     if phase == "recompute" and c.checkpointing == "selective":
         return LayerOps((float(bf.attention_core),), 0.0, 1)
     if phase == "recompute" and c.checkpointing == "none":
         return EMPTY
-    ew = (2 * nf * t_h + 6 * t_h + af * t_f + (13 * t_h + 4 * t_kv if rotary else 0.0)
-          + (2 * t_h + 2 * t_kv if gqa else 0.0))
-    n = len(mats) + 1 + 2 * no + 2 + ao + (36 if rotary else 0) + (2 if gqa else 0)
+    ew = (norms * nf * t_h + nf * qk + 6 * t_h + af * t_f + (13 * t_q + 4 * t_kv if rotary else 0.0)
+          + (2 * t_q + 2 * t_kv if gqa else 0.0))
+    n = len(mats) + 1 + norms * no + n_qk * no + 2 + ao + (36 if rotary else 0) + (2 if gqa else 0)
     return LayerOps((*mats, float(bf.attention_core)), ew, n)
 
 
@@ -131,11 +165,22 @@ def _embedding(m: ModelSpec, c: WorkloadConfig, phase: str) -> LayerOps:
     t_pos = c.seq_len * m.hidden * e if m.learned_pos else 0  # one sequence's position rows
     if phase == "bwd":  # zero + scatter-add into each table; positions: sum over the batch first
         table = m.vocab * m.hidden * e + (m.max_pos * m.hidden * e if m.learned_pos else 0)
-        return LayerOps((), table + t_h + (t_h + 2 * t_pos if m.learned_pos else 0), 1 + (2 if m.learned_pos else 0))
+        bwd = LayerOps((), table + t_h + (t_h + 2 * t_pos if m.learned_pos else 0), 1 + (2 if m.learned_pos else 0))
+        return _with_embedding_norm(m, bwd, t_h, phase)
     if phase == "recompute":
         return EMPTY
     # gather of the tokens' rows; positions: gather of s rows, broadcast add
-    return LayerOps((), 2 * t_h + (2 * t_h + 3 * t_pos if m.learned_pos else 0), 1 + (4 if m.learned_pos else 0))
+    fwd = LayerOps((), 2 * t_h + (2 * t_h + 3 * t_pos if m.learned_pos else 0), 1 + (4 if m.learned_pos else 0))
+    return _with_embedding_norm(m, fwd, t_h, phase)
+
+
+def _with_embedding_norm(m: ModelSpec, ops: LayerOps, t_h: float, phase: str) -> LayerOps:
+    """BLOOM's word_embeddings_layernorm after the gather (its forward or backward operators)."""
+    if not m.embedding_norm:
+        return ops
+    nf, no, nb, nob = _NORM[m.norm]
+    byts, n = (nb, nob) if phase == "bwd" else (nf, no)
+    return LayerOps(ops.matmul_flops, ops.elementwise_bytes + byts * t_h, ops.n_ops + n)
 
 
 def layer_ops(model: ModelSpec, config: WorkloadConfig, layer: int, phase: str) -> LayerOps:
@@ -148,4 +193,4 @@ def layer_ops(model: ModelSpec, config: WorkloadConfig, layer: int, phase: str) 
         return _embedding(model, config, phase)
     if layer == model.n_layers + 1:
         return _head(model, config, phase)
-    return _block(model, config, phase)
+    return _block(model, config, phase, layer - 1)

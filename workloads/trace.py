@@ -195,6 +195,24 @@ def _states(params: int, config: WorkloadConfig) -> dict[str, int]:
     }
 
 
+def _block_figures(model: ModelSpec, config: WorkloadConfig, layer: int, layer_out: int) -> dict[str, object]:
+    """LayerTrace fields (all but index, name, kind) of block ``layer`` (0-based)."""
+    b, s, e = config.micro_batch, config.seq_len, config.dtype_bytes
+    states = _states(model.block_params(layer=layer), config)
+    bf = flops.block_forward_flops(model, b, s, config.causal_attention_factor, layer)
+    fwd = bf.total
+    recompute = {"full": fwd, "selective": bf.attention_core, "none": 0.0}[config.checkpointing]
+    acts = act.block_activations(model, b, s, e, config.flash_attention, layer)
+    saved = act.saved_block_bytes(acts, config.checkpointing)
+    largest = traffic.block_largest_tensor(model, b, s, e, config.flash_attention, layer)
+    fwd_hbm, bwd_hbm = traffic.block_traffic(states["param_bytes"], states["grad_bytes"], acts.total, saved,
+                                             layer_out, config.checkpointing)
+    return {**states, "fwd_flops": float(fwd), "bwd_flops": float(flops.BACKWARD_FACTOR * fwd),
+            "recompute_flops": float(recompute), "activation_bytes": saved, "activation_bytes_nockpt": acts.total,
+            "output_bytes": layer_out, "peak_transient_bytes": acts.total - saved + 2 * largest,
+            "fwd_hbm_bytes": float(fwd_hbm), "bwd_hbm_bytes": float(bwd_hbm)}
+
+
 def build_trace(model: ModelSpec, config: WorkloadConfig) -> WorkloadTrace:
     """Per-layer FLOPs, memory and traffic of one micro-batch of ``model`` under ``config``."""
     b, s, e = config.micro_batch, config.seq_len, config.dtype_bytes
@@ -207,7 +225,7 @@ def build_trace(model: ModelSpec, config: WorkloadConfig) -> WorkloadTrace:
     layers: list[LayerTrace] = []
 
     emb_states = _states(model.embedding_params(), config)
-    emb_acts = act.embedding_activation_bytes(model, b, s)
+    emb_acts = act.embedding_activation_bytes(model, b, s, e)
     emb_fwd_hbm, emb_bwd_hbm = traffic.embedding_traffic(model, b, s, e, emb_states["grad_bytes"], emb_acts)
     layers.append(LayerTrace(
         index=0, name="embedding", kind="embedding", **emb_states,
@@ -216,24 +234,12 @@ def build_trace(model: ModelSpec, config: WorkloadConfig) -> WorkloadTrace:
         peak_transient_bytes=layer_out, fwd_hbm_bytes=float(emb_fwd_hbm), bwd_hbm_bytes=float(emb_bwd_hbm),
     ))
 
-    block_states = _states(model.block_params(), config)
-    bf = flops.block_forward_flops(model, b, s, config.causal_attention_factor)
-    fwd = bf.total
-    recompute = {"full": fwd, "selective": bf.attention_core, "none": 0.0}[config.checkpointing]
-    acts = act.block_activations(model, b, s, e, config.flash_attention)
-    saved = act.saved_block_bytes(acts, config.checkpointing)
-    largest = traffic.block_largest_tensor(model, b, s, e, config.flash_attention)
-    blk_fwd_hbm, blk_bwd_hbm = traffic.block_traffic(block_states["param_bytes"], block_states["grad_bytes"],
-                                                     acts.total, saved, layer_out, config.checkpointing)
+    kinds: dict[tuple[bool, int], dict[str, object]] = {}
     for i in range(model.n_layers):
-        layers.append(LayerTrace(
-            index=i + 1, name=f"block{i}", kind="block", **block_states,
-            fwd_flops=float(fwd), bwd_flops=float(flops.BACKWARD_FACTOR * fwd),
-            recompute_flops=float(recompute),
-            activation_bytes=saved, activation_bytes_nockpt=acts.total, output_bytes=layer_out,
-            peak_transient_bytes=acts.total - saved + 2 * largest,
-            fwd_hbm_bytes=float(blk_fwd_hbm), bwd_hbm_bytes=float(blk_bwd_hbm),
-        ))
+        kind = model.block_kind(i)
+        if kind not in kinds:  # blocks of one kind (dense/MoE, window) have the same figures
+            kinds[kind] = _block_figures(model, config, i, layer_out)
+        layers.append(LayerTrace(index=i + 1, name=f"block{i}", kind="block", **kinds[kind]))  # type: ignore[arg-type]
 
     head_states = _states(model.head_params(), config)
     head_fwd = flops.head_forward_flops(model, b, s)

@@ -37,11 +37,18 @@ __all__ = ["block_largest_tensor", "block_traffic", "embedding_traffic", "head_t
 
 
 def block_largest_tensor(model: ModelSpec, micro_batch: int, seq_len: int, dtype_bytes: int,
-                         flash_attention: bool) -> int:
+                         flash_attention: bool, layer: int | None = None) -> int:
+    """Largest tensor of block ``layer`` (0-based; default the last): its MLP intermediate (every routed
+    copy and shared expert of an MoE block), the QKV output, or without FlashAttention the scores."""
+    layer = model.default_layer() if layer is None else layer
     sb = micro_batch * seq_len
+    if model.is_moe_layer(layer):
+        width = model.expert_ffn * model.experts_per_token + model.shared_expert_ffn * model.shared_experts
+    else:
+        width = model.ffn
     candidates = [
-        dtype_bytes * sb * model.ffn * model.experts_per_token,
-        dtype_bytes * sb * (model.hidden + 2 * model.kv_dim),
+        dtype_bytes * sb * width,
+        dtype_bytes * sb * (model.q_dim + model.kv_dim + model.v_dim),
     ]
     if not flash_attention:
         candidates.append(dtype_bytes * model.n_heads * seq_len * seq_len * micro_batch)
