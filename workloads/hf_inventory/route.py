@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from workloads import hf_config
+from workloads import hf_config, hf_families
 from workloads.errors import WorkloadInputError
 from workloads.files import read_json
 from workloads.hf_inventory.walk import HF_EXTRA_HINT, transformers_available
@@ -44,9 +44,11 @@ def formula_knows(config: Mapping[str, Any]) -> bool:
     return model_type is None or model_type in hf_config.SUPPORTED_MODEL_TYPES
 
 
-def _unmodelled_notes(config: Mapping[str, Any]) -> tuple[str, ...]:
-    notes = getattr(hf_config, "unmodelled_notes", None)
-    return tuple(notes(config)) if callable(notes) else ()
+def _unmodelled_notes(config: dict[str, Any], where: str) -> tuple[str, ...]:
+    """The keys that change cost and are not modelled, named as the formula route names them."""
+    fields = hf_config.Fields(where, config)
+    hf_families.common_notes(fields)
+    return tuple(fields.notes)
 
 
 def load_hf_model(path: Path, route: str | None = None) -> ModelSpec:
@@ -66,5 +68,5 @@ def load_hf_model(path: Path, route: str | None = None) -> ModelSpec:
             f"({', '.join(hf_config.SUPPORTED_MODEL_TYPES)}); describe it from its model definition "
             f"with transformers ({HF_EXTRA_HINT}) or in a YAML of dimensions"
         )
-    spec, _ = spec_from_hf_config(data, path=path, notes=_unmodelled_notes(data))
+    spec, _ = spec_from_hf_config(data, path=path, notes=_unmodelled_notes(data, str(path)))
     return spec
