@@ -23,6 +23,9 @@ __all__ = ["spec_fields", "spec_from_inventory"]
 
 _DROPOUT_KEYS = ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "dropout",
                  "hidden_dropout_prob", "attention_probs_dropout_prob", "residual_dropout", "embedding_dropout")
+_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "seq_length", "max_seq_len", "max_sequence_length",
+                 "n_ctx")
+_DEFAULT_CONTEXT = 2048
 _PARALLEL_KEYS = ("parallel_attn", "use_parallel_residual", "parallel_residual")
 
 
@@ -79,7 +82,14 @@ def _norm_fields(inv: ModelInventory) -> dict[str, Any]:
     return {"norm": "layernorm" if layernorm else "rmsnorm", "block_norms": len(hidden_norms), "qk_norm": qk_norm}
 
 
-def _mlp_fields(inv: ModelInventory, notes: list[str]) -> dict[str, Any]:
+def _unused_dense_width(config: Mapping[str, Any], expert_ffn: int) -> int:
+    """``ffn`` of an MoE model without dense layers (unused by every count): the config's dense width, as the
+    formula route reads it, else the expert width."""
+    value = config.get("intermediate_size")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else expert_ffn
+
+
+def _mlp_fields(inv: ModelInventory, config: Mapping[str, Any], notes: list[str]) -> dict[str, Any]:
     moe_layers = [la for la in inv.layers if la.moe is not None]
     dense_layers = [la for la in inv.layers if la.moe is None]
     matrices = max(la.mlp_matrices for la in inv.layers)
@@ -99,7 +109,7 @@ def _mlp_fields(inv: ModelInventory, notes: list[str]) -> dict[str, Any]:
         notes.append(f"{inv.architecture}: dense layers {[la.index for la in dense_layers]} are not the first "
                      f"{first_dense}; described as the first {first_dense} (same parameter count)")
     out.update(
-        ffn=dense_layers[0].ffn if dense_layers else moe.expert_ffn,
+        ffn=dense_layers[0].ffn if dense_layers else _unused_dense_width(config, moe.expert_ffn),
         n_experts=moe.n_experts, experts_per_token=moe.top_k, expert_ffn=moe.expert_ffn,
         shared_experts=moe.n_shared, shared_expert_ffn=(moe.shared_ffn // moe.n_shared) if moe.n_shared else 0,
         first_dense_layers=first_dense,
@@ -130,28 +140,48 @@ def _dropout(cfg: Any) -> bool:
     return any(isinstance(r, int | float) and not isinstance(r, bool) and r > 0 for r in rates)
 
 
+def _family(model_type: str) -> str:
+    """The formula family name where one matches (``gemma3_text`` is the formulas' ``gemma3``)."""
+    from workloads.model import FAMILIES
+
+    text = model_type.removesuffix("_text")
+    return text if model_type not in FAMILIES and text in FAMILIES else model_type
+
+
+def _context(config: Mapping[str, Any], cfg: Any, notes: list[str]) -> int:
+    """Trained context length (ALiBi and rotary models have no position table to read it from)."""
+    for key in _CONTEXT_KEYS:
+        value = config.get(key, getattr(cfg, key, None))
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    notes.append(f"no context length in the config ({', '.join(_CONTEXT_KEYS)}); {_DEFAULT_CONTEXT} assumed, "
+                 "give --seq-len for another")
+    return _DEFAULT_CONTEXT
+
+
 def spec_fields(inv: ModelInventory, cfg: Any, config: Mapping[str, Any], *, name: str, source: str
                 ) -> tuple[dict[str, Any], list[str]]:
     """ModelSpec keyword arguments describing ``inv`` (built from ``cfg``), and the notes."""
     notes = list(inv.notes)
     positions = [t for t in inv.embedding if t.kind == "position"]
-    max_pos = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None) or 0
-    family = inv.model_type
+    family = _family(inv.model_type)
     if positions:
         rows = positions[0].shape[0]
         max_pos = rows - 2 if family == "opt" else rows
+    else:
+        max_pos = _context(config, cfg, notes)
     parallel = _flag(cfg, _PARALLEL_KEYS)
     if getattr(cfg, "new_decoder_architecture", False):
         parallel = True
     fields: dict[str, Any] = {
         "name": name, "family": family, "n_layers": inv.n_layers, "hidden": inv.hidden, "vocab": inv.vocab,
-        "max_pos": int(max_pos) if isinstance(max_pos, int) and max_pos > 0 else 1,
+        "max_pos": max_pos,
         "tied_embeddings": inv.tied_embeddings, "learned_pos": bool(positions),
         "alibi": not positions and not inv.rotary,
         "embedding_norm": any(t.kind == "embedding.norm" for t in inv.embedding),
         "parallel_blocks": bool(parallel) if parallel is not None else False,
         "dropout": _dropout(cfg), "route": "model definition", "source": source,
-        **_attention_fields(inv, notes), **_norm_fields(inv), **_mlp_fields(inv, notes), **_bias_fields(inv),
+        **_attention_fields(inv, notes), **_norm_fields(inv), **_mlp_fields(inv, config, notes), **_bias_fields(inv),
     }
     return fields, notes
 
