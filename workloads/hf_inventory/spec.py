@@ -48,6 +48,10 @@ def _attention_fields(inv: ModelInventory, notes: list[str]) -> dict[str, Any]:
                for s in shapes}
     if len(windows) > 1:
         notes.append(f"{inv.architecture}: attention shapes differ between layers; described by layer 0's")
+    missing = [la.index for la in inv.layers if la.attention is None]
+    if missing:
+        notes.append(f"{inv.architecture}: layers {missing} have no attention with q/k/v/o projections (another "
+                     "token mixer); described as attention layers")
     first = next(la.attention for la in inv.layers if la.attention is not None)
     assert first is not None
     sliding = [la.index for la in inv.layers if la.attention is not None and la.attention.sliding_window]

@@ -54,6 +54,11 @@ def _modules() -> tuple[Any, Any]:
             f"describing a model from its definition needs transformers and torch ({exc.name} is not "
             f"installed); install the optional extra: {HF_EXTRA_HINT}"
         ) from None
+    if int(str(transformers.__version__).split(".")[0]) < 5:
+        raise WorkloadInputError(
+            f"describing a model from its definition needs transformers >= 5 (found {transformers.__version__}); "
+            f"upgrade it: {HF_EXTRA_HINT}"
+        )
     return torch, transformers
 
 
