@@ -19,6 +19,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tiersim.cli import simulate_main
 from workloads import ModelSpec, WorkloadInputError, load_model
@@ -378,3 +380,55 @@ def test_walk_of_a_hand_built_model() -> None:
 ])
 def test_classify(parts: list[str], param: str, shape: tuple[int, ...], beside: bool, kind: str) -> None:
     assert classify(parts, ["M"] * len(parts), param, shape, beside_experts=beside).kind == kind
+
+
+@st.composite
+def _small_configs(draw: st.DrawFn) -> dict[str, Any]:
+    """A small config of a family both routes know, with dimensions no published model has."""
+    family = draw(st.sampled_from(["llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma2", "olmo2",
+                                   "falcon", "gpt_neox", "bloom", "deepseek_v3"]))
+    heads = draw(st.sampled_from([2, 4, 8]))
+    kv = draw(st.sampled_from([k for k in (1, 2, heads) if heads % k == 0]))
+    hidden, layers = draw(st.sampled_from([32, 48, 64])), draw(st.integers(2, 4))
+    config: dict[str, Any] = {
+        "model_type": family, "hidden_size": hidden, "num_attention_heads": heads, "num_key_value_heads": kv,
+        "num_hidden_layers": layers, "intermediate_size": draw(st.sampled_from([40, 64, 100])),
+        "vocab_size": draw(st.sampled_from([97, 1000])), "max_position_embeddings": 512,
+        "tie_word_embeddings": draw(st.booleans()), "head_dim": draw(st.sampled_from([8, 16, 32])),
+        "sliding_window": draw(st.sampled_from([None, 16])), "pad_token_id": None,
+    }
+    if family == "qwen3_moe":
+        config.update(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=24, decoder_sparse_step=1,
+                      mlp_only_layers=[])
+    elif family == "mixtral":
+        config.update(num_local_experts=4, num_experts_per_tok=draw(st.sampled_from([1, 2])))
+    elif family == "deepseek_v3":
+        config.update(num_key_value_heads=heads, first_k_dense_replace=draw(st.integers(0, layers - 1)),
+                      n_routed_experts=8, n_shared_experts=draw(st.sampled_from([1, 2])), num_experts_per_tok=2,
+                      n_group=1, topk_group=1, moe_intermediate_size=16, kv_lora_rank=16, qk_nope_head_dim=16,
+                      q_lora_rank=draw(st.sampled_from([None, 24])), qk_rope_head_dim=8,
+                      v_head_dim=draw(st.sampled_from([8, 16])))
+    elif family == "gpt_neox":
+        config.update(num_key_value_heads=heads, head_dim=None, use_parallel_residual=draw(st.booleans()))
+    elif family == "falcon":
+        config.update(multi_query=draw(st.booleans()), new_decoder_architecture=False, parallel_attn=True,
+                      bias=draw(st.booleans()), alibi=False, head_dim=None)
+    elif family == "bloom":
+        config.update(head_dim=None)
+    elif family == "gemma2":   # a null window is read as "none" by transformers, as 4096 by the formulas
+        config.update(sliding_window=draw(st.sampled_from([16, 64])))
+    if family in ("llama", "mixtral", "qwen2", "falcon", "gpt_neox", "bloom"):
+        config.pop("head_dim")
+    return {k: v for k, v in config.items() if v is not None or k in ("sliding_window", "pad_token_id", "q_lora_rank")}
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(config=_small_configs())
+def test_routes_agree_on_unpublished_shapes(config: dict[str, Any], tmp_path: Path) -> None:
+    """Every field and count of the two routes agree on small random shapes (head_dim != hidden/heads, GQA,
+    tied heads, windows, dense-first MoE, shared experts, MLA with and without a query rank)."""
+    path = _write(tmp_path, config)
+    formula, definition = load_model(str(path), route="formula"), load_model(str(path), route="definition")
+    dims = [f.name for f in fields(ModelSpec) if f.name not in NOT_DIMENSIONS]
+    assert {k: getattr(definition, k) for k in dims} == {k: getattr(formula, k) for k in dims}
+    assert (definition.params(), definition.active_params()) == (formula.params(), formula.active_params())

@@ -242,9 +242,12 @@ def _attention_shape(index: int, widths: dict[str, tuple[int, int]], attn: Any, 
 
 def _sliding_window(index: int, attn: Any, cfg: Any) -> int | None:
     """The layer's window: the attention module's own (Gemma, Qwen2), else the config's layer types, else
-    the config's ``sliding_window`` for every layer (Mistral v0.1, Mixtral, Starcoder2)."""
+    the config's ``sliding_window`` for every layer (Mistral v0.1, Mixtral, Starcoder2) -- only where the
+    configuration class declares the field: a stray ``sliding_window`` key in a Llama config is not used."""
     if attn is not None and hasattr(attn, "sliding_window"):
         value = attn.sliding_window
+    elif "sliding_window" not in getattr(type(cfg), "__dataclass_fields__", {"sliding_window": None}):
+        value = None
     else:
         layer_types = getattr(cfg, "layer_types", None)
         window = getattr(cfg, "sliding_window", None)
