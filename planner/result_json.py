@@ -16,6 +16,7 @@ from hardware_models import build_topology
 from hardware_models.units import gb, secs
 from policies import Job, PlanInfeasible
 from simulator import Result
+from workloads import ModelSpec
 
 NOT_SIMULATED = {"events": 0, "wall_s": 0.0, "method": "not simulated (the policy found the job infeasible)",
                  "simulated_tasks": 0}
@@ -33,7 +34,16 @@ def simulated_json(result: Result) -> dict[str, Any]:
             o.setdefault("what", None)
             o.setdefault("message", oom_verdict(o))
     verdict = "FEASIBLE" if result.feasible else oom_verdict(d["oom"])
+    d["model"] = with_model_counts(d["model"])
     return finite({"feasible": d.pop("feasible"), "verdict": verdict, **d})
+
+
+def with_model_counts(model: Mapping[str, Any]) -> dict[str, Any]:
+    """A result's model object plus ``active_params`` (MoE: parameters a token passes through), ``route``
+    (how the model was described) and ``notes`` (what its source holds that is not modelled)."""
+    spec = ModelSpec.from_dict({k: v for k, v in model.items() if k != "params"})
+    return {**model, "params": spec.params(), "active_params": spec.active_params(), "route": spec.route,
+            "notes": list(spec.notes)}
 
 
 def infeasible_json(e: PlanInfeasible, job: Job | None = None, knobs: Any = None) -> dict[str, Any]:
@@ -45,8 +55,7 @@ def infeasible_json(e: PlanInfeasible, job: Job | None = None, knobs: Any = None
     pools = build_topology(job.hw).pools if job is not None else None
     model: dict[str, Any] | None = None
     if job is not None:
-        model = dataclasses.asdict(job.model)
-        model["params"] = job.model.params()
+        model = with_model_counts(dataclasses.asdict(job.model))
     return finite({
         "feasible": False,
         "verdict": oom_verdict(oom),

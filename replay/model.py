@@ -26,6 +26,10 @@ from torch import Tensor, nn
 from replay.errors import ReplayError
 from workloads import ModelSpec
 
+# the ModelSpec fields the runner builds (the original contract); any other field in to_dict() is refused
+_BUILDABLE = frozenset(("name", "family", "n_layers", "hidden", "n_heads", "n_kv_heads", "ffn", "vocab", "max_pos",
+                        "tied_embeddings", "mlp", "norm", "bias", "learned_pos", "n_experts", "experts_per_token",
+                        "dropout", "source", "route", "notes"))
 INIT_STD = 0.02  # GPT-2's initialiser range
 NORM_EPS = 1e-5
 
@@ -54,6 +58,10 @@ class Dims:
     def from_model(cls, spec: ModelSpec) -> Dims:
         if spec.n_experts > 1:
             raise ReplayError(f"model {spec.name!r}: mixture-of-experts models are not supported by replay yet")
+        beyond = [k for k in spec.to_dict() if k not in _BUILDABLE]
+        if beyond:
+            raise ReplayError(f"model {spec.name!r}: replay builds GPT-2/OPT/LLaMA-style blocks only; it cannot build "
+                              f"{', '.join(beyond)} (simulate this model, or replay one without these fields)")
         return cls(n_layers=spec.n_layers, hidden=spec.hidden, n_heads=spec.n_heads, n_kv_heads=spec.n_kv_heads,
                    ffn=spec.ffn, vocab=spec.vocab, max_pos=spec.max_pos, tied=spec.tied_embeddings, mlp=spec.mlp,
                    norm=spec.norm, bias=spec.bias, learned_pos=spec.learned_pos,

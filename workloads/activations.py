@@ -47,6 +47,14 @@ Korthikanti's ``sbh(34 + 5as/h)``. LLaMA block (swiglu, rmsnorm, no dropout, e =
 ``sbh*(16 + 8f/h) + 2as^2b`` without FlashAttention; with FlashAttention
 ``sb*(12h + 4*d_kv + 8f) + 4asb``; for Llama-2-7B (f = 2.6875h, MHA) 37.5 sbh + 4asb.
 
+Today's architectures (ModelSpec fields) generalise the widths above: Q is a*d wide (d = head_dim), K
+g*d and V g*d_v (unexpanded with FlashAttention, a*d and a*d_v expanded without it), the context a*d_v;
+qk-norms keep their inputs (the projected Q and K); latent attention keeps its down-projections and
+their norms' outputs (2*r_q + 2*r_kv + d_rope per token) and K, V expanded to every head; ``block_norms``
+norms keep an input each; an MoE block adds its shared experts (input shared, internals + output each);
+dense first layers keep a dense MLP; a parallel block with one norm stores that norm's output once for
+attention and MLP. The embedding norm (BLOOM) keeps its input e*sbh. Blocks are computed one by one.
+
 Checkpointing modes: ``none`` keeps everything above; ``selective`` keeps everything except the
 attention core (recomputed in backward from the stored Q, K, V), i.e. 34sbh for GPT; ``full`` keeps
 only the block input e*sbh. The embedding keeps its dropout mask sbh (dropout only; Korthikanti

@@ -135,8 +135,8 @@ def _model_type(where: str, data: dict[str, Any]) -> str:
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise WorkloadInputError(
             f"{where}: unsupported model_type {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)} "
-            "(describe other models in a YAML of dimensions: head_dim, expert_ffn, shared_experts, ... "
-            "see `tiersim models --help`)"
+            "(describe other models in a YAML of dimensions: layers, hidden, heads, head_dim, ffn, experts, "
+            "expert_ffn, ...; see the README's Models section)"
         )
     return model_type
 

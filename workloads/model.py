@@ -158,9 +158,9 @@ class ModelSpec:
             object.__setattr__(self, "head_dim", self.hidden // self.n_heads)
         if self.v_head_dim == 0:
             object.__setattr__(self, "v_head_dim", self.head_dim)
-        if self.expert_ffn == 0:
+        if self.expert_ffn == 0 or not self.is_moe:  # a dense model has no expert apart from its MLP
             object.__setattr__(self, "expert_ffn", self.ffn)
-        if self.shared_expert_ffn == 0:
+        if self.shared_expert_ffn == 0 or not self.is_moe:
             object.__setattr__(self, "shared_expert_ffn", self.expert_ffn)
 
     def _check_lists(self, where: str) -> None:

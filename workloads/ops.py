@@ -25,6 +25,12 @@ Per block, forward (backward), bytes read + written by the non-matmul operators 
     MLP activation    swiglu 5 T_f, 2 ops (9 T_f, 3 ops)     gelu 2 T_f, 1 op (3 T_f, 1 op)
     bias gradients    -                                      (one reduction per linear, its output bytes)
 
+For today's architectures the T_h of the rotary and GQA terms is the Q width (a*head_dim), the qk-norms
+add one norm over Q and one over K, ``block_norms`` norms run per block, bias gradients follow each
+projection's own bias, and ALiBi/learned positions run no rotary operators. Matmuls (latent attention:
+q_a, q_b, kv_a, kv_b in place of Q, K, V; MoE: the shared experts on every token besides the routed ones;
+dense first layers: one MLP) are priced block by block.
+
 Matmuls: Q, K, V, O and the MLP's matrices (MoE: every expert's, at its share of the tokens, and the
 router), each its own kernel; the attention core (Q.K^T and P.V) is one kernel (fused SDPA); backward
 runs two matmuls of the same FLOPs per forward matmul and one attention-backward kernel of twice the
