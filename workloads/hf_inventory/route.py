@@ -41,7 +41,7 @@ def formula_knows(config: Mapping[str, Any]) -> bool:
     """True when the family formulas describe this config's ``model_type`` (or, lacking one, leave the
     decision to them: they resolve ``architectures`` and name the missing field)."""
     model_type = config.get("model_type")
-    return model_type is None or model_type in hf_config.SUPPORTED_MODEL_TYPES
+    return not isinstance(model_type, str) or not model_type or model_type in hf_config.SUPPORTED_MODEL_TYPES
 
 
 def _unmodelled_notes(config: dict[str, Any], where: str) -> tuple[str, ...]:
@@ -68,5 +68,16 @@ def load_hf_model(path: Path, route: str | None = None) -> ModelSpec:
             f"({', '.join(hf_config.SUPPORTED_MODEL_TYPES)}); describe it from its model definition "
             f"with transformers ({HF_EXTRA_HINT}) or in a YAML of dimensions"
         )
-    spec, _ = spec_from_hf_config(data, path=path, notes=_unmodelled_notes(data, str(path)))
-    return spec
+    if chosen == "definition":
+        return spec_from_hf_config(data, path=path, notes=_unmodelled_notes(data, str(path)))[0]
+    try:
+        return spec_from_hf_config(data, path=path, notes=_unmodelled_notes(data, str(path)))[0]
+    except WorkloadInputError as definition_error:
+        # Neither route describes it: the formulas' refusal, then why the model definition could not help.
+        why = str(definition_error).removeprefix(f"{path}: ")
+        try:
+            hf_config.parse_hf_config(path)
+        except WorkloadInputError as formula_error:
+            raise WorkloadInputError(f"{formula_error}; its transformers model definition could not be "
+                                     f"described either: {why}") from None
+        raise
