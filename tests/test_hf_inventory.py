@@ -303,6 +303,7 @@ def test_without_transformers_one_line_names_the_extra(tmp_path: Path, monkeypat
     ({"model_type": "no_such_model", "hidden_size": 64}, "model_type 'no_such_model' is not defined in transformers"),
     ({"hidden_size": 64}, "missing field 'model_type'"),
     ({**BOTH_ROUTES["gemma2"], "layer_types": ["full_attention"]}, "transformers refused the configuration"),
+    ({**BOTH_ROUTES["llama"], "num_hidden_layers": 10**9}, "field 'num_hidden_layers' (1000000000) is above the 2048"),
     ({"model_type": "bert", "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
       "intermediate_size": 128, "vocab_size": 100}, "no MLP recognised in the decoder layers"),
 ])

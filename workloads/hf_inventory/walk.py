@@ -30,6 +30,9 @@ __all__ = ["HF_EXTRA_HINT", "build_meta_model", "inventory_and_config", "invento
            "transformers_available", "walk_model"]
 
 HF_EXTRA_HINT = "pip install 'tiersim[hf]'"
+MAX_LAYERS = 2048
+"""Layers a definition is built with at most: building costs ~10 ms a layer, the largest published models have
+~100 (a hostile or mistyped count would otherwise keep the process busy for hours)."""
 _TOP_K_KEYS = ("num_experts_per_tok", "num_experts_per_token", "moe_top_k", "moe_topk", "top_k",
                "n_activated_experts", "moe_k", "num_selected_experts")
 _EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
@@ -104,6 +107,13 @@ def build_meta_model(config: Mapping[str, Any], where: str) -> tuple[Any, Any, l
                 hf_config = AutoConfig.for_model(model_type, **fields)
             except Exception as exc:  # any refusal of transformers is the user's input at fault
                 raise WorkloadInputError(f"{where}: transformers refused the configuration: {_one_line(exc)}") from None
+            layers = _config_int(_text_config(hf_config), "num_hidden_layers", "n_layer", "num_layers")
+            if layers is not None and layers > MAX_LAYERS:
+                raise WorkloadInputError(
+                    f"{where}: field 'num_hidden_layers' ({layers}) is above the {MAX_LAYERS} layers the model "
+                    "definition is built with (about 10 ms a layer); check the value or use the formulas "
+                    "(a YAML of dimensions)"
+                )
             if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
                 raise WorkloadInputError(
                     f"{where}: model_type {model_type!r} has no causal language model in transformers "
