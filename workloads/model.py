@@ -27,9 +27,10 @@ import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from workloads import custom_model, hf_config, model_params, presets
+from workloads import custom_model, model_params, presets
 from workloads.checks import boolean, choice, dataclass_kwargs, non_negative_int, positive_int, suggest
 from workloads.errors import WorkloadInputError
+from workloads.hf_inventory import route as hf_route
 
 __all__ = ["FAMILIES", "MLP_KINDS", "NORM_KINDS", "QK_NORM_KINDS", "ROUTES", "ModelSpec", "list_models",
            "load_model"]
@@ -381,9 +382,10 @@ def list_models() -> list[str]:
     return list(presets.preset_table())
 
 
-def load_model(name_or_path: str) -> ModelSpec:
+def load_model(name_or_path: str, route: str | None = None) -> ModelSpec:
     """A preset or shorthand (case-insensitive), an HF ``config.json`` (or a folder holding one), or a
-    YAML file of dimensions (see :mod:`workloads.custom_model`)."""
+    YAML file of dimensions (see :mod:`workloads.custom_model`). For a config.json, ``route`` picks the
+    formulas or the model definition (None: automatic; :mod:`workloads.hf_inventory.route`)."""
     text = str(name_or_path).strip()
     path = Path(text).expanduser()
     looks_like_path = path.suffix.lower() in (".json", ".yaml", ".yml") or "/" in text or "\\" in text
@@ -393,7 +395,7 @@ def load_model(name_or_path: str) -> ModelSpec:
         if not path.is_file():
             raise WorkloadInputError(f"model file not found: {text}; give an existing config.json or YAML")
         if path.suffix.lower() == ".json":
-            return ModelSpec(**hf_config.parse_hf_config(path))  # type: ignore[arg-type]
+            return hf_route.load_hf_model(path, route)
         return ModelSpec(**custom_model.parse_custom_yaml(path))  # type: ignore[arg-type]
 
     table = presets.preset_table()
