@@ -385,6 +385,9 @@ def test_classify(parts: list[str], param: str, shape: tuple[int, ...], beside: 
     assert classify(parts, ["M"] * len(parts), param, shape, beside_experts=beside).kind == kind
 
 
+_ABSENT = object()   # a key left out of the config: the transformers config class's default applies
+
+
 @st.composite
 def _small_configs(draw: st.DrawFn) -> dict[str, Any]:
     """A small config of a family both routes know, with dimensions no published model has."""
@@ -398,7 +401,7 @@ def _small_configs(draw: st.DrawFn) -> dict[str, Any]:
         "num_hidden_layers": layers, "intermediate_size": draw(st.sampled_from([40, 64, 100])),
         "vocab_size": draw(st.sampled_from([97, 1000])), "max_position_embeddings": 512,
         "tie_word_embeddings": draw(st.booleans()), "head_dim": draw(st.sampled_from([8, 16, 32])),
-        "sliding_window": draw(st.sampled_from([None, 16])), "pad_token_id": None,
+        "sliding_window": draw(st.sampled_from([None, 16, _ABSENT])), "pad_token_id": None,
     }
     if family == "qwen3_moe":
         config.update(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=24, decoder_sparse_step=1,
@@ -409,7 +412,7 @@ def _small_configs(draw: st.DrawFn) -> dict[str, Any]:
         config.update(num_key_value_heads=heads, first_k_dense_replace=draw(st.integers(0, layers - 1)),
                       n_routed_experts=8, n_shared_experts=draw(st.sampled_from([1, 2])), num_experts_per_tok=2,
                       n_group=1, topk_group=1, moe_intermediate_size=16, kv_lora_rank=16, qk_nope_head_dim=16,
-                      q_lora_rank=draw(st.sampled_from([None, 24])), qk_rope_head_dim=8,
+                      q_lora_rank=draw(st.sampled_from([None, 24, _ABSENT])), qk_rope_head_dim=8,
                       v_head_dim=draw(st.sampled_from([8, 16])))
     elif family == "gpt_neox":
         config.update(num_key_value_heads=heads, head_dim=None, use_parallel_residual=draw(st.booleans()))
@@ -418,14 +421,15 @@ def _small_configs(draw: st.DrawFn) -> dict[str, Any]:
                       bias=draw(st.booleans()), alibi=False, head_dim=None)
     elif family == "bloom":
         config.update(head_dim=None)
-    elif family == "gemma2":   # a null window is read as "none" by transformers, as 4096 by the formulas
-        config.update(sliding_window=draw(st.sampled_from([16, 64])))
+    elif family == "gemma2":   # absent: the config class's 4096; null: no window (both routes)
+        config.update(sliding_window=draw(st.sampled_from([16, 64, None, _ABSENT])))
     if family in ("llama", "mixtral", "qwen2", "falcon", "gpt_neox", "bloom"):
         config.pop("head_dim")
-    return {k: v for k, v in config.items() if v is not None or k in ("sliding_window", "pad_token_id", "q_lora_rank")}
+    return {k: v for k, v in config.items()
+            if v is not _ABSENT and (v is not None or k in ("sliding_window", "pad_token_id", "q_lora_rank"))}
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(config=_small_configs())
 def test_routes_agree_on_unpublished_shapes(config: dict[str, Any], tmp_path: Path) -> None:
     """Every field and count of the two routes agree on small random shapes (head_dim != hidden/heads, GQA,

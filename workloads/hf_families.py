@@ -92,8 +92,14 @@ def _gqa_decoder(f: Fields, family: str, *, head_dim: int = 0, tied: bool = Fals
     }
 
 
-def _every_layer_window(f: Fields, spec: dict[str, Any]) -> dict[str, object]:
-    return _sliding(f, spec["n_layers"], f.count("sliding_window"), lambda i: True)
+def _unless_null(f: Fields, key: str, default: int) -> int:
+    """``key``'s count; ``default`` when the key is absent (as the transformers config class fills it), but
+    0 when it is written as null (transformers keeps the null: no window, no low-rank projection)."""
+    return f.count(key, default) if key not in f.data else f.count(key)
+
+
+def _every_layer_window(f: Fields, spec: dict[str, Any], default: int = 0) -> dict[str, object]:
+    return _sliding(f, spec["n_layers"], _unless_null(f, "sliding_window", default), lambda i: True)
 
 
 def _qwen_window(f: Fields, spec: dict[str, Any]) -> dict[str, object]:
@@ -109,7 +115,7 @@ def _llama(f: Fields) -> dict[str, object]:
 
 def _mistral(f: Fields) -> dict[str, object]:
     spec = _gqa_decoder(f, "mistral")
-    return {**spec, **_every_layer_window(f, spec)}
+    return {**spec, **_every_layer_window(f, spec, default=4096)}  # MistralConfig's default window
 
 
 def _mixtral(f: Fields) -> dict[str, object]:
@@ -164,7 +170,7 @@ def _olmo2(f: Fields) -> dict[str, object]:
 
 def _gemma2(f: Fields) -> dict[str, object]:
     spec = _gqa_decoder(f, "gemma2", head_dim=256, tied=True)
-    window = f.count("sliding_window", 4096)
+    window = _unless_null(f, "sliding_window", 4096)
     return {**spec, **_sliding(f, int(spec["n_layers"]), window, lambda i: i % 2 == 0), "block_norms": 4}
 
 
@@ -248,7 +254,8 @@ def _deepseek_v3(f: Fields) -> dict[str, object]:
             "n_heads": heads, "n_kv_heads": heads,
             "head_dim": f.require("qk_nope_head_dim", "the non-rotary part of a query/key head") + rope,
             "v_head_dim": f.require("v_head_dim", "the value head width"), "qk_rope_head_dim": rope,
-            "q_lora_rank": f.count("q_lora_rank"), "kv_lora_rank": f.require("kv_lora_rank", "the latent KV rank"),
+            "q_lora_rank": _unless_null(f, "q_lora_rank", 1536),
+            "kv_lora_rank": f.require("kv_lora_rank", "the latent KV rank"),
             "ffn": f.require("intermediate_size", "the dense MLP width"),
             "expert_ffn": f.require("moe_intermediate_size", "the expert width"), "n_experts": experts,
             "experts_per_token": f.require("num_experts_per_tok", "the experts per token"),
