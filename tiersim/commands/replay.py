@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from hardware_models import build_topology
+from planner.plan_check import check_saved_plan
 from planner.result_json import dumps, simulated_json
-from policies import POLICIES
-from simulator import Plan, simulate_plan, validate_plan
+from simulator import Plan, simulate_plan
 from tiersim.command import Command
 from tiersim.errors import UsageError
 from tiersim.exit_codes import EXIT_INFEASIBLE, EXIT_MISMATCH, EXIT_OK
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--steps must be >= 1, got {args.steps}")
     plan = Plan.load(args.plan)
     hw = plan.hardware
-    validate_plan(plan, args.plan, build_topology(hw).locations, POLICIES)
+    check_saved_plan(plan, args.plan, build_topology(hw).locations)
     if args.steps is not None:
         plan = dataclasses.replace(plan, steps=args.steps)
     simulated = simulate_plan(plan, hw)
