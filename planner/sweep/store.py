@@ -191,7 +191,7 @@ def _claim(path: Path) -> bool:
     if not empty:
         problem = foreign_store_problem(path)
         if problem is not None:
-            raise StoreError(f"{path}: not a tiersim sweep store ({problem}); it is left unchanged: pick another "
+            raise StoreError(f"{path}: not a sweep store of tiersim ({problem}); it is left unchanged: pick another "
                              "--store path")
     for target, what in ((path, "file"), (path.parent, "directory")):
         if not os.access(target, os.W_OK):
@@ -202,13 +202,16 @@ def _claim(path: Path) -> bool:
 
 def foreign_store_problem(path: Path) -> str | None:
     """None when ``path`` (an existing, non-empty file) is a sweep store of this schema, else what it is
-    instead. Read through a read-only connection: the file is never changed."""
+    instead. Read through a read-only connection: the file is never changed, nothing is created beside it."""
     with open(path, "rb") as f:
         head = f.read(len(_SQLITE_HEADER))
     if head != _SQLITE_HEADER:
         return "not an SQLite database"
+    # immutable: no lock, no -shm or -wal file created beside another application's database; a -wal
+    # already there (a sweep that was killed) holds committed rows, read through a plain read-only connection
+    wal = path.with_name(path.name + "-wal").exists()
     try:
-        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        db = sqlite3.connect(f"{path.resolve().as_uri()}?{'mode=ro' if wal else 'immutable=1'}", uri=True)
     except sqlite3.Error as e:
         return f"cannot be opened: {e}"
     try:
