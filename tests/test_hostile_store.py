@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -204,11 +205,9 @@ def test_a_local_dask_cluster_listens_on_loopback_only_and_serves_no_http() -> N
         me = psutil.Process()
         out = set()
         for p in [me, *me.children(recursive=True)]:
-            try:
+            with contextlib.suppress(psutil.Error):
                 out |= {(c.laddr.ip, c.laddr.port) for c in p.net_connections(kind="inet")
                         if c.status == psutil.CONN_LISTEN}
-            except psutil.Error:
-                pass
         return out
 
     before = listening()
