@@ -328,15 +328,6 @@ def validate_plan(plan: Plan, where: str = "plan", locations: Iterable[str] | No
     """
     if isinstance(plan.steps, bool) or not isinstance(plan.steps, int) or plan.steps < 1:
         raise PlanError(f"{where}: field 'steps' must be a whole number >= 1, got {plan.steps!r}")
-    if not plan.segments:
-        raise PlanError(f"{where}: field 'segments' is empty: a plan without work says nothing; re-create it "
-                        "with simulate --plan-out")
-    if not any(seg.tasks for seg in plan.segments):
-        raise PlanError(f"{where}: no segment holds a task: a plan without work says nothing; re-create it "
-                        "with simulate --plan-out")
-    if policies is not None and plan.policy not in policies:
-        raise PlanError(f"{where}: field 'policy' {plan.policy!r} is not a known policy ({', '.join(policies)}); "
-                        "re-create the plan with simulate --plan-out")
     tensors = plan.tensor_map()
     if len(tensors) != len(plan.tensors):
         raise PlanError(f"{where}: duplicate tensor ids")
@@ -360,6 +351,15 @@ def validate_plan(plan: Plan, where: str = "plan", locations: Iterable[str] | No
             raise PlanError(f"{where}: segment {seg.name!r}: repeat must be >= 1, got {seg.repeat}")
         for t in seg.tasks:
             _check_task(t, si, f"{where}: task {t.id!r}", ctx)
+    if not plan.segments:
+        raise PlanError(f"{where}: field 'segments' is empty: a plan without work says nothing; re-create it "
+                        "with simulate --plan-out")
+    if not any(seg.tasks for seg in plan.segments):
+        raise PlanError(f"{where}: no segment holds a task: a plan without work says nothing; re-create it "
+                        "with simulate --plan-out")
+    if policies is not None and plan.policy not in policies:
+        raise PlanError(f"{where}: field 'policy' {plan.policy!r} is not a known policy ({', '.join(policies)}); "
+                        "re-create the plan with simulate --plan-out")
 
 
 def _check_tensor(t: TensorSpec, w: str, locs: frozenset[str] | None) -> None:
