@@ -73,6 +73,14 @@ PLAN_CASES = {
     "zero steps": (lambda d: d.update(steps=0), ["'steps'"]),
     "knobs the policy refuses": (lambda d: d.update(knobs={"stage": 9}), ["'knobs'", "stage"]),
     "a knob the policy lacks": (lambda d: d.update(knobs={"chunks": 2}), ["'knobs'", "chunks"]),
+    "a micro-batch above the global batch": (lambda d: d["workload"].update(micro_batch=16),
+                                             ["'workload.global_batch'", "micro_batch 16"]),
+    "a global batch its figures were not made for": (lambda d: d["workload"].update(global_batch=3),
+                                                     ["'metrics.tokens_per_step'"]),
+    "a sequence beyond the model's positions": (lambda d: d["workload"].update(seq_len=4096),
+                                                ["'workload.seq_len'", "max_pos 1024"]),
+    "two segments of one name": (lambda d: d["segments"][-1].update(name=d["segments"][0]["name"]),
+                                 ["'segments'", "more than one segment"]),
 }
 
 
