@@ -35,7 +35,7 @@ WHATIF_ROW: Schema = {
     "change": ("str", True), "base_tokens_per_s": ("num?", False), "tokens_per_s": ("num?", False),
     "gain": ("num?", False), "makes_feasible": ("bool?", False),
 }
-REPLAY_SIDE: Schema = {"step_time_s": ("num", True), "peak_bytes": ("nums?", False)}
+REPLAY_SIDE: Schema = {"step_time_s": ("num", True), "peak_bytes": ("nums", False)}
 REPLAY_ROW: Schema = {"case": ("str", True), "policy": ("str?", False), "sim_step_s": ("num?", True),
                       "meas_step_s": ("num?", True), "sim_peak": ("nums?", False), "meas_peak": ("nums?", False)}
 
