@@ -215,6 +215,7 @@ def test_a_local_dask_cluster_listens_on_loopback_only_and_serves_no_http() -> N
         named = close_http(client)
         now = listening() - before
         assert len(named) == 3  # the scheduler, one worker, its nanny
+        assert sorted(a.split()[0] for a in named) == ["nanny", "scheduler", "worker"]
         assert {(a.split("//")[1].rsplit(":", 1)[0], int(a.rsplit(":", 1)[1])) for a in named} == now
         assert all(ip == "127.0.0.1" for ip, _ in now)
         with socket.socket() as s:  # dask's default HTTP port answers nothing of ours

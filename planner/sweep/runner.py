@@ -231,14 +231,15 @@ def _stop_worker_http(dask_worker: Any) -> None:
 
 
 def close_http(client: Any) -> list[str]:
-    """Stop the workers' HTTP listeners; the addresses that still listen (scheduler, workers, nannies)."""
+    """Stop the workers' HTTP listeners; what still listens, e.g. ``["scheduler tcp://127.0.0.1:40111",
+    "worker tcp://127.0.0.1:35957", "nanny tcp://127.0.0.1:32797"]``."""
     client.run(_stop_worker_http)
     info = client.scheduler_info(n_workers=-1)
-    addresses = [str(info["address"])]
+    addresses = [f"scheduler {info['address']}"]
     for addr, w in sorted(info["workers"].items()):
-        addresses.append(str(addr))
+        addresses.append(f"worker {addr}")
         if w.get("nanny"):
-            addresses.append(str(w["nanny"]))
+            addresses.append(f"nanny {w['nanny']}")
     return addresses
 
 
