@@ -267,6 +267,10 @@ def _override_items(overrides: Overrides) -> list[tuple[str, object, str]]:
         if not isinstance(item, str) or "=" not in item:
             raise HardwareInputError("expected PATH=VALUE, e.g. 'host.dram=1TB'", file=f"override {item!r}")
         path, value = item.split("=", 1)
+        twice = [label for seen, _, label in items if seen == path.strip()]
+        if twice:
+            raise HardwareInputError(f"given twice ({twice[0]!r} and {item!r}); give each override once",
+                                     file=f"override {item!r}")
         items.append((path.strip(), value.strip(), item))
     return items
 

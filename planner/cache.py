@@ -8,16 +8,24 @@ source). Value: one JSON file per key holding the evaluation summary
 (verdict, bounds, simulated figures), written atomically (temporary file + rename), so concurrent
 searches may share a directory.
 
-Default directory: ``$XDG_CACHE_HOME/tiersim`` or ``~/.cache/tiersim``.
+Default directory: ``$XDG_CACHE_HOME/tiersim`` or ``~/.cache/tiersim``, created with mode 0o700 (its
+subdirectories too) and holding files of mode 0o600: an evaluation reveals what was planned.
+
+An entry that cannot be used -- not JSON, not an object, or not of the layout the reader expects (a
+missing field, a field of the wrong type) -- is a miss: it is ignored, evaluated again and overwritten,
+and the first one of a run is reported in one warning line (``warn``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Mapping
+import types
+import typing
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -84,29 +92,50 @@ def evaluation_key(hardware: Mapping[str, Any], model: Mapping[str, Any], worklo
 
 
 class EvalCache:
-    """A directory of ``<key[:2]>/<key>.json`` files."""
+    """A directory of ``<key[:2]>/<key>.json`` files; ``warn`` hears of the first corrupt entry read."""
 
-    def __init__(self, directory: str | Path):
+    def __init__(self, directory: str | Path, warn: Callable[[str], None] | None = None):
         self.dir = Path(directory)
         self.hits = 0
         self.misses = 0
+        self.corrupt = 0
+        self._warn = warn
 
     def _path(self, key: str) -> Path:
         return self.dir / key[:2] / f"{key}.json"
 
-    def get(self, key: str) -> dict[str, Any] | None:
+    def get(self, key: str, check: Callable[[Any], str | None] | None = None) -> dict[str, Any] | None:
+        """The entry of ``key``, or None (a miss) when there is none or it is corrupt: not a JSON object,
+        or ``check(entry)`` says what is wrong with it (e.g. :func:`entry_problem`)."""
+        path = self._path(key)
         try:
-            d = json.loads(self._path(key).read_text())
-        except (OSError, ValueError):
+            text = path.read_bytes().decode("utf-8")
+            d = json.loads(text)
+        except FileNotFoundError:
             self.misses += 1
             return None
+        except (OSError, ValueError) as e:  # unreadable, not UTF-8, not JSON
+            self._corrupt(path, type(e).__name__)
+            return None
+        problem = "not a JSON object" if not isinstance(d, dict) else check(d) if check is not None else None
+        if problem is not None:
+            self._corrupt(path, problem)
+            return None
         self.hits += 1
-        return d if isinstance(d, dict) else None
+        return d  # type: ignore[no-any-return]
+
+    def _corrupt(self, path: Path, problem: str) -> None:
+        self.misses += 1
+        self.corrupt += 1
+        if self.corrupt == 1 and self._warn is not None:
+            self._warn(f"warning: corrupt evaluation cache entry {path} ({problem}) ignored and evaluated again, "
+                       "as is any other this run")
 
     def put(self, key: str, value: Mapping[str, Any]) -> None:
         path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path.parent.mkdir(exist_ok=True, mode=0o700)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")  # mode 0o600
         try:
             with os.fdopen(fd, "w") as f:
                 json.dump(value, f, sort_keys=True)
@@ -114,3 +143,51 @@ class EvalCache:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+
+
+def entry_problem(d: Any, layout: type) -> str | None:
+    """None when ``d`` (parsed JSON) holds the fields of the dataclass ``layout`` with their types (nested
+    dataclasses, ``dict[str, float]``, optional fields), else what is wrong, e.g. "missing 'verdict'"."""
+    if not isinstance(d, dict):
+        return "not a JSON object"
+    hints = typing.get_type_hints(layout)
+    fields = {f.name: f for f in dataclasses.fields(layout)}
+    for name in d:
+        if name not in fields:
+            return f"unknown field {name!r}"
+    for name, f in fields.items():
+        if name not in d:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                return f"missing {name!r}"
+            continue
+        problem = _value_problem(d[name], hints[name])
+        if problem is not None:
+            return f"{name!r}: {problem}"
+    return None
+
+
+def _value_problem(v: Any, tp: Any) -> str | None:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        problems = [_value_problem(v, a) for a in typing.get_args(tp)]
+        return None if None in problems else next(p for p in problems if p is not None)
+    if tp is type(None):
+        return None if v is None else f"expected null, got {type(v).__name__}"
+    if tp is float:
+        ok = isinstance(v, int | float) and not isinstance(v, bool)
+        return None if ok else f"expected a number, got {type(v).__name__}"
+    if tp in (int, bool, str):
+        ok = isinstance(v, tp) and (tp is bool or not isinstance(v, bool))
+        return None if ok else f"expected {tp.__name__}, got {type(v).__name__}"
+    if origin is dict:
+        key_t, val_t = typing.get_args(tp)
+        if not isinstance(v, dict):
+            return f"expected an object, got {type(v).__name__}"
+        for k, x in v.items():
+            problem = _value_problem(k, key_t) or _value_problem(x, val_t)
+            if problem is not None:
+                return f"[{k!r}]: {problem}"
+        return None
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        return entry_problem(v, tp)
+    return None

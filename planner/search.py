@@ -48,7 +48,7 @@ from dataclasses import dataclass
 
 from hardware_models import HardwareInputError, HardwareSpec, Topology, build_topology
 from planner.bounds import plan_bounds
-from planner.cache import EvalCache, code_fingerprint, evaluation_key
+from planner.cache import EvalCache, code_fingerprint, entry_problem, evaluation_key
 from planner.candidates import Candidate, enumerate_candidates, memory_frugal
 from planner.job import JobRequest, make_job, make_plan, resolve_hardware
 from planner.pareto import pareto_front
@@ -206,11 +206,8 @@ class _Search:
                               self.code)
 
     def cached(self, key: str) -> PlanSummary | None:
-        got = self.cache.get(key) if self.cache is not None else None
-        try:
-            return PlanSummary.from_dict(got) if got is not None else None
-        except TypeError:  # an entry of another layout: evaluated again
-            return None
+        got = self.cache.get(key, _summary_problem) if self.cache is not None else None
+        return PlanSummary.from_dict(got) if got is not None else None
 
     def store(self, c: Candidate, summary: PlanSummary) -> None:
         self.summaries[c.index] = summary
@@ -235,6 +232,14 @@ class _Search:
     def cut_note(self, note: str) -> None:
         if note not in self.cut:
             self.cut.append(note)
+
+
+def _summary_problem(d: dict[str, object]) -> str | None:
+    """What makes a cache entry unusable as a PlanSummary (None: nothing)."""
+    problem = entry_problem(d, PlanSummary)
+    if problem is None and d["verdict"] not in ("rejected", "bounded"):
+        problem = f"'verdict': {d['verdict']!r} is not rejected or bounded"
+    return problem
 
 
 def _planning_order(cands: list[Candidate], first_feasible: bool) -> list[Candidate]:

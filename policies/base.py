@@ -188,6 +188,9 @@ def parse_knobs(info: PolicyInfo, items: Sequence[str] | Mapping[str, Any]) -> A
             if "=" not in it:
                 raise KnobError(f"--knob {it!r}: expected name=value (knobs of {info.name}: {', '.join(names)})")
             k, v = it.split("=", 1)
+            if any(k.strip() == seen for seen, _ in pairs):
+                raise KnobError(f"--knob {k.strip()} given twice ({k.strip()}={dict(pairs)[k.strip()]} and {it}); "
+                                "give each knob once")
             pairs.append((k.strip(), v.strip()))
     values: dict[str, Any] = {}
     for k, v in pairs:

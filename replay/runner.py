@@ -209,13 +209,17 @@ class Runner:
         for t in tasks:
             if t.spec.op == "compute" and t.spec.tags.get("phase") == Phase.BWD:
                 self.accum[t.step] = max(self.accum[t.step], t.iteration + 1)
-        self.pools = Pools(self.device, self.nvme_dir)
-        self.store = Store(self.dims, build_layers(self.dims, self.seed), self.gpu, self.master_loc, self.pools,
-                           self.batching)
         self.mem = MemoryTracker({p.name: p.capacity_bytes for p in self.topo.pools.values()}, self.topo.pool_of)
         for ts in self.plan.tensors:
             if ts.home is not None:
                 self.mem.alloc(0.0, ts.id, ts.home, ts.bytes, ts.kind, "<initial>")
+        if self.mem.ooms:  # the tensors that live from the start do not fit: nothing runs (as in the engine)
+            o = self.mem.ooms[0]
+            raise ReplayOom(f"out of memory on {o.pool} before the first task: {o.tensor!r} ({o.requested_bytes:.0f} "
+                            f"bytes) with {o.free_bytes:.0f} of {o.capacity_bytes:.0f} bytes free")
+        self.pools = Pools(self.device, self.nvme_dir)
+        self.store = Store(self.dims, build_layers(self.dims, self.seed), self.gpu, self.master_loc, self.pools,
+                           self.batching)
         self.mem_lock = threading.Lock()
         self.records: list[TaskRecord] = []
         self.link_bytes: dict[str, float] = defaultdict(float)

@@ -81,6 +81,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import tempfile
@@ -215,12 +216,24 @@ def _log(msg: str) -> None:
 # ------------------------------------------------------------------------------------ calibration
 
 
+def _private_temp_dir() -> Path:
+    """The default cache folder: one per user in the temporary directory (created 0o700)."""
+    uid = getattr(os, "getuid", lambda: "user")()
+    return Path(tempfile.gettempdir()) / f"tiersim-validation-{uid}"
+
+
+def _private(folder: Path) -> bool:
+    """Whether ``folder`` is this user's and nobody else may write it (else its cache is not read)."""
+    st = folder.stat()
+    return st.st_uid == getattr(os, "getuid", lambda: st.st_uid)() and not st.st_mode & 0o022
+
+
 def calibrated_spec(quick: bool = False, recalibrate: bool = False, cache_dir: str | None = None) -> HardwareSpec:
     """This machine's spec, measured once and cached (JSON of ``HardwareSpec.to_dict()``) in a temp dir."""
-    folder = Path(cache_dir or Path(tempfile.gettempdir()) / "tiersim-validation")
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = Path(cache_dir) if cache_dir else _private_temp_dir()
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     path = folder / ("calibrated-quick-v5.json" if quick else "calibrated-v5.json")
-    if path.is_file() and not recalibrate:
+    if path.is_file() and not recalibrate and _private(folder):
         try:
             return spec_from_dict(json.loads(path.read_text()), file=str(path))
         except (ValueError, OSError):

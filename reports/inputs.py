@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from reports.build import ReportInputs
+from reports.input_checks import InputMeaningError, check_document
 from simulator import PLAN_SCHEMA
 
 SQLITE_HEADER = b"SQLite format 3\x00"
@@ -95,6 +96,10 @@ def _load_one(path: Path, inputs: ReportInputs, progress: Callable[[str], None] 
         keys = ", ".join(sorted(doc)[:6]) if isinstance(doc, dict) else type(doc).__name__
         raise ReportInputError(f"{path}: unknown kind of file (top-level keys: {keys}); give one of: "
                                f"{', '.join(KNOWN)}")
+    try:
+        check_document(kind, doc, str(path))
+    except InputMeaningError as e:
+        raise ReportInputError(str(e)) from None
     if kind == "result":
         _add(inputs, [doc], path)
     elif kind == "results":
@@ -112,10 +117,12 @@ def _load_one(path: Path, inputs: ReportInputs, progress: Callable[[str], None] 
 
 
 def _simulate_plan_file(path: Path, progress: Callable[[str], None] | None) -> Any:
+    from planner.plan_check import check_saved_plan
     from simulator import Plan, PlanError, simulate_plan
 
     try:
         plan = Plan.load(str(path))
+        check_saved_plan(plan, str(path))
     except PlanError as e:
         raise ReportInputError(" ".join(str(e).split())) from None
     if progress:

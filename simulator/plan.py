@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -207,7 +207,8 @@ class Plan:
                 for s in d["segments"])
             plan = cls(policy=str(d["policy"]), knobs=dict(d.get("knobs", {})),
                        hardware=hardware, workload=workload,
-                       tensors=tensors, streams=streams, segments=segments, steps=int(d.get("steps", 1)),
+                       tensors=tensors, streams=streams, segments=segments,
+                       steps=_whole(d.get("steps", 1), f"{where}: field 'steps'"),
                        metrics=dict(d.get("metrics", {})), notes=tuple(d.get("notes", ())),
                        info=dict(d.get("info", {})))
         except KeyError as e:
@@ -318,13 +319,15 @@ def _size(x: float) -> bool:
     return math.isfinite(x) and x >= 0
 
 
-def validate_plan(plan: Plan, where: str = "plan", locations: Iterable[str] | None = None) -> None:
-    """Static checks: every referenced tensor, stream, dependency and location exists; sizes are sane.
+def validate_plan(plan: Plan, where: str = "plan", locations: Iterable[str] | None = None,
+                  policies: Collection[str] | None = None) -> None:
+    """Static checks: every referenced tensor, stream, dependency and location exists; sizes are sane; the
+    plan has work to do (a segment with a task); with ``policies``, it names one of them.
 
     Raises PlanError with one line naming the task and the missing piece.
     """
-    if plan.steps < 1:
-        raise PlanError(f"{where}: field 'steps' must be >= 1, got {plan.steps}")
+    if isinstance(plan.steps, bool) or not isinstance(plan.steps, int) or plan.steps < 1:
+        raise PlanError(f"{where}: field 'steps' must be a whole number >= 1, got {plan.steps!r}")
     tensors = plan.tensor_map()
     if len(tensors) != len(plan.tensors):
         raise PlanError(f"{where}: duplicate tensor ids")
@@ -348,6 +351,15 @@ def validate_plan(plan: Plan, where: str = "plan", locations: Iterable[str] | No
             raise PlanError(f"{where}: segment {seg.name!r}: repeat must be >= 1, got {seg.repeat}")
         for t in seg.tasks:
             _check_task(t, si, f"{where}: task {t.id!r}", ctx)
+    if not plan.segments:
+        raise PlanError(f"{where}: field 'segments' is empty: a plan without work says nothing; re-create it "
+                        "with simulate --plan-out")
+    if not any(seg.tasks for seg in plan.segments):
+        raise PlanError(f"{where}: no segment holds a task: a plan without work says nothing; re-create it "
+                        "with simulate --plan-out")
+    if policies is not None and plan.policy not in policies:
+        raise PlanError(f"{where}: field 'policy' {plan.policy!r} is not a known policy ({', '.join(policies)}); "
+                        "re-create the plan with simulate --plan-out")
 
 
 def _check_tensor(t: TensorSpec, w: str, locs: frozenset[str] | None) -> None:

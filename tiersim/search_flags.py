@@ -43,7 +43,11 @@ def check_search_bounds(args: argparse.Namespace) -> None:
 
 def cache_from_args(args: argparse.Namespace) -> EvalCache | None:
     """The evaluation cache ``--cache-dir`` names (default directory otherwise); None with ``--no-cache``."""
-    return None if args.no_cache else EvalCache(args.cache_dir or default_cache_dir())
+    return None if args.no_cache else EvalCache(args.cache_dir or default_cache_dir(), warn=_warn)
+
+
+def _warn(message: str) -> None:
+    print(f"tiersim: {message}", file=sys.stderr)
 
 
 def search_options(args: argparse.Namespace) -> dict[str, Any]:

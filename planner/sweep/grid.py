@@ -156,6 +156,15 @@ def _as_list(value: object) -> list[Any]:
     return list(value) if isinstance(value, list | tuple) else [value]
 
 
+def _axis(value: object, where: str) -> list[Any]:
+    """The values of one axis; an empty list would make the grid empty, so it is refused."""
+    values = _as_list(value)
+    if not values:
+        raise SweepFileError(f"{where}: empty list, so the grid would have no point; give at least one value "
+                             "(or drop the field for its default)")
+    return values
+
+
 def _file_or_name(name: str, base: Path) -> str:
     """A name that is a file relative to the sweep file becomes an absolute path (workers run elsewhere)."""
     candidate = (base / name).expanduser()
@@ -181,7 +190,7 @@ def _hardware_axis(section: object, label: str, base: Path) -> list[tuple[str, t
         else:
             raise SweepFileError(f"{where}: expected a preset name or {{preset: NAME, set: {{...}}}}")
         name = _file_or_name(name, base)
-        axes = [[f"{path}={_yaml_scalar(v, f'{where}.set.{path}')}" for v in _as_list(values)]
+        axes = [[f"{path}={_yaml_scalar(v, f'{where}.set.{path}')}" for v in _axis(values, f"{where}.set.{path}")]
                 for path, values in sets_map.items()]
         for sets in itertools.product(*axes):
             try:
@@ -236,7 +245,7 @@ def _policies_axis(section: object, label: str) -> list[tuple[str, dict[str, Any
             raise SweepFileError(f"{where}: expected a mapping knob -> value or [values] "
                                  f"(tiersim policies show {name})")
         names = list(knob_axes)
-        for values in itertools.product(*(_as_list(knob_axes[k]) for k in names)):
+        for values in itertools.product(*(_axis(knob_axes[k], f"{where}.{k}") for k in names)):
             knobs = dict(zip(names, values, strict=True))
             try:
                 full = dataclasses.asdict(parse_knobs(info, knobs))
@@ -255,7 +264,7 @@ def _workload_axis(section: object, label: str) -> list[dict[str, Any]]:
         if name not in WORKLOAD_FIELDS:
             raise SweepFileError(f"{label}: workload.{name}: unknown field; fields: {', '.join(WORKLOAD_FIELDS)}")
         kind, choices = WORKLOAD_FIELDS[name]
-        for v in _as_list(section[name]):
+        for v in _axis(section[name], f"{label}: workload.{name}"):
             ok = isinstance(v, kind) and (kind is bool or not isinstance(v, bool))
             if ok and kind is int:
                 ok = v > 0

@@ -3,8 +3,10 @@
 - serial (``processes=1``): in this process, one point after another (the baseline of the benchmark);
 - a local process pool (the default): ``planner.workers.Workers`` with one process per CPU this process
   may use, started with ``forkserver`` (no fork of a process that may hold threads);
-- Dask: a ``dask.distributed.LocalCluster`` of ``workers`` processes on loopback, or the running cluster
-  whose scheduler is at ``scheduler`` (``tcp://HOST:PORT``); its workers need tiersim installed.
+- Dask: a ``dask.distributed.LocalCluster`` of ``workers`` processes on loopback (127.0.0.1 only, no
+  dashboard and no HTTP server; :func:`local_cluster`; the summary's executor names every address that
+  listens), or the running cluster whose scheduler is at ``scheduler`` (``tcp://HOST:PORT``; it listens
+  where its owner started it); its workers need tiersim installed.
 
 Points go to the workers as tasks of a few points of the same hardware and model (:func:`tasks`), so a
 worker loads a preset once per task rather than once per point. The client is the only writer of the
@@ -183,7 +185,8 @@ def _dask(todo: list[Point], workers: int | None, scheduler: str | None) -> tupl
             assert workers is not None
             cluster = stack.enter_context(local_cluster(workers))
             client = stack.enter_context(distributed.Client(cluster))
-            n, label = workers, "dask LocalCluster"
+            listening = close_http(client)
+            n, label = workers, f"dask LocalCluster (listening on {', '.join(listening)}; no HTTP)"
         _check_workers_import(client, scheduler)
     except BaseException:
         stack.close()
@@ -192,13 +195,52 @@ def _dask(todo: list[Point], workers: int | None, scheduler: str | None) -> tupl
 
 
 def local_cluster(workers: int) -> Any:
-    """A LocalCluster of ``workers`` single-threaded processes on loopback, no dashboard, quiet logs."""
+    """A LocalCluster of ``workers`` single-threaded processes on loopback, quiet logs, and no HTTP: dask
+    always opens an HTTP server in the scheduler (on port 8787 unless told otherwise, even with the
+    dashboard off) and in each worker; here they serve no route and stop listening once the cluster is up
+    (:func:`close_http`), so what listens is the scheduler, the workers and their nannies, on 127.0.0.1."""
     import logging
 
+    import dask
     import distributed
 
-    return distributed.LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
-                                    dashboard_address=None, silence_logs=logging.ERROR)
+    no_routes: dict[str, list[str]] = {"distributed.scheduler.http.routes": [], "distributed.worker.http.routes": []}
+    with dask.config.set(no_routes):  # the nannies hand this config to their worker processes
+        cluster = distributed.LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                                           host="127.0.0.1", dashboard_address=None, silence_logs=logging.ERROR,
+                                           scheduler_kwargs={"dashboard": False, "dashboard_address": "127.0.0.1:0"})
+    try:
+        cluster.sync(_stop_http, cluster.scheduler)
+    except BaseException:
+        cluster.close()
+        raise
+    return cluster
+
+
+async def _stop_http(server: Any) -> None:
+    """Stop a dask server's HTTP listener (on its own event loop)."""
+    http = getattr(server, "http_server", None)
+    if http is not None:
+        http.stop()
+
+
+def _stop_worker_http(dask_worker: Any) -> None:
+    http = getattr(dask_worker, "http_server", None)
+    if http is not None:
+        http.stop()
+
+
+def close_http(client: Any) -> list[str]:
+    """Stop the workers' HTTP listeners; what still listens, e.g. ``["scheduler tcp://127.0.0.1:40111",
+    "worker tcp://127.0.0.1:35957", "nanny tcp://127.0.0.1:32797"]``."""
+    client.run(_stop_worker_http)
+    info = client.scheduler_info(n_workers=-1)
+    addresses = [f"scheduler {info['address']}"]
+    for addr, w in sorted(info["workers"].items()):
+        addresses.append(f"worker {addr}")
+        if w.get("nanny"):
+            addresses.append(f"nanny {w['nanny']}")
+    return addresses
 
 
 def _check_workers_import(client: Any, scheduler: str | None) -> None:

@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     import pandas as pd
 
 SCHEMA_VERSION = 1
+APPLICATION = "tiersim.sweep"  # the meta row that marks a store as tiersim's (stores before it: schema row only)
+_SQLITE_HEADER = b"SQLite format 3\x00"
 # (column, SQL type): the point's inputs, then the status, then the main figures of its result
 POINT_COLUMNS = (("hardware", "TEXT"), ("hw_set", "TEXT"), ("model", "TEXT"), ("policy", "TEXT"), ("knobs", "TEXT"),
                  ("global_batch", "INTEGER"), ("micro_batch", "INTEGER"), ("seq_len", "INTEGER"),
@@ -68,21 +70,24 @@ class SweepStore:
         self.path = Path(path)
         if not self.path.parent.is_dir():
             raise StoreError(f"{path}: directory '{self.path.parent}' does not exist; create it or pick another path")
+        fresh = _claim(self.path)  # a file that holds anything is opened only once it is known to be a store
         try:
             self._db = sqlite3.connect(self.path)
+        except sqlite3.Error as e:
+            raise StoreError(f"{path}: cannot open the sweep store ({e}); pick another --store path") from None
+        try:
             self._db.executescript(_SCHEMA)
             self._db.execute("PRAGMA journal_mode=WAL")  # readers while the sweep writes
             self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: a killed process loses no commit
-            version = self._db.execute("SELECT value FROM meta WHERE name = 'schema'").fetchone()
-            if version is None:
-                self._db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+            if fresh:
+                self._db.executemany("INSERT OR IGNORE INTO meta VALUES (?, ?)",
+                                     [("schema", str(SCHEMA_VERSION)), ("application", APPLICATION)])
                 self._db.commit()
-            elif version[0] != str(SCHEMA_VERSION):
-                raise StoreError(f"{path}: a sweep store of schema {version[0]}, this tiersim writes "
-                                 f"{SCHEMA_VERSION}; pick another --store")
             _check_filled_by_this_version(self._db, path)
         except sqlite3.DatabaseError as e:
-            raise StoreError(f"{path}: not a sweep store ({e}); pick another --store path") from None
+            self._db.close()
+            raise StoreError(f"{path}: cannot write the sweep store ({e}); make it writable or pick another "
+                             "--store path") from None
 
     def __enter__(self) -> SweepStore:
         return self
@@ -112,9 +117,13 @@ class SweepStore:
         if replace_failed:
             conflict = ("DO UPDATE SET " + ", ".join(f"{n} = excluded.{n}" for n in names if n != "key")
                         + " WHERE runs.status = 'failed'")
-        cur = self._db.execute(f"INSERT INTO runs ({', '.join(names)}) VALUES ({', '.join('?' * len(names))}) "
-                               f"ON CONFLICT(key) {conflict}", [row[n] for n in names])
-        self._db.commit()
+        try:
+            cur = self._db.execute(f"INSERT INTO runs ({', '.join(names)}) VALUES ({', '.join('?' * len(names))}) "
+                                   f"ON CONFLICT(key) {conflict}", [row[n] for n in names])
+            self._db.commit()
+        except sqlite3.DatabaseError as e:  # the disk filled up, the file turned read-only or was replaced
+            raise StoreError(f"{self.path}: cannot write the sweep store ({e}); what finished before is stored: "
+                             "fix the file and run the same sweep again") from None
         return cur.rowcount == 1
 
 
@@ -175,12 +184,90 @@ def _open_for_reading(path: str | os.PathLike[str]) -> sqlite3.Connection:
     p = Path(path)
     if not p.is_file():
         raise StoreError(f"{path}: no such sweep store; give the file `tiersim sweep --store` wrote")
+    problem = foreign_store_problem(p)
+    if problem is not None:
+        raise StoreError(f"{path}: not a sweep store ({problem}); give the file `tiersim sweep --store` wrote")
     try:
-        db = sqlite3.connect(f"{p.resolve().as_uri()}?mode=ro", uri=True)
-        db.execute("SELECT key FROM runs LIMIT 1")
+        return sqlite3.connect(f"{p.resolve().as_uri()}?mode=ro", uri=True)
     except sqlite3.DatabaseError as e:
-        raise StoreError(f"{path}: not a sweep store ({e}); give the file `tiersim sweep --store` wrote") from None
-    return db
+        raise StoreError(f"{path}: cannot read the sweep store ({e})") from None
+
+
+def _claim(path: Path) -> bool:
+    """Make ``path`` ready for :class:`SweepStore`: True when it is new (created here, empty, mode 0o600);
+    False when it is an existing sweep store we may write. Anything else -- a file that is not SQLite,
+    another application's database (even one with a ``runs`` table), a store of another schema, a file
+    that cannot be written -- is a StoreError, and the file is not touched (not even opened for writing)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise StoreError(f"{path}: cannot create the sweep store ({e.strerror or e}); pick another --store "
+                         "path") from None
+    else:
+        os.close(fd)
+        return True
+    if not path.is_file():
+        raise StoreError(f"{path}: not a regular file; give a sweep store file or a new path")
+    empty = path.stat().st_size == 0
+    if not empty:
+        problem = foreign_store_problem(path)
+        if problem is not None:
+            raise StoreError(f"{path}: not a sweep store of tiersim ({problem}); it is left unchanged: pick another "
+                             "--store path")
+    for target, what in ((path, "file"), (path.parent, "directory")):
+        if not os.access(target, os.W_OK):
+            raise StoreError(f"{path}: the sweep store's {what} is read-only; make it writable (chmod u+w "
+                             f"{target}) or pick another --store path")
+    return empty
+
+
+def foreign_store_problem(path: Path) -> str | None:
+    """None when ``path`` (an existing, non-empty file) is a sweep store of this schema, else what it is
+    instead. Read through a read-only connection: the file is never changed, nothing is created beside it."""
+    with open(path, "rb") as f:
+        head = f.read(len(_SQLITE_HEADER))
+    if head != _SQLITE_HEADER:
+        return "not an SQLite database"
+    # immutable: no lock, no -shm or -wal file created beside another application's database; a -wal
+    # already there (a sweep that was killed) holds committed rows, read through a plain read-only connection
+    wal = path.with_name(path.name + "-wal").exists()
+    try:
+        db = sqlite3.connect(f"{path.resolve().as_uri()}?{'mode=ro' if wal else 'immutable=1'}", uri=True)
+    except sqlite3.Error as e:
+        return f"cannot be opened: {e}"
+    try:
+        tables = {n for (n,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table' "
+                                           "AND name NOT LIKE 'sqlite_%'")}
+        if tables != {"runs", "meta"}:
+            return f"an SQLite database with tables {', '.join(sorted(tables)) or '(none)'}"
+        meta = dict(db.execute("SELECT name, value FROM meta").fetchall())
+        columns = {row[1] for row in db.execute("PRAGMA table_info(runs)")}
+    except (sqlite3.Error, ValueError) as e:
+        return f"an SQLite database tiersim cannot read: {e}"
+    finally:
+        db.close()
+    if meta.get("application", APPLICATION) != APPLICATION:
+        return f"the database of {meta['application']!r}"
+    if "schema" not in meta:
+        return "an SQLite database with tables meta and runs but no tiersim schema row"
+    if meta["schema"] != str(SCHEMA_VERSION):
+        return f"a sweep store of schema {meta['schema']}, this tiersim uses {SCHEMA_VERSION}"
+    missing = [c for c in (*COLUMNS, "point_json", "result_json") if c not in columns]
+    if missing:
+        return f"its runs table lacks column(s) {', '.join(missing)}"
+    return None
+
+
+def column_kinds() -> dict[str, str]:
+    """The kind of every column of :func:`results_frame` for ``tiersim results --where``: number, text or
+    boolean (``feasible``, ``flash_attention``)."""
+    sql = {"key": "TEXT", "status": "TEXT", "error": "TEXT", "wall_s": "REAL", **dict(POINT_COLUMNS),
+           **dict(FIGURE_COLUMNS)}
+    kinds = {c: "number" if sql[c] in ("INTEGER", "REAL") else "text" for c in COLUMNS}
+    kinds.update(feasible="boolean", flash_attention="boolean")
+    return kinds
 
 
 def read_results(path: str | os.PathLike[str]) -> list[dict[str, Any]]:

@@ -3,17 +3,21 @@
 Exit codes: 0 replayed (and, with ``--verify``, the training matches its reference), 1 ``--verify``
 found a mismatch (a bug in the runner or the policy, not in the input), 2 bad input (one line on stderr:
 unreadable plan, a plan this machine cannot replay, data not where the plan put it), 3 a pool over the
-plan's capacity in the runner's accounting (printed as an answer).
+plan's capacity (printed as an answer): checked before anything runs exactly as ``simulate --plan`` checks
+it (the same simulation, the same verdict line), and again by the runner's own accounting as it runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 from pathlib import Path
 from typing import Any
 
-from planner.result_json import dumps
+from hardware_models import build_topology
+from planner.plan_check import check_saved_plan
+from planner.result_json import dumps, simulated_json
 from simulator import Plan, simulate_plan
 from tiersim.command import Command
 from tiersim.errors import UsageError
@@ -44,15 +48,20 @@ def run(args: argparse.Namespace) -> int:
     if args.steps is not None and args.steps < 1:
         raise UsageError(f"--steps must be >= 1, got {args.steps}")
     plan = Plan.load(args.plan)
+    hw = plan.hardware
+    check_saved_plan(plan, args.plan, build_topology(hw).locations)
+    if args.steps is not None:
+        plan = dataclasses.replace(plan, steps=args.steps)
+    simulated = simulate_plan(plan, hw)
+    if not simulated.feasible:  # the simulator's capacity verdict, as `simulate --plan` gives it
+        return _infeasible(args, simulated)
     if importlib.util.find_spec("torch") is None:
         raise UsageError("replay needs torch: pip install 'tiersim[replay]' (torch==2.13.0)")
     from replay.errors import ReplayError, ReplayOom
-    from replay.runner import DEFAULT_SEED, Runner, measured_result, with_steps
+    from replay.runner import DEFAULT_SEED, Runner, measured_result
 
-    hw = plan.hardware
     seed = DEFAULT_SEED if args.seed is None else args.seed
     try:
-        plan = with_steps(plan, args.steps)
         runner = Runner(plan, hw, device=args.device, nvme_dir=args.nvme_dir, seed=seed)
         meas = runner.run()
     except ReplayOom as e:
@@ -61,7 +70,6 @@ def run(args: argparse.Namespace) -> int:
     except ReplayError as e:
         raise UsageError(f"{args.plan}: {e}") from None
     measured = measured_result(plan, hw, meas)
-    simulated = simulate_plan(plan, hw)
     from replay.compare import comparison, format_comparison
 
     extra: dict[str, Any] = {
@@ -87,6 +95,18 @@ def run(args: argparse.Namespace) -> int:
     if d["verify"] is not None and not d["verify"]["ok"]:
         return EXIT_MISMATCH
     return EXIT_OK
+
+
+def _infeasible(args: argparse.Namespace, simulated: Any) -> int:
+    """Print the simulator's verdict on a plan that does not fit its machine; nothing is replayed."""
+    from reports.text import verdict_line
+
+    if args.json:
+        print(dumps({**simulated_json(simulated), "replayed": False}))
+    else:
+        print(f"Verdict: {verdict_line(simulated)}")
+        print(f"replay: not run: {args.plan} does not fit {simulated.hardware} (the check of simulate --plan)")
+    return EXIT_INFEASIBLE
 
 
 COMMAND = Command("replay", "execute a plan for real with torch; compare with its simulation", add_args, run)

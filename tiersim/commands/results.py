@@ -6,9 +6,11 @@
     tiersim results sweep.sqlite --csv runs.csv                    # every column, for a spreadsheet
     tiersim results sweep.sqlite --json                            # one JSON object, one row per run
 
-``--where`` is a pandas query over the columns of ``planner.sweep.store.COLUMNS`` (hardware, hw_set, model,
+``--where`` is a row filter over the columns of ``planner.sweep.store.COLUMNS`` (hardware, hw_set, model,
 policy, knobs, global_batch, micro_batch, seq_len, precision, checkpointing, status, feasible, tokens_per_s,
-step_time_s, tflops_per_gpu, mfu, peak_gpu_bytes, ...); several are combined with "and".
+step_time_s, tflops_per_gpu, mfu, peak_gpu_bytes, ...) in a grammar of its own (``tiersim.row_filter``:
+FIELD OP VALUE, ``in (...)``, ``and``/``or``/``not``, parentheses), parsed here and never handed to Python;
+several are combined with "and".
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.description = "List, filter or export the runs stored by `tiersim sweep`."
     p.add_argument("store", metavar="STORE", help="the SQLite file written by tiersim sweep --store")
     p.add_argument("--where", action="append", default=[], metavar="EXPR",
-                   help="keep rows where this pandas query holds, e.g. \"feasible and policy == 'none'\"")
+                   help="keep rows where this holds: FIELD OP VALUE (== != < <= > >=), FIELD in (A, B), and/or/not, "
+                        "parentheses, e.g. \"feasible and policy == 'none'\"")
     p.add_argument("--status", choices=["done", "failed", "all"], default="all", help="which runs (default: all)")
     p.add_argument("--csv", default=None, metavar="FILE", help="write the selected rows, every column, as CSV")
     p.add_argument("--json", action="store_true", help="print one JSON object with the selected rows")
@@ -38,7 +41,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
 def select(store: str, where: list[str], status: str) -> Any:
     """The store's DataFrame filtered by ``status`` and every ``--where`` query (bad query: UsageError)."""
     from planner.sweep import StoreError, results_frame
-    from planner.sweep.store import COLUMNS
+    from planner.sweep.store import column_kinds
+    from tiersim.row_filter import WhereError, filter_frame
 
     try:
         frame = results_frame(store)
@@ -48,12 +52,11 @@ def select(store: str, where: list[str], status: str) -> Any:
         frame = frame[frame["status"] == status]
     for expr in where:
         if not expr.strip():
-            raise UsageError("--where: empty query; give e.g. --where \"policy == 'none'\"")
+            raise UsageError("--where: empty expression; give e.g. --where \"policy == 'none'\"")
         try:
-            frame = frame.query(expr)
-        except Exception as e:  # pandas raises many kinds (SyntaxError, UndefinedVariableError, TypeError...)
-            msg = " ".join(str(e).split())
-            raise UsageError(f"--where {expr!r}: {type(e).__name__}: {msg}; columns: {', '.join(COLUMNS)}") from None
+            frame = filter_frame(frame, expr, column_kinds())
+        except WhereError as e:
+            raise UsageError(f"--where {expr!r}: {' '.join(str(e).split())}") from None
     return frame.reset_index(drop=True)
 
 

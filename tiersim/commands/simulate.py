@@ -7,9 +7,10 @@ import dataclasses
 
 from hardware_models import HardwareSpec, build_topology, spec_from_dict
 from planner.job import make_job, make_plan, resolve_hardware
+from planner.plan_check import check_saved_plan
 from planner.result_json import dumps, infeasible_json, simulated_json
 from policies import PlanInfeasible, get_policy, parse_knobs
-from simulator import Plan, simulate_plan, validate_plan
+from simulator import Plan, simulate_plan
 from tiersim import deepspeed_cli as ds_cli
 from tiersim.command import Command
 from tiersim.deepspeed_export import check_exportable
@@ -59,7 +60,7 @@ def _saved_plan(args: argparse.Namespace, extra_assumed: list[str]) -> tuple[Pla
                             overrides=args.sets)
         extra_assumed.append(f"hardware={hw.name} (embedded in {args.plan_in}; pass --hw to change)")
     # name the file and the machine when the plan does not fit this hardware (e.g. 8 GPUs planned, 1 here)
-    validate_plan(plan, f"{args.plan_in} on hardware {hw.name!r}", build_topology(hw).locations)
+    check_saved_plan(plan, f"{args.plan_in} on hardware {hw.name!r}", build_topology(hw).locations)
     return plan, hw
 
 
