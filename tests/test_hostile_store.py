@@ -12,12 +12,12 @@
 from __future__ import annotations
 
 import contextlib
-import time
 import hashlib
 import json
 import os
 import sqlite3
 import stat
+import time
 from pathlib import Path
 
 import pytest
