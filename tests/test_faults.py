@@ -11,6 +11,7 @@ reader gone, atomic output files, worker processes dying with their parent.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pty
 import re
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -77,11 +79,13 @@ class Run:
         return self.text["err"].decode(errors="replace").replace("\r\n", "\n")
 
     def _read(self, timeout: float) -> bool:
-        """Read what is there (waiting at most ``timeout``); False once every stream is at its end."""
+        """Read what is there, waiting at most ``timeout``; False when nothing came (or every stream ended)."""
         open_fds = {fd: k for k, fd in self.fds.items() if fd >= 0}
         if not open_fds:
             return False
         ready, _, _ = select.select(list(open_fds), [], [], timeout)
+        if not ready:
+            return False
         for fd in ready:
             try:
                 data = os.read(fd, 65536)
@@ -119,10 +123,32 @@ class Run:
                 self.fds[k] = -1
         if self.master >= 0:
             os.close(self.master)
+            self.master = -1
         for f in (self.proc.stdout, self.proc.stderr):
             if f is not None:
                 f.close()
         return self.text["out"].decode(errors="replace"), self.err
+
+
+@pytest.fixture
+def start() -> Iterator[Callable[..., Run]]:
+    """``start(args, cwd, tty=False)``: a :class:`Run`; whatever it leaves running (a failure) is killed after
+    the test, so that a failing test does not load the machine for minutes."""
+    runs: list[Run] = []
+
+    def _start(args: list[str], cwd: Path, tty: bool = False) -> Run:
+        runs.append(Run(args, cwd, tty))
+        return runs[-1]
+
+    yield _start
+    for run in runs:
+        if run.proc.poll() is None:
+            run.proc.kill()
+            run.proc.wait()
+        for pid, _, _ in processes(run.marker):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        run.output()
 
 
 def processes(marker: str) -> list[tuple[int, int, str]]:
@@ -175,9 +201,9 @@ def pool_workers(marker: str, client: int) -> list[int]:
 
 
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm", "sigkill"])
-def test_plan_interrupted_mid_search(tmp_path: Path, how: str) -> None:
+def test_plan_interrupted_mid_search(start: Callable[..., Run], tmp_path: Path, how: str) -> None:
     plan_out = tmp_path / "best.json"
-    run = Run(["plan", "--hw", "a100x8", "--model", "7b", "--workers", "2", "--progress",
+    run = start(["plan", "--hw", "a100x8", "--model", "7b", "--workers", "2", "--progress",
                "--cache-dir", str(tmp_path / "cache"), "--plan-out", str(plan_out)], cwd=tmp_path)
     started = run.wait_for(r"\[plan \d+/\d+\]")
     helpers = [pid for pid, ppid, _ in processes(run.marker) if ppid == run.proc.pid]
@@ -213,11 +239,11 @@ def _rows(store: Path) -> list[tuple[str, str]]:
         db.close()
 
 
-def test_sweep_terminated_then_resumed_loses_and_repeats_nothing(tmp_path: Path) -> None:
+def test_sweep_terminated_then_resumed_loses_and_repeats_nothing(start: Callable[..., Run], tmp_path: Path) -> None:
     grid = tmp_path / "grid.yaml"
     grid.write_text(yaml.safe_dump(QUICK_GRID))
     store = tmp_path / "s.sqlite"
-    run = Run(["sweep", str(grid), "--store", str(store), "--processes", "2", "--progress"], cwd=tmp_path)
+    run = start(["sweep", str(grid), "--store", str(store), "--processes", "2", "--progress"], cwd=tmp_path)
     started = run.wait_for(r"sweep: [1-7]/8 completed")
     run.proc.send_signal(signal.SIGTERM)  # `kill PID`: the client alone
     rc, took = run.finish()
@@ -243,11 +269,11 @@ def test_sweep_terminated_then_resumed_loses_and_repeats_nothing(tmp_path: Path)
     assert all(after[k] == r for k, r in before.items())  # what finished before was not recomputed
 
 
-def test_sweep_client_killed_leaves_no_worker_fork_server_or_tracker(tmp_path: Path) -> None:
+def test_sweep_client_killed_leaves_no_worker_fork_server_or_tracker(start: Callable[..., Run], tmp_path: Path) -> None:
     grid = tmp_path / "grid.yaml"
     grid.write_text(yaml.safe_dump(SLOW_GRID))
     store = tmp_path / "s.sqlite"
-    run = Run(["sweep", str(grid), "--store", str(store), "--processes", "2"], cwd=tmp_path)
+    run = start(["sweep", str(grid), "--store", str(store), "--processes", "2"], cwd=tmp_path)
     deadline = time.monotonic() + WAIT_S
     while len(pool_workers(run.marker, run.proc.pid)) < 2:  # both processes of the pool have a point
         assert time.monotonic() < deadline and run.proc.poll() is None, run.output()
@@ -268,9 +294,10 @@ def test_sweep_client_killed_leaves_no_worker_fork_server_or_tracker(tmp_path: P
 # ---------------------------------------------------------------------------------------- simulate
 
 
-def test_policy_all_interrupted_while_drawing_its_report_writes_no_report(tmp_path: Path) -> None:
+def test_policy_all_interrupted_while_drawing_its_report_writes_no_report(start: Callable[..., Run],
+                                                                         tmp_path: Path) -> None:
     report = tmp_path / "report"
-    run = Run(["simulate", "--hw", "a100", "--model", "gpt2", "--policy", "all", "--report", str(report)],
+    run = start(["simulate", "--hw", "a100", "--model", "gpt2", "--policy", "all", "--report", str(report)],
               cwd=tmp_path, tty=True)  # on a terminal: progress lines, and Ctrl-C goes to the group
     started = run.wait_for(r"report: drawing figures")
     os.killpg(run.proc.pid, signal.SIGINT)
@@ -297,13 +324,13 @@ def test_closed_stdout_is_one_line_and_exit_141(tmp_path: Path) -> None:
 
 def test_reader_gone_is_one_line_and_exit_141(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    p = subprocess.Popen([sys.executable, "-m", "tiersim", "models", "list"], cwd=tmp_path, env=env,
+    p = subprocess.Popen([sys.executable, "-m", "tiersim", "policies", "list"], cwd=tmp_path, env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert p.stdout is not None
     p.stdout.close()  # like `| head -0`: the reader is gone before the first write
     _, err = p.communicate(timeout=WAIT_S)
     assert p.returncode == 141, err
-    assert err.splitlines() == ["tiersim models: standard output closed by its reader (broken pipe); the rest of "
+    assert err.splitlines() == ["tiersim policies: standard output closed by its reader (broken pipe); the rest of "
                                 "the output is lost"]
 
 
