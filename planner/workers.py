@@ -107,8 +107,9 @@ def _alive(pid: int, born: str | None) -> bool:
             fields = f.read().rsplit(b")", 1)[1].split()
         return fields[0] not in (b"Z", b"X") and (born is None or fields[19].decode() == born)
     except FileNotFoundError:
-        return False
-    except (OSError, IndexError):  # no /proc here: ask the kernel
+        if os.path.exists("/proc/self/stat"):  # /proc is there, the process is not
+            return False
+    except (OSError, IndexError):  # /proc unreadable: ask the kernel
         pass
     try:
         os.kill(pid, 0)
