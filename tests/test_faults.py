@@ -46,9 +46,10 @@ PROGRESS = re.compile(r"^(\[plan \d+/\d+\]|\[\d+/\d+\] |sweep: \d+/\d+ completed
 QUICK_GRID = {"hardware": ["a100"], "models": ["gpt2"], "policies": ["none", "zero-offload", "zero-infinity",
                                                                      "tinypipe"],
               "workload": {"global_batch": 8, "micro_batch": [1, 2], "seq_len": 256}}
-# 2 slow points (each several seconds of simulation): a process of the pool busy with each
+# 16 slow points (seconds each), tasks of 2 points on 2 processes: a task outlives ORPHAN_S by far, so a
+# worker that did not die with its client would still be found
 SLOW_GRID = {"hardware": ["a100x8"], "models": ["llama2-13b"], "policies": ["zero-infinity"],
-             "workload": {"global_batch": 64, "micro_batch": [1, 2], "seq_len": 1024}}
+             "workload": {"global_batch": [64, 128], "micro_batch": [1, 2, 4, 8], "seq_len": [512, 1024]}}
 
 
 class Run:
