@@ -12,13 +12,29 @@ when needed) and :meth:`Workers.stop` ends them all. Used as a context manager i
             ...
 
 Tasks and their results cross process boundaries by pickling (``fn`` must be a module-level function).
+
+Worker processes never outlive the process that started the pool, the client (:func:`worker_setup`, run
+first in each worker; every process pool of tiersim is this one: the plan search's, the sweep's,
+``simulate --policy all``'s and the report's figures'): Ctrl-C is left to the client, which stops the pool
+(a terminal sends it to every process of the group; a worker ignores it rather than printing a traceback of
+its own); SIGTERM ends a worker at once; and when the client dies, even by SIGKILL, its workers follow
+(:func:`die_with_parent`: ``prctl(PR_SET_PDEATHSIG)`` on Linux, and everywhere a thread that watches the
+parent and the client). With the ``forkserver`` method the fork server then exits too, and with it
+multiprocessing's resource tracker.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as wait_ready
@@ -28,14 +44,99 @@ from types import TracebackType
 from typing import Any
 
 STOP_TIMEOUT_S = 5.0
+PARENT_POLL_S = 0.5  # how often a worker looks for its parent (where the kernel does not tell it at once)
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class WorkerDied(RuntimeError):
     """A worker process ended without answering (killed from outside, or out of memory)."""
 
 
-def _serve(conn: Connection, initializer: Callable[[], None] | None) -> None:
+def worker_setup(client_pid: int | None = None) -> None:
+    """Run first in every worker process (an ``initializer``): leave Ctrl-C to the client, end at once on
+    SIGTERM, and die with the client (:func:`die_with_parent`). ``client_pid``: the process that started the
+    pool (default: this process's parent)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if hasattr(signal, "pthread_sigmask"):  # blocked by the client while it started this process
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+    die_with_parent(client_pid)
+
+
+def die_with_parent(client_pid: int | None = None) -> None:
+    """End this process when its parent, or the client ``client_pid`` that started it, ends.
+
+    Linux: the kernel sends SIGKILL when the parent ends (``prctl(PR_SET_PDEATHSIG)``). Everywhere: a
+    daemon thread looks every :data:`PARENT_POLL_S` seconds whether the parent changed or the client is
+    gone. The client is watched because with the ``forkserver`` method the parent is the fork server, which
+    outlives a killed client as long as the client's workers live (each holds the server's keep-alive pipe).
+    A process whose parent or client is gone already when this runs exits at once."""
+    ppid = os.getppid()
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    client = client_pid if client_pid is not None else ppid
+    born = _start_time(client)
+    if ppid == 1 or os.getppid() != ppid or not _alive(client, born):
+        os._exit(1)
+    threading.Thread(target=_watch, args=(ppid, client, born), name="tiersim-parent-watch", daemon=True).start()
+
+
+def _watch(ppid: int, client: int, born: str | None) -> None:
+    while True:
+        time.sleep(PARENT_POLL_S)
+        if os.getppid() != ppid or not _alive(client, born):
+            os._exit(1)
+
+
+def _start_time(pid: int) -> str | None:
+    """When ``pid`` started (Linux: field 22 of /proc/PID/stat), to tell it from a later process of that pid."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return None
+
+
+def _alive(pid: int, born: str | None) -> bool:
+    """``pid`` runs (not a zombie) and is the process that started at ``born`` (when known)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return fields[0] not in (b"Z", b"X") and (born is None or fields[19].decode() == born)
+    except FileNotFoundError:
+        if os.path.exists("/proc/self/stat"):  # /proc is there, the process is not
+            return False
+    except (OSError, IndexError):  # /proc unreadable: ask the kernel
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: ours is gone and its pid reused
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def _stop_signals_blocked() -> Iterator[None]:
+    """SIGINT and SIGTERM held back while a worker starts: it inherits the mask (fork, or the exec of spawn)
+    and unblocks them once :func:`worker_setup` has set what they do, so none arrives before."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _serve(conn: Connection, initializer: Callable[[], None] | None, client_pid: int | None = None) -> None:
     """A worker's loop: run ``(fn, args)`` requests until told to stop (``None``) or the pipe closes."""
+    worker_setup(client_pid)
     if initializer is not None:
         initializer()
     while True:
@@ -50,7 +151,10 @@ def _serve(conn: Connection, initializer: Callable[[], None] | None) -> None:
             out: tuple[bool, Any] = (True, fn(*args))
         except BaseException as e:  # noqa: BLE001 - handed to the parent, which re-raises it
             out = (False, e)
-        conn.send(out)
+        try:
+            conn.send(out)
+        except OSError:  # the parent is gone (or stopped this worker): nobody to answer
+            return
 
 
 @dataclass
@@ -59,9 +163,18 @@ class _Worker:
     conn: Connection
 
     def end(self) -> None:
+        self.signal_end()
+        self.reap()
+
+    def signal_end(self) -> None:
         if self.proc.is_alive():
-            self.proc.terminate()
+            self.proc.terminate()  # SIGTERM: a worker ends at once (worker_setup)
+
+    def reap(self) -> None:
         self.proc.join(STOP_TIMEOUT_S)
+        if self.proc.is_alive():  # should not happen; never leave a process behind
+            self.proc.kill()
+            self.proc.join(STOP_TIMEOUT_S)
         self.conn.close()
 
 
@@ -141,8 +254,11 @@ class Workers:
     def stop(self) -> None:
         """End every worker process now, running tasks included, and drop the waiting ones."""
         self._queue.clear()
-        for w in [*self._busy.values(), *self._idle]:
-            w.end()
+        workers = [*self._busy.values(), *self._idle]
+        for w in workers:  # all at once, then wait for each
+            w.signal_end()
+        for w in workers:
+            w.reap()
         self._busy.clear()
         self._idle.clear()
 
@@ -150,15 +266,24 @@ class Workers:
     def _dispatch(self) -> None:
         while self._queue and len(self._busy) < self._n:
             key, fn, args = self._queue.popleft()
-            w = self._idle.pop() if self._idle else self._start()
-            w.conn.send((fn, args))
-            self._busy[key] = w
+            if not self._idle:
+                self._start()
+            # tracked before it is handed the task: an interruption here still finds it in stop()
+            self._busy[key] = self._idle.pop()
+            self._busy[key].conn.send((fn, args))
 
-    def _start(self) -> _Worker:
+    def _start(self) -> None:
+        """Start one worker process, idle."""
         parent, child = self._ctx.Pipe()
         # every concrete context has Process; typeshed declares it on the subclasses only
-        proc = self._ctx.Process(target=_serve, args=(child, self._initializer),  # type: ignore[attr-defined]
+        proc = self._ctx.Process(target=_serve, args=(child, self._initializer, os.getpid()),  # type: ignore[attr-defined]
                                  daemon=True, name="tiersim-worker")
-        proc.start()
-        child.close()
-        return _Worker(proc, parent)
+        # a forkserver's child is forked by the fork server, which must not inherit a blocked mask (it serves
+        # other pools too); a signal held back here is raised as the block ends, the worker already tracked
+        forkserver = self._ctx.get_start_method() == "forkserver"
+        with contextlib.nullcontext() if forkserver else _stop_signals_blocked():
+            try:
+                proc.start()
+            finally:
+                child.close()
+            self._idle.append(_Worker(proc, parent))

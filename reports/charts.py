@@ -58,10 +58,14 @@ def render_all(charts: Sequence[Chart], out: Path, workers: int | None = None) -
     n = min(len(charts), workers if workers is not None else os.cpu_count() or 1)
     if n <= 1:
         return [render(c, out) for c in charts]
-    from concurrent.futures import ProcessPoolExecutor
+    from planner.workers import Workers  # stopped at once on Ctrl-C/SIGTERM; its processes die with this one
 
     # the slowest (most tasks to draw) first, so that no long one starts last
     order = sorted(range(len(charts)), key=lambda i: -len(charts[i].data))
-    with ProcessPoolExecutor(max_workers=n) as pool:
-        futures = {i: pool.submit(render, charts[i], out) for i in order}
-        return [futures[i].result() for i in range(len(charts))]
+    written: dict[int, Written] = {}
+    with Workers(n) as pool:
+        for i in order:
+            pool.submit(i, render, charts[i], out)
+        while pool.pending():
+            written.update(pool.wait())
+    return [written[i] for i in range(len(charts))]

@@ -21,6 +21,8 @@ Exit codes (``tiersim.exit_codes``):
     1  ``simulate --check`` found a violated simulator invariant (a bug in tiersim, not in the input)
     2  bad input: exactly ONE line on stderr naming the field or file and the fix, nothing on stdout
     3  infeasible: printed on stdout as an answer (which pool overflows, by how many GB)
+    130, 143  interrupted by SIGINT (Ctrl-C) / SIGTERM: one line on stderr; no output file is half-written
+    141  standard output closed (``>&-``) or its reader gone (``| head -1``): one line on stderr
 
 ``simulate --json`` prints ONE JSON object with the same keys whether the job fits, runs out of memory in
 the simulation, or is found infeasible by the policy before any simulation:
@@ -55,13 +57,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
 from planner.result_json import infeasible_json
 from policies import PlanInfeasible
+from tiersim import signals
 from tiersim.command import Command
 from tiersim.commands import (
     calibrate,
@@ -81,7 +83,7 @@ from tiersim.commands import (
     workload,
 )
 from tiersim.errors import INPUT_ERRORS, one_line
-from tiersim.exit_codes import EXIT_BAD_INPUT, EXIT_INFEASIBLE, EXIT_OK
+from tiersim.exit_codes import EXIT_BAD_INPUT, EXIT_INFEASIBLE, EXIT_OK, EXIT_STDOUT_CLOSED
 
 # every command, in the order ``tiersim --help`` lists them; each module declares its flags and its run
 COMMANDS: tuple[Command, ...] = (
@@ -148,34 +150,35 @@ def _run(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # --help (0) or a usage error already printed (2): return, don't raise
         return e.code if isinstance(e.code, int) else EXIT_BAD_INPUT
-    try:
-        rc = args.command.run(args)
-        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's shutdown
-        return rc
-    except INPUT_ERRORS as e:
-        print(f"{parser.prog}: error: {one_line(str(e))}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except PlanInfeasible as e:  # raised outside `simulate` (which reports it with the job's context)
-        if getattr(args, "json", False):
-            print(json.dumps(infeasible_json(e), indent=1))
-        else:
-            print(f"INFEASIBLE: {e}")
-        return EXIT_INFEASIBLE
-    except BrokenPipeError:  # e.g. `tiersim hardware list | head -1`
-        _silence_stdout()
-        return EXIT_OK
-    except OSError as e:
-        where = f"{e.filename}: " if e.filename else ""
-        print(f"{parser.prog}: error: {where}{e.strerror or e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-
-
-def _silence_stdout() -> None:
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError, AttributeError):  # no real file behind stdout (tests capture it)
-        pass
+    prog = f"{parser.prog} {args.cmd}" if getattr(args, "cmd", None) else parser.prog
+    if signals.stdout_closed():  # `>&-`: refuse before any work (a file opened later could take fd 1)
+        print(signals.stdout_closed_line(prog, broken_pipe=False), file=sys.stderr)
+        return EXIT_STDOUT_CLOSED
+    with signals.handled(prog):  # SIGINT/SIGTERM raise signals.Interrupted, caught below
+        try:
+            rc = args.command.run(args)
+            sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's shutdown
+            return rc
+        except KeyboardInterrupt as e:  # SIGINT or SIGTERM (signals.Interrupted), whatever the command was doing
+            print(signals.interrupted_line(prog, e), file=sys.stderr, flush=True)
+            return signals.as_interrupted(e).exit_code
+        except INPUT_ERRORS as e:
+            print(f"{parser.prog}: error: {one_line(str(e))}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        except PlanInfeasible as e:  # raised outside `simulate` (which reports it with the job's context)
+            if getattr(args, "json", False):
+                print(json.dumps(infeasible_json(e), indent=1))
+            else:
+                print(f"INFEASIBLE: {e}")
+            return EXIT_INFEASIBLE
+        except BrokenPipeError:  # e.g. `tiersim hardware list | head -1`
+            signals.silence_stdout()
+            print(signals.stdout_closed_line(prog, broken_pipe=True), file=sys.stderr)
+            return EXIT_STDOUT_CLOSED
+        except OSError as e:
+            where = f"{e.filename}: " if e.filename else ""
+            print(f"{parser.prog}: error: {where}{e.strerror or e}", file=sys.stderr)
+            return EXIT_BAD_INPUT
 
 
 if __name__ == "__main__":

@@ -7,16 +7,17 @@ import dataclasses
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any
 
 from planner.job import make_plan
 from planner.result_json import dumps, infeasible_json, simulated_json
+from planner.workers import Workers
 from policies import POLICIES, Job, PlanInfeasible, parse_knobs
 from simulator import Result, simulate_plan
 from tiersim.errors import UsageError
 from tiersim.exit_codes import EXIT_INFEASIBLE, EXIT_OK
 from tiersim.report_files import write_report_for
+from tiersim.signals import stderr_line
 
 
 def _one(name: str, job: Job, extrapolate: bool, keep: bool = False) -> tuple[dict[str, Any], Result | None]:
@@ -51,14 +52,17 @@ def run_all(args: argparse.Namespace, job: Job) -> int:
 
     def progress(name: str) -> None:
         if show:
-            print(f"[{len(done)}/{len(names)}] {name} done ({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
+            stderr_line(f"[{len(done)}/{len(names)}] {name} done ({time.perf_counter() - t0:.1f} s)")
 
     if workers > 1:  # the policies are independent: plan and simulate them in parallel processes
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            futures = {pool.submit(_one, name, job, args.extrapolate, keep): name for name in names}
-            for fut in as_completed(futures):
-                done[futures[fut]] = fut.result()
-                progress(futures[fut])
+        # planner.workers: leaving early (Ctrl-C, SIGTERM, an error) stops the running simulations at once
+        with Workers(workers) as pool:
+            for i, name in enumerate(names):
+                pool.submit(i, _one, name, job, args.extrapolate, keep)
+            while pool.pending():
+                for i, value in pool.wait():
+                    done[names[i]] = value
+                    progress(names[i])
     else:
         for name in names:
             done[name] = _one(name, job, args.extrapolate, keep)

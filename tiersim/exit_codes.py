@@ -6,7 +6,10 @@
          (each a finding about tiersim or the run, not about the input)
     2    bad input: exactly one line on stderr naming the field or file and the fix, nothing on stdout
     3    infeasible: printed on stdout as an answer (which pool overflows, by how much)
-    130  ``sweep`` interrupted (Ctrl-C); what finished is stored
+    130  interrupted by SIGINT (Ctrl-C): one line on stderr; no output file is left half-written (``sweep``:
+         what finished is stored)
+    141  standard output closed (``>&-``) or its reader gone (``| head -1``): one line on stderr
+    143  terminated by SIGTERM: as 130
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ EXIT_FAILED = 1      # validate: a case outside its tolerance; sweep: a point fa
 EXIT_BAD_INPUT = 2
 EXIT_INFEASIBLE = 3
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
+EXIT_STDOUT_CLOSED = 141  # 128 + SIGPIPE: stdout closed, or its reader went away
+EXIT_TERMINATED = 143  # 128 + SIGTERM
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_FAILED", "EXIT_INFEASIBLE", "EXIT_INTERRUPTED", "EXIT_INVARIANT",
-           "EXIT_MISMATCH", "EXIT_OK"]
+           "EXIT_MISMATCH", "EXIT_OK", "EXIT_STDOUT_CLOSED", "EXIT_TERMINATED"]

@@ -1,5 +1,6 @@
 """Writing a report folder (report.html, report.md, figures, CSV) from a command: ``tiersim report`` and
-``simulate --report DIR``."""
+``simulate --report DIR``. The report is drawn into a temporary folder beside DIR and its files renamed
+into DIR once all are written (``tiersim.output_files.atomic_folder``): an interruption leaves none of it."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from typing import Any
 
 from reports.contents import ReportInputs
 from tiersim.errors import UsageError
+from tiersim.output_files import atomic_folder
+from tiersim.signals import stderr_line
 
 
 def write(out: Path, inputs: ReportInputs, show: bool) -> list[Path]:
@@ -19,13 +22,14 @@ def write(out: Path, inputs: ReportInputs, show: bool) -> list[Path]:
 
     t0 = time.perf_counter()
     if show:
-        print(f"report: drawing figures into {out} ...", file=sys.stderr)
+        stderr_line(f"report: drawing figures into {out} ...")
     try:
-        paths = write_report(out, inputs)
+        with atomic_folder(out) as tmp:  # the whole report or none of it (tiersim.output_files)
+            paths = [out / p.relative_to(tmp) for p in write_report(tmp, inputs)]
     except OSError as e:
         raise UsageError(f"report folder {out}: cannot write ({e.strerror or e})") from None
     if show:
-        print(f"report: {len(paths)} files in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        stderr_line(f"report: {len(paths)} files in {time.perf_counter() - t0:.1f} s")
     return paths
 
 

@@ -22,7 +22,6 @@ import contextlib
 import hashlib
 import multiprocessing
 import os
-import signal
 import time
 from collections.abc import Generator, Sequence
 from dataclasses import asdict, dataclass
@@ -78,8 +77,9 @@ def run_sweep(points: Sequence[Point], store: str | os.PathLike[str], *, process
     ``processes``: size of the local pool (default: the CPUs available; 1 runs serially in this process).
     ``workers``: start a local Dask cluster of that many worker processes. ``scheduler``: use a running
     Dask cluster. ``retry_failed``: run the points stored as failed again (their rows are replaced).
-    ``progress``: a stream for the progress line (None: silent). KeyboardInterrupt propagates after the
-    executor is shut down; everything finished before it is in the store.
+    ``progress``: a stream for the progress line (None: silent). KeyboardInterrupt (Ctrl-C, or SIGTERM under
+    ``tiersim.signals``) propagates after the executor is shut down; everything finished before it is in the
+    store, each point once (a row is committed whole or not at all; a resumed sweep skips stored keys).
     """
     if workers is not None and scheduler is not None:
         raise SweepSetupError("--workers and --scheduler exclude each other: --workers N starts a local Dask "
@@ -94,11 +94,16 @@ def run_sweep(points: Sequence[Point], store: str | os.PathLike[str], *, process
         by_key = {p.key: p for p in todo}
         tracker = Progress(len(points), already=len(points) - len(todo), stream=progress)
         executor, n_workers, outcomes = _executor(todo, processes, workers, scheduler)
-        with contextlib.closing(outcomes):
-            for outcome in outcomes:
-                point = by_key[outcome["key"]]
-                st.add(point.key, point.inputs, outcome, replace_failed=retry_failed)
-                tracker.update(outcome["status"])
+        try:
+            with contextlib.closing(outcomes):
+                for outcome in outcomes:
+                    point = by_key[outcome["key"]]
+                    st.add(point.key, point.inputs, outcome, replace_failed=retry_failed)
+                    tracker.update(outcome["status"])
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM (tiersim.signals): end the progress line where it stood
+            if progress is not None:
+                tracker.finish()
+            raise
         if progress is not None and todo:
             tracker.finish()
     return SweepSummary(store=str(store), executor=executor, workers=n_workers, points=len(points),
@@ -142,17 +147,13 @@ def _serial(todo: list[Point]) -> Outcomes:
             yield run_point(key, inputs, loaded)
 
 
-def _ignore_sigint() -> None:
-    """Pool processes leave Ctrl-C to the client, which shuts the pool down (no traceback per process)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
 def _pool(todo: list[Point], n: int) -> Outcomes:
     """Tasks on ``n`` local processes; leaving (done, Ctrl-C or an error in the client) stops them at once
-    rather than waiting for the running tasks (``planner.workers``)."""
+    rather than waiting for the running tasks (``planner.workers``, whose processes also leave Ctrl-C to the
+    client and die with it when it is killed)."""
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["planner.sweep.worker"])  # imported once, in the server, not per process
-    with Workers(n, context=context, initializer=_ignore_sigint) as pool:
+    with Workers(n, context=context) as pool:
         for k, task in enumerate(tasks(todo, n)):
             pool.submit(k, run_points, task)
         while pool.pending():

@@ -26,7 +26,7 @@ from planner.result_json import versioned
 from tiersim.command import Command
 from tiersim.errors import UsageError
 from tiersim.exit_codes import EXIT_OK
-from tiersim.output_files import check_output_path
+from tiersim.output_files import check_output_path, write_or_fail
 
 __all__ = ["COMMAND", "add_args", "check_calibrate_args", "run", "write_spec"]
 
@@ -77,7 +77,8 @@ def write_spec(path: str | os.PathLike[str], data: dict[str, Any]) -> HardwareSp
     _Dumper.add_representer(list, _list)
     body = yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=1000,
                      allow_unicode=True)
-    Path(path).write_text(header + body, encoding="utf-8")
+    # whole or not at all (tiersim.output_files); an OSError is one line naming the flag
+    write_or_fail("calibrate -o", str(path), lambda tmp: Path(tmp).write_text(header + body, encoding="utf-8"))
     return spec
 
 

@@ -32,6 +32,7 @@ from tiersim.exit_codes import EXIT_INFEASIBLE, EXIT_OK
 from tiersim.job_flags import DEFAULT_HW, DEFAULT_MODEL, PLAN, add_deepspeed_out_flag, add_job_flags, request_from_args
 from tiersim.output_files import check_output_path, write_or_fail
 from tiersim.search_flags import cache_from_args, check_search_bounds, parse_budget, split_names
+from tiersim.signals import stderr_line
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -138,13 +139,10 @@ def run(args: argparse.Namespace) -> int:
     cache = cache_from_args(args)
     show = args.progress or sys.stderr.isatty()
 
-    def progress(msg: str) -> None:
-        print(msg, file=sys.stderr, flush=True)
-
     request = request_from_args(args)
     outcome = search(args.hw or DEFAULT_HW, args.model or DEFAULT_MODEL, request=request, hw_overrides=args.sets,
                      objective=args.objective, policies=policies, budget_s=budget,
-                     max_candidates=args.max_candidates, progress=progress if show else None, cache=cache,
+                     max_candidates=args.max_candidates, progress=stderr_line if show else None, cache=cache,
                      workers=args.workers, keep_best_plan=bool(args.plan_out or args.deepspeed_out))
     if args.plan_out and outcome.best is not None and outcome.best.plan is not None:
         write_or_fail("--plan-out", args.plan_out, outcome.best.plan.save)

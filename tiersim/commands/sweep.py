@@ -6,7 +6,8 @@
 
 Run it again to resume: points already stored (done or failed) are skipped; ``--retry-failed`` reruns the
 failed ones. Exit codes: 0 every point of the grid is stored as done, 1 some failed (listed; or the
-executor broke down mid-way), 2 bad input, 130 interrupted (what finished is stored).
+executor broke down mid-way), 2 bad input, 130 interrupted (Ctrl-C) or 143 terminated (SIGTERM): what
+finished is stored.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from pathlib import Path
 from planner.result_json import versioned
 from tiersim.command import Command
 from tiersim.errors import UsageError
-from tiersim.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
+from tiersim.exit_codes import EXIT_FAILED, EXIT_OK
+from tiersim.signals import keeping
 
 SHOW_FAILURES = 10
 
@@ -71,10 +73,8 @@ def run(args: argparse.Namespace) -> int:
     except SweepAborted as e:
         print(f"tiersim sweep: {e}", file=sys.stderr)
         return EXIT_FAILED
-    except KeyboardInterrupt:
-        print(f"\ntiersim sweep: interrupted; what finished is stored in {store}: run the same command again "
-              "to resume", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as e:  # SIGINT or SIGTERM: the line (tiersim.cli) says what is kept
+        raise keeping(e, f"what finished is stored in {store}: run the same command again to resume") from None
     keys = {p.key for p in points}
     failures = [f for f in read_failures(store) if f["key"] in keys]
     if args.json:
