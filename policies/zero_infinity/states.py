@@ -3,8 +3,9 @@ sub-groups, NVMe traffic per step, and the lower bounds of what each memory pool
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 from hardware_models import build_topology
 from policies import kit
@@ -16,8 +17,14 @@ DS_PARAM_BUFFER_SIZE = 1e8    # DeepSpeed offload_param.buffer_size (elements)
 DS_OPTIMIZER_BUFFERS = 4      # DeepSpeed offload_optimizer.buffer_count
 
 
+_STAGE3 = ("ZeRO-Infinity offloads by definition; for ZeRO-3 with everything on the GPUs use "
+           "--policy none --knob stage=3")
+
+
 @dataclass(frozen=True)
 class Knobs:
+    KNOB_ADVICE: ClassVar[Mapping[tuple[str, str], str]] = {("param_device", "gpu"): _STAGE3,
+                                                          ("optimizer_device", "gpu"): _STAGE3}
     param_device: Literal["cpu", "nvme"] = "cpu"
     optimizer_device: Literal["cpu", "nvme"] = "cpu"
     nvme_prefetch: int = 3
@@ -42,8 +49,7 @@ class Knobs:
         for name in ("param_device", "optimizer_device"):
             value = getattr(self, name)
             if value == "gpu":
-                raise KnobError(f"{NAME}: knob '{name}' must be cpu or nvme, got 'gpu': ZeRO-Infinity offloads by "
-                                f"definition; for ZeRO-3 with everything on the GPUs use --policy none --knob stage=3")
+                raise KnobError(f"{NAME}: knob '{name}' must be cpu or nvme, got 'gpu'; {_STAGE3}")
             if value not in ("cpu", "nvme"):
                 raise KnobError(f"{NAME}: knob '{name}' must be cpu or nvme, got {value!r} (all on the GPUs: "
                                 f"--policy none --knob stage=3)")
