@@ -56,7 +56,8 @@ def tiled_job(job: Job, factor: int) -> Job:
         if layer.kind != "block":
             layers.append(dataclasses.replace(layer, index=len(layers)))
             continue
-        layers.extend(_tile(layer, t, factor, len(layers) + t) for t in range(factor))
+        base = len(layers)
+        layers.extend([_tile(layer, t, factor, base + t) for t in range(factor)])
     return dataclasses.replace(job, trace=dataclasses.replace(job.trace, layers=tuple(layers)))
 
 
