@@ -51,7 +51,7 @@ def test_writes_a_spec_that_loads(calibrated: dict[str, Any]) -> None:
 def test_progress_on_stderr_and_json_on_stdout(calibrated: dict[str, Any]) -> None:
     lines = calibrated["stderr"].strip().splitlines()
     assert len(lines) >= 5 and all(line.startswith("calibrate: ") for line in lines)
-    assert set(calibrated["json"]) == {"output", "measurements", "spec"}
+    assert set(calibrated["json"]) == {"output", "measurements", "spec", "tiersim_version"}
     assert calibrated["json"]["spec"] == load_hardware(calibrated["path"]).to_dict()
 
 
