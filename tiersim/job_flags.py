@@ -143,7 +143,7 @@ def request_from_args(args: argparse.Namespace) -> JobRequest:
 # the flags that describe the job, so make no sense with ``simulate --plan`` (dest -> flag)
 JOB_FLAGS = {"model": "--model", "policy": "--policy", "knobs": "--knob", "micro_batch": "--micro-batch",
              "seq_len": "--seq-len", "global_batch": "--global-batch", "precision": "--precision",
-             "checkpointing": "--checkpointing", "flash": "--[no-]flash-attention"}
+             "checkpointing": "--checkpointing", "flash": "--no-flash-attention/--flash-attention"}
 
 
 def check_no_job_flags(args: argparse.Namespace) -> None:
