@@ -229,14 +229,35 @@ RUNS: tuple[Run, ...] = (
         micro=1, global_batch=1, seq=1024, precision="fp16", ckpt="full", flash=False, policy="zero-infinity",
         knobs=(("param_device", "cpu"), ("optimizer_device", "cpu")), feasible=True,
         note="the post gives no shape; hidden 8192 x 50 layers = 40.3B is ours"),
-    Run(name="ZeRO-Infinity 1T on one DGX-2 node (NVMe): fits",
-        source=("ZeRO-Infinity SC21 slides (DeepSpeed docs/assets/files/SC21-ZeRO-Infinity.pdf): '1T params on "
-                "a single node' (NVMe+CPU+GPU), a DGX-2 (16x V100-32GB, 1.5 TB DRAM, NVMe)"),
-        hw="dgx2", overrides=(), hw_note="the dgx2 preset",
-        model=gpt_like("gpt-1t (shape assumed: hidden 25600, 128 layers)", 128, 25600, 160, 50304, 1024),
+    Run(name="ZeRO-Offload GPT-2 13B, 1x V100 (DGX-2), micro 4: fits",
+        source=("ZeRO-Offload arXiv 2101.06840: 'over 13 billion parameters on a single GPU' (abstract); Table 3: "
+                "13B = 65 layers x hidden 4096, micro-batch 4 per GPU, seq 1024, fp16, checkpointing"),
+        hw="dgx2", overrides=ONE_DGX2_GPU, hw_note=ONE_DGX2_GPU_WHY,
+        model=gpt_like("gpt2-13b (ZeRO-Offload Table 3)", 65, 4096, 32, 50304, 1024),
+        micro=4, global_batch=4, seq=1024, precision="fp16", ckpt="full", flash=False, policy="zero-offload",
+        feasible=True, note="heads = hidden / 128 as in the 10B tutorial run"),
+    Run(name="ZeRO-Offload GPT-2 15B, 1x V100 (DGX-2): does not fit",
+        source=("ZeRO-Offload arXiv 2101.06840 Table 3: the 15B model (78 layers x 4096, micro-batch 8) ran with "
+                "model parallelism 2; 13B is the single-GPU maximum"),
+        hw="dgx2", overrides=ONE_DGX2_GPU, hw_note=ONE_DGX2_GPU_WHY,
+        model=gpt_like("gpt2-15b (ZeRO-Offload Table 3)", 78, 4096, 32, 50304, 1024),
+        micro=8, global_batch=8, seq=1024, precision="fp16", ckpt="full", flash=False, policy="zero-offload",
+        knobs=(("tp", 1),), feasible=False, note="on one GPU (tp=1): the paper needed two"),
+    Run(name="ZeRO-Infinity 100B on one DGX-2 node (params CPU, optimizer NVMe): fits",
+        source=("ZeRO-Infinity arXiv 2104.07857 Fig. 5a (model size on one DGX-2 node): 100B with parameters "
+                "on CPU and optimizer states on NVMe; shape from its model table: 125 layers x hidden 8192"),
+        hw="dgx2", overrides=(), hw_note="the dgx2 preset (16x V100-32GB, 1.5 TB DRAM, NVMe)",
+        model=gpt_like("gpt-100b (ZeRO-Infinity)", 125, 8192, 64, 50304, 1024),
         micro=1, global_batch=16, seq=1024, precision="fp16", ckpt="full", flash=False, policy="zero-infinity",
-        knobs=(("param_device", "nvme"), ("optimizer_device", "nvme")), feasible=True,
-        note="the slides give no shape; hidden 25600 x 128 layers = 1.007T is ours"),
+        knobs=(("param_device", "cpu"), ("optimizer_device", "nvme")), feasible=True),
+    Run(name="ZeRO-Infinity 1T on one DGX-2 node (NVMe): fits",
+        source=("ZeRO-Infinity arXiv 2104.07857 Fig. 5a and SC21 slides (DeepSpeed "
+                "docs/assets/files/SC21-ZeRO-Infinity.pdf: '1T params on a single node', NVMe+CPU+GPU); shape "
+                "from its model table: 128 layers x hidden 25600"),
+        hw="dgx2", overrides=(), hw_note="the dgx2 preset (16x V100-32GB, 1.5 TB DRAM, NVMe)",
+        model=gpt_like("gpt-1t (ZeRO-Infinity)", 128, 25600, 200, 50304, 1024),
+        micro=1, global_batch=16, seq=1024, precision="fp16", ckpt="full", flash=False, policy="zero-infinity",
+        knobs=(("param_device", "nvme"), ("optimizer_device", "nvme")), feasible=True),
     Run(name="SynergyScale 114.41B on one A100-80GB: fits",
         source=("SynergyScale abstract (seed): 'can train a 114.41B-parameter model on a single 80 GB NVIDIA "
                 "A100 GPU'"),
