@@ -149,7 +149,8 @@ def describe(spec: HardwareSpec) -> str:
     lines += _fields(spec)
     lines += _derived(spec)
     topo = build_topology(spec)
-    lines.append("pools (usable = physical - reserved, minus fragmentation on GPUs):")
+    lines.append("pools (usable = physical - reserved, minus gpu.fragmentation on GPUs; NCCL comm_buffers only with "
+                 f"more than one GPU; each GPU tensor is then charged the {spec.gpu.allocator} allocator's rounding):")
     for shown, name in _grouped(list(topo.pools), lambda n: (_pool_text(topo.pools[n]),)):
         lines.append(f"  {shown:<22} {_pool_text(topo.pools[name])}")
     lines.append("links (forward = away from host DRAM):")

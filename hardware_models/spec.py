@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from hardware_models.allocator import ALLOCATORS
 from hardware_models.checks import (
     check_fraction,
     check_int,
@@ -69,6 +70,12 @@ class GpuSpec:
     efficiency curve, the element-wise bytes at `elementwise_bw` (default `hbm_bw`), plus `op_overhead_s`
     per operator. `shares_host`: the "GPU" is the host's own cores (a CPU-only machine), so its kernels,
     the CPU optimizer and host memory copies share one pool of cores.
+
+    Usable memory (``hardware_models.topology``): `memory_bytes` minus the `reserved` lines (CUDA context by
+    GPU generation, cuBLAS workspace, NCCL buffers; ``comm_buffers`` only on a machine with more than one
+    GPU, i.e. more than one rank) minus the `fragmentation` fraction of the rest (0 in the presets). Each
+    tensor is then charged what `allocator` holds for it: ``caching`` (PyTorch's CUDA caching allocator,
+    `hardware_models.allocator`) or ``exact`` (its own bytes).
     """
 
     model: str
@@ -84,9 +91,13 @@ class GpuSpec:
     op_overhead_s: float | None = None
     elementwise_bw: float | None = None
     shares_host: bool = False
+    allocator: str = "caching"
 
     def __post_init__(self) -> None:
         check_text(self.model, "gpu.model")
+        if self.allocator not in ALLOCATORS:
+            raise HardwareInputError(f"must be one of {', '.join(ALLOCATORS)}, got {self.allocator!r}",
+                                     field="gpu.allocator")
         if self.op_overhead_s is not None:
             check_non_negative(self.op_overhead_s, "gpu.op_overhead", "a time", fmt_time)
         if self.elementwise_bw is not None:

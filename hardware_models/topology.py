@@ -50,7 +50,7 @@ from hardware_models.errors import HardwareInputError
 from hardware_models.frozen import FrozenDict
 from hardware_models.spec import HardwareSpec
 
-__all__ = ["Hop", "Link", "Pool", "Topology", "build_topology"]
+__all__ = ["COMM_BUFFERS", "Hop", "Link", "Pool", "Topology", "build_topology", "gpu_reserved"]
 
 POOL_KINDS: Final = ("hbm", "dram", "nvme", "unified")
 LINK_KINDS: Final = ("pcie", "nvlink", "c2c", "nvme", "memcpy")
@@ -180,6 +180,15 @@ def _nvme_link(spec: HardwareSpec) -> Link | None:
     )
 
 
+COMM_BUFFERS: Final = "comm_buffers"
+
+
+def gpu_reserved(spec: HardwareSpec) -> dict[str, float]:
+    """The reserved lines that apply on this machine: ``gpu.reserved.comm_buffers`` (NCCL's per-rank
+    buffers) only with more than one GPU, since a single rank creates no NCCL communicator."""
+    return {k: v for k, v in spec.gpu.reserved.items() if k != COMM_BUFFERS or spec.gpu.count > 1}
+
+
 def build_topology(spec: HardwareSpec) -> Topology:
     """The pools, links and routes of `spec` (rules in the module docstring)."""
     if spec.unified_memory:
@@ -191,9 +200,10 @@ def _discrete(spec: HardwareSpec) -> Topology:
     gpu, pcie = spec.gpu, spec.pcie
     gpus = [f"gpu{i}" for i in range(gpu.count)]
     pools: dict[str, Pool] = {}
+    reserved = gpu_reserved(spec)
     for g in gpus:
-        base = gpu.memory_bytes - sum(gpu.reserved.values())
-        pools[g] = Pool(g, "hbm", gpu.memory_bytes, gpu.reserved, base * (1 - gpu.fragmentation))
+        base = gpu.memory_bytes - sum(reserved.values())
+        pools[g] = Pool(g, "hbm", gpu.memory_bytes, reserved, base * (1 - gpu.fragmentation))
     host_free = spec.host.dram_bytes - sum(spec.host.reserved.values())
     pools["cpu"] = Pool("cpu", "dram", spec.host.dram_bytes, spec.host.reserved, host_free)
 
@@ -250,7 +260,7 @@ def _discrete(spec: HardwareSpec) -> Topology:
 
 
 def _unified(spec: HardwareSpec) -> Topology:
-    reserved = {f"gpu.{k}": v for k, v in spec.gpu.reserved.items()}
+    reserved = {f"gpu.{k}": v for k, v in gpu_reserved(spec).items()}
     reserved.update({f"host.{k}": v for k, v in spec.host.reserved.items()})
     physical = spec.host.dram_bytes
     pools = {"unified": Pool("unified", "unified", physical, reserved, physical - sum(reserved.values()))}

@@ -21,7 +21,7 @@ from itertools import product
 from typing import Any
 
 from policies import POLICIES, get_policy
-from policies.base import pow2_divisors
+from policies.base import KnobError, parse_knobs, pow2_divisors
 
 CHECKPOINTING = ("none", "selective", "full")
 MAX_MICRO_BATCH = 16
@@ -71,14 +71,47 @@ def micro_batches(global_batch: int, n_gpus: int) -> tuple[int, ...]:
     return pow2_divisors(max(per_gpu, 1), MAX_MICRO_BATCH)
 
 
+def _knob_name(item: str) -> str:
+    if "=" not in item:
+        raise KnobError(f"--knob {item!r}: expected name=value")
+    return item.split("=", 1)[0].strip()
+
+
+def check_fixed_knobs(policies: Sequence[str], items: Sequence[str]) -> None:
+    """KnobError unless every ``name=value`` is a knob of at least one of ``policies`` (and parses there)."""
+    for item in items:
+        name = _knob_name(item)
+        owners = [p for p in policies if name in {f.name for f in dataclasses.fields(get_policy(p).knobs_type)}]
+        if not owners:
+            raise KnobError(f"--knob {item!r}: no knob '{name}' in {', '.join(policies)} "
+                            f"(tiersim policies show NAME lists each policy's knobs)")
+    for policy in policies:
+        fixed_knobs(policy, items)
+
+
+def fixed_knobs(policy: str, items: Sequence[str]) -> dict[str, Any]:
+    """The ``name=value`` knobs (``--knob``) that ``policy`` declares, parsed with its types and validated;
+    the others are left to the policies that declare them."""
+    info = get_policy(policy)
+    declared = {f.name for f in dataclasses.fields(info.knobs_type)}
+    mine = [it for it in items if _knob_name(it) in declared]
+    if not mine:
+        return {}
+    parsed = parse_knobs(info, mine)
+    return {_knob_name(it): getattr(parsed, _knob_name(it)) for it in mine}
+
+
 def enumerate_candidates(policies: Sequence[str], n_gpus: int, global_batch: int, *,
-                         micro_batch: int | None = None, checkpointing: str | None = None) -> Iterator[Candidate]:
-    """Every candidate, policies in the given order, then knobs, micro-batch, checkpointing."""
+                         micro_batch: int | None = None, checkpointing: str | None = None,
+                         knobs: Sequence[str] = ()) -> Iterator[Candidate]:
+    """Every candidate, policies in the given order, then knobs, micro-batch, checkpointing. ``knobs``
+    (``name=value``) fix those knobs in every candidate of a policy that declares them (their grid is dropped)."""
     mbs = (micro_batch,) if micro_batch is not None else micro_batches(global_batch, n_gpus)
     i = 0
     for policy in policies:
         info = get_policy(policy)  # KnobError for an unknown name
-        grid = knob_grid(policy, n_gpus)
+        fixed = fixed_knobs(policy, knobs)
+        grid = {k: v for k, v in knob_grid(policy, n_gpus).items() if k not in fixed}
         names = list(grid)
         if checkpointing is not None:
             ckpts: tuple[str, ...] = (checkpointing,)
@@ -87,8 +120,8 @@ def enumerate_candidates(policies: Sequence[str], n_gpus: int, global_batch: int
         else:
             ckpts = CHECKPOINTING
         for values in product(*(grid[n] for n in names)):
-            knobs = tuple(zip(names, values, strict=True))
+            chosen = tuple(zip(names, values, strict=True)) + tuple(fixed.items())
             for mb in mbs:
                 for ck in ckpts:
-                    yield Candidate(i, policy, knobs, mb, ck)
+                    yield Candidate(i, policy, chosen, mb, ck)
                     i += 1

@@ -61,8 +61,9 @@ def coverage(hw: str | HardwareSpec, models: Sequence[str | ModelSpec], *, polic
              request: JobRequest | None = None, hw_overrides: Sequence[str] = (), objective: str = "tokens_per_s",
              cell_budget_s: float | None = None, total_budget_s: float | None = None,
              max_candidates: int | None = None, progress: Progress | None = None,
-             cache: Any = None, workers: int = 1) -> CoverageOutcome:
-    """The policy x model matrix; cells in policy order, then model order (as given)."""
+             cache: Any = None, workers: int = 1, knobs: Sequence[str] = ()) -> CoverageOutcome:
+    """The policy x model matrix; cells in policy order, then model order (as given). ``knobs``
+    (``name=value``) fix knobs of the policies that declare them."""
     t0 = time.perf_counter()
     spec = resolve_hardware(hw, hw_overrides)
     specs = [m if isinstance(m, ModelSpec) else load_model(m) for m in models]
@@ -77,7 +78,8 @@ def coverage(hw: str | HardwareSpec, models: Sequence[str | ModelSpec], *, polic
                 budget = max(share if budget is None else min(budget, share), MIN_CELL_S)
             c0 = time.perf_counter()
             best = best_within(spec, model, policies=[policy], request=request, objective=objective,
-                               budget_s=budget, max_candidates=max_candidates, cache=cache, workers=workers)
+                               budget_s=budget, max_candidates=max_candidates, cache=cache, workers=workers,
+                               knobs=knobs)
             cell = Cell(policy, model, best, time.perf_counter() - c0)
             out.cells.append(cell)
             if progress:

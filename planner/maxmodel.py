@@ -191,7 +191,7 @@ class Screen:
 
 
 def screen_model(hw: HardwareSpec, model: ModelSpec, policy: str, *, request: JobRequest | None = None,
-                 n: int = 0) -> Screen:
+                 n: int = 0, knobs: Sequence[str] = ()) -> Screen:
     """Plan the policy's candidates most memory-frugal first (full checkpointing, small micro-batches), as
     ``search`` enumerates them, until one survives the plan-level checks; see :class:`Screen`."""
     t0 = time.perf_counter()
@@ -203,7 +203,7 @@ def screen_model(hw: HardwareSpec, model: ModelSpec, policy: str, *, request: Jo
     base = replace(req, seq_len=c0.seq_len, global_batch=c0.global_batch, precision=c0.precision,
                    flash_attention=c0.flash_attention)
     cands = sorted(enumerate_candidates([policy], hw.gpu.count, c0.global_batch, micro_batch=req.micro_batch,
-                                        checkpointing=req.checkpointing), key=memory_frugal)
+                                        checkpointing=req.checkpointing, knobs=knobs), key=memory_frugal)
     topo = build_topology(hw)
     pools: dict[str, int] = {}
     for k, cand in enumerate(cands):
@@ -223,11 +223,12 @@ def screen_model(hw: HardwareSpec, model: ModelSpec, policy: str, *, request: Jo
 
 def check_model(hw: str | HardwareSpec, model: ModelSpec, policy: str, *, request: JobRequest | None = None,
                 max_step_time_s: float | None = None, budget_s: float | None = None,
-                max_candidates: int | None = None, cache: Any = None, workers: int = 1, n: int = 0) -> Check:
+                max_candidates: int | None = None, cache: Any = None, workers: int = 1, n: int = 0,
+                knobs: Sequence[str] = ()) -> Check:
     """Can ``policy`` train ``model``? Cheapest route first; with a step-time limit, the fastest plan counts."""
     t0 = time.perf_counter()
     outcome = search(hw, model, request=request, policies=[policy], first_feasible=max_step_time_s is None,
-                     budget_s=budget_s, max_candidates=max_candidates, cache=cache, workers=workers)
+                     budget_s=budget_s, max_candidates=max_candidates, cache=cache, workers=workers, knobs=knobs)
     best = Best.of(outcome)
     feasible, binding = best.feasible, best.binding
     if feasible and max_step_time_s is not None and (best.step_time_s or 0.0) > max_step_time_s:
@@ -238,13 +239,15 @@ def check_model(hw: str | HardwareSpec, model: ModelSpec, policy: str, *, reques
 def max_model(hw: str | HardwareSpec, scaler: Scaler, policy: str, *, request: JobRequest | None = None,
               hw_overrides: Sequence[str] = (), max_step_time_s: float | None = None, budget_s: float | None = None,
               max_candidates: int | None = None, progress: Progress | None = None,
-              cache: Any = None, workers: int = 1, screen: bool = True) -> MaxModelOutcome:
+              cache: Any = None, workers: int = 1, screen: bool = True,
+              knobs: Sequence[str] = ()) -> MaxModelOutcome:
     """The largest ``n`` (and its model) that ``policy`` trains: feasible, and ``n + 1`` is not.
 
     With ``screen`` (default) the sizes are first bisected on the cheap :func:`screen_model` verdict, whose
     rejections stand as proofs, and a full check (a search that simulates) confirms its answer ``s`` (a
     bisection below ``s`` with full checks follows when ``s`` does not fit after all); without it every
-    probe is a full check.
+    probe is a full check. ``knobs`` (``name=value``) fix the policy's knobs in every check (e.g.
+    ``param_device=nvme``: the largest model with parameters on NVMe).
     """
     t0 = time.perf_counter()
     spec = resolve_hardware(hw, hw_overrides)
@@ -259,7 +262,7 @@ def max_model(hw: str | HardwareSpec, scaler: Scaler, policy: str, *, request: J
         if n not in checks:
             checks[n] = check_model(spec, scaler.build(n), policy, request=request, max_step_time_s=max_step_time_s,
                                     budget_s=budget_s, max_candidates=max_candidates, cache=cache,
-                                    workers=workers, n=n)
+                                    workers=workers, n=n, knobs=knobs)
             if progress:
                 c = checks[n]
                 verdict = "fits" if c.feasible else f"does not fit ({c.binding})"
@@ -269,7 +272,7 @@ def max_model(hw: str | HardwareSpec, scaler: Scaler, policy: str, *, request: J
 
     def may_fit(n: int) -> bool:
         if n not in screens:
-            screens[n] = screen_model(spec, scaler.build(n), policy, request=request, n=n)
+            screens[n] = screen_model(spec, scaler.build(n), policy, request=request, n=n, knobs=knobs)
             if progress:
                 sc = screens[n]
                 verdict = "passes (to be simulated)" if sc.passes else f"rejected without simulating ({sc.binding})"

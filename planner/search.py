@@ -567,8 +567,10 @@ def search(hw: str | HardwareSpec, model: str | ModelSpec, *, request: JobReques
            hw_overrides: Sequence[str] = (), objective: str = "tokens_per_s", policies: Sequence[str] | None = None,
            budget_s: float | None = None, max_candidates: int | None = None, first_feasible: bool = False,
            progress: Callable[[str], None] | None = None, cache: EvalCache | None = None,
-           workers: int = 1, keep_best_plan: bool = False, prune: bool = True) -> SearchOutcome:
-    """Search policies x knobs x micro-batch x checkpointing for ``objective``; see the module docstring."""
+           workers: int = 1, keep_best_plan: bool = False, prune: bool = True,
+           knobs: Sequence[str] = ()) -> SearchOutcome:
+    """Search policies x knobs x micro-batch x checkpointing for ``objective``; see the module docstring.
+    ``knobs`` (``name=value``) fix knobs of the policies that declare them (``candidates.fixed_knobs``)."""
     t0 = time.perf_counter()
     config = SearchConfig(objective, budget_s, max_candidates, first_feasible, workers, keep_best_plan, prune)
     spec = resolve_hardware(hw, hw_overrides)
@@ -584,7 +586,7 @@ def search(hw: str | HardwareSpec, model: str | ModelSpec, *, request: JobReques
     assumed = [a for a in assumed if not a.startswith(("micro_batch=", "checkpointing="))]
     names = list(policies) if policies else list(POLICIES)
     cands = list(enumerate_candidates(names, spec.gpu.count, c0.global_batch, micro_batch=req.micro_batch,
-                                      checkpointing=req.checkpointing))
+                                      checkpointing=req.checkpointing, knobs=knobs))
     s = _Search(spec, m, base, config, cache, progress, t0)
     _plan_phase(s, cands)
     survivors = _survivors(s, cands)

@@ -167,13 +167,14 @@ def outcome_binding(outcome: SearchOutcome) -> str | None:
 def best_within(hw: str | HardwareSpec, model: str | ModelSpec, *, hw_overrides: Sequence[str] = (),
                 request: JobRequest | None = None, objective: str = "tokens_per_s",
                 policies: Sequence[str] | None = None, budget_s: float | None = None,
-                max_candidates: int | None = None, cache: Any = None, workers: int = 1) -> Best:
+                max_candidates: int | None = None, cache: Any = None, workers: int = 1,
+                knobs: Sequence[str] = ()) -> Best:
     """The best plan of a job, as ``plan`` finds it. Unbounded: one full search. Bounded (``budget_s`` or
     ``max_candidates``): a first-feasible search settles feasibility cheaply (frugal candidates first), and
     the full search gets the time left for the best throughput; when that one is cut short without a
     feasible plan, the first feasible plan stands, flagged ``cut_short``."""
     opts: dict[str, Any] = {"hw_overrides": hw_overrides, "request": request, "policies": policies,
-                            "cache": cache, "workers": workers, "max_candidates": max_candidates}
+                            "cache": cache, "workers": workers, "max_candidates": max_candidates, "knobs": knobs}
     if budget_s is None and max_candidates is None:
         return Best.of(search(hw, model, objective=objective, **opts))
     t0 = time.perf_counter()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -151,6 +152,16 @@ def knob_help(info: PolicyInfo) -> list[tuple[str, str, str]]:
 
 def _convert(policy: str, name: str, typ: Any, text: str) -> Any:
     origin = typing.get_origin(typ)
+    if origin in (typing.Union, types.UnionType):  # e.g. int | Literal["auto"]: the first member that parses
+        members = typing.get_args(typ)
+        for member in members:
+            try:
+                return _convert(policy, name, member, text)
+            except KnobError:
+                continue
+        spelled = " or ".join("|".join(map(str, typing.get_args(m))) if typing.get_origin(m) is typing.Literal
+                              else getattr(m, "__name__", str(m)) for m in members)
+        raise KnobError(f"{policy}: knob '{name}' must be {spelled}, got {text!r}")
     if origin is typing.Literal:
         choices = typing.get_args(typ)
         for c in choices:
@@ -195,7 +206,13 @@ def parse_knobs(info: PolicyInfo, items: Sequence[str] | Mapping[str, Any]) -> A
             close = difflib.get_close_matches(k, names, n=1)
             hint = f"; did you mean '{close[0]}'?" if close else ""
             raise KnobError(f"{info.name}: unknown knob '{k}'{hint} (knobs: {', '.join(names)})")
-        values[k] = _convert(info.name, k, hints[k], v) if isinstance(v, str) else v
+        try:
+            values[k] = _convert(info.name, k, hints[k], v) if isinstance(v, str) else v
+        except KnobError as err:  # a knob type may say where a refused value belongs (KNOB_ADVICE)
+            advice = getattr(info.knobs_type, "KNOB_ADVICE", {}).get((k, str(v)))
+            if advice:
+                raise KnobError(f"{err}; {advice}") from None
+            raise
     knobs = info.knobs_type(**values)
     check = getattr(knobs, "validate", None)
     if check is not None:

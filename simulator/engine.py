@@ -137,7 +137,8 @@ class Engine:
                     sm_users[dev].add(t.stream)
         self._exclusive_sm = {g for g, users in sm_users.items() if len(users) == 1 and not self.shared_host}
         capacities = {p.name: p.capacity_bytes for p in self.topo.pools.values()}
-        self.mem = MemoryTracker(capacities, self.topo.pool_of)
+        allocators = {p.name: hw.gpu.allocator for p in self.topo.pools.values() if p.kind == "hbm"}
+        self.mem = MemoryTracker(capacities, self.topo.pool_of, allocators)
         self.tensors = plan.tensor_map()
         self.streams = plan.stream_map()
         self.link_bytes: dict[str, float] = defaultdict(float)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from hardware_models.allocator import allocator_overhead
 from simulator.errors import PlanError
 
 
@@ -37,10 +38,19 @@ class PoolState:
     min_used: float = 0.0
 
 
+ALLOCATOR_KIND = "allocator"  # the series of bytes the GPU's caching allocator holds beyond the tensors
+
+
 class MemoryTracker:
-    def __init__(self, capacities: Mapping[str, float], pool_of: Mapping[str, str]):
+    """Pools, resident tensors and their series. ``allocators`` maps a pool to the allocator its tensors go
+    through (``hardware_models.allocator``: "caching" or "exact"); what it holds beyond a tensor's bytes is
+    charged to the pool under the kind ``allocator``, so each tensor kind's series keeps its own bytes."""
+
+    def __init__(self, capacities: Mapping[str, float], pool_of: Mapping[str, str],
+                 allocators: Mapping[str, str] | None = None):
         self.pools = {p: PoolState(c) for p, c in capacities.items()}
         self.pool_of = dict(pool_of)
+        self.allocators = dict(allocators or {})
         self.resident: dict[tuple[str, str], tuple[float, str]] = {}  # (instance, loc) -> (bytes, kind)
         self.ooms: list[OomEvent] = []
         self._oom_pools: set[str] = set()
@@ -59,19 +69,26 @@ class MemoryTracker:
             raise PlanError(f"task {task!r}: allocates tensor {inst!r} on {loc!r} where it already is")
         pname = self.pool(loc)
         ps = self.pools[pname]
-        if ps.used + nbytes > ps.capacity + 1e-6 and pname not in self._oom_pools:
+        extra = allocator_overhead(nbytes, self.allocators[pname]) if pname in self.allocators else 0.0
+        if ps.used + nbytes + extra > ps.capacity + 1e-6 and pname not in self._oom_pools:
             self._oom_pools.add(pname)
-            self.ooms.append(OomEvent(pname, now, task, inst, nbytes, max(0.0, ps.capacity - ps.used),
+            self.ooms.append(OomEvent(pname, now, task, inst, nbytes + extra, max(0.0, ps.capacity - ps.used),
                                       ps.capacity))
         self.resident[(inst, loc)] = (nbytes, kind)
         self._change(ps, now, kind, nbytes)
+        if extra:
+            self._change(ps, now, ALLOCATOR_KIND, extra)
 
     def free(self, now: float, inst: str, loc: str, task: str) -> None:
         try:
             nbytes, kind = self.resident.pop((inst, loc))
         except KeyError:
             raise PlanError(f"task {task!r}: frees tensor {inst!r} on {loc!r} where it is not resident") from None
-        self._change(self.pools[self.pool(loc)], now, kind, -nbytes)
+        pname = self.pool(loc)
+        self._change(self.pools[pname], now, kind, -nbytes)
+        extra = allocator_overhead(nbytes, self.allocators[pname]) if pname in self.allocators else 0.0
+        if extra:
+            self._change(self.pools[pname], now, ALLOCATOR_KIND, -extra)
 
     def _change(self, ps: PoolState, now: float, kind: str, delta: float) -> None:
         ps.used += delta

@@ -26,9 +26,10 @@ WORKLOAD = PlanWorkload(ModelSpec("test-gpt", "custom", n_layers=2, hidden=64, n
 
 
 def hw(name: str = "a100", **host: float) -> HardwareSpec:
-    """A preset with the kernel launch overhead zeroed (and host fields overridden, e.g. the Adam rate)."""
+    """A preset with the kernel launch overhead zeroed, tensors charged their exact bytes (the caching
+    allocator's rounding is tested in test_memory_accounting.py), and host fields overridden, e.g. the Adam rate."""
     spec = load_hardware(name)
-    spec = replace(spec, gpu=replace(spec.gpu, launch_overhead_s=0.0))
+    spec = replace(spec, gpu=replace(spec.gpu, launch_overhead_s=0.0, allocator="exact"))
     if host:
         spec = replace(spec, host=replace(spec.host, **host))
     return spec

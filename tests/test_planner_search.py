@@ -21,11 +21,12 @@ from simulator import Plan
 from tiersim.cli import main, simulate_main
 
 # a space small enough to simulate whole: gpt2 on one A100 squeezed to 4 GB, two policies (96 candidates)
-SMALL = {"hw": "a100", "model": "gpt2", "request": JobRequest(seq_len=512), "hw_overrides": ("gpu.memory=4GB",),
+# usable GPU memory ~2.27 GB (physical minus the A100's CUDA context and cuBLAS workspaces, ~0.46 GB)
+SMALL = {"hw": "a100", "model": "gpt2", "request": JobRequest(seq_len=512), "hw_overrides": ("gpu.memory=2.73GB",),
          "policies": ("none", "zero-offload")}
-# squeezed to 2.5 GB: zero-offload at micro-batch 2 would be the fastest but runs out of GPU memory in the
-# simulation itself
-SQUEEZED = {**SMALL, "hw_overrides": ("gpu.memory=2.5GB",)}
+# squeezed to ~0.62 GB usable: zero-offload at micro-batch 2 would be the fastest but runs out of GPU memory in
+# the simulation itself
+SQUEEZED = {**SMALL, "hw_overrides": ("gpu.memory=1.08GB",)}
 
 
 @pytest.fixture(scope="module")

@@ -23,13 +23,17 @@ Transient working memory (beyond the saved activations and the persistent parame
 buffers): during backward a block rebuilds what checkpointing dropped (``activations without
 checkpointing - saved``) and holds the incoming and outgoing gradient of its largest tensor
 (``2 x largest``: the MLP intermediate e*b*s*f (k of them for MoE), the QKV output, or without
-FlashAttention the e*a*s^2*b scores). The head holds the fp32 logit gradient and its 16-bit cast,
-``(4 + e)*b*s*V``; the embedding one e*b*s*h buffer.
+FlashAttention the e*a*s^2*b scores). The head holds one 16-bit logits-sized tensor, ``e*b*s*V``: in
+the forward the 16-bit logits while their fp32 copy (the saved softmax, counted in the activations) is
+made, in the backward the 16-bit cast of the logit gradient. The fp32 gradient itself is written in
+place into the saved softmax: Megatron's ``_VocabParallelCrossEntropy.backward`` (``grad_input =
+softmax``, then in-place updates), the loss of ZeRO-Offload's GPT-2 runs (DeepSpeedExamples
+Megatron-LM ``pretrain_gpt2.py``: ``vocab_parallel_cross_entropy(output.contiguous().float(), labels)``;
+reference key ``ds_megatron_gpt2``). The embedding holds one e*b*s*h buffer.
 """
 
 from __future__ import annotations
 
-from workloads.activations import FP32_BYTES
 from workloads.model import ModelSpec
 
 __all__ = ["block_largest_tensor", "block_traffic", "embedding_traffic", "head_traffic",
@@ -82,5 +86,6 @@ def head_traffic(model: ModelSpec, micro_batch: int, seq_len: int, dtype_bytes: 
 
 
 def head_transient(model: ModelSpec, micro_batch: int, seq_len: int, dtype_bytes: int) -> int:
-    """fp32 gradient of the logits plus its 16-bit cast fed to the LM-head backward."""
-    return (FP32_BYTES + dtype_bytes) * micro_batch * seq_len * model.vocab
+    """One 16-bit logits-sized tensor: the forward's 16-bit logits beside their fp32 copy, the backward's
+    16-bit cast of the logit gradient (the fp32 gradient reuses the saved softmax in place; module docstring)."""
+    return dtype_bytes * micro_batch * seq_len * model.vocab

@@ -189,10 +189,11 @@ def reduce(b: PlanBuilder, tid: str, stream: str, ranks: Sequence[str], nbytes: 
 
 def offload(b: PlanBuilder, tid: str, g: str, nbytes: float, deps: Sequence[str], *, layer: int | None,
             rank: int | None, dst: str = "cpu", stream: str | None = None, frees: Places = (), reads: Places = (),
-            extra: Extra = None) -> str:
-    """A copy of ``nbytes`` of GPU g's gradients to ``dst`` on its D2H stream."""
+            allocs: Places = (), extra: Extra = None) -> str:
+    """A copy of ``nbytes`` of GPU g's gradients to ``dst`` on its D2H stream (``allocs``: a staging buffer the
+    copy lands in)."""
     return b.task(tid, "copy", stream or f"{g}.d2h", deps, src=g, dst=dst, bytes=nbytes, frees=frees,
-                  reads=reads, tags=tags(Phase.GRAD_OFFLOAD, layer=layer, rank=rank, extra=extra))
+                  reads=reads, allocs=allocs, tags=tags(Phase.GRAD_OFFLOAD, layer=layer, rank=rank, extra=extra))
 
 
 def release(b: PlanBuilder, tid: str, g: str, frees: Places, *, layer: int | None, rank: int | None,

@@ -30,8 +30,9 @@ Our reading and assumptions (see docs/reference/policies.md):
   each is one flow of ``dp`` slices (same timing as ``dp`` equal flows, ``1/dp`` of the simulator's events); the
   optimizer's NVMe traffic stays per rank.
 - Gradients: each layer's full gradient bucket lives on the GPU from its backward until the reduce-scatter ends; each
-  rank then copies its slice (``grad_bytes_per_param``) into a CPU accumulation buffer (DeepSpeed stage 3 keeps this
-  16-bit partition buffer on the CPU with any optimizer offload). DeepSpeed adds non-first micro-steps' gradients on the
+  rank then copies its slice (``grad_bytes_per_param``) into a CPU accumulation buffer when one exists (knob
+  ``cpu_grad_buffer``), else its fp32 slice (4 B/param) to the optimizer's fp32 gradient. DeepSpeed adds non-first
+  micro-steps' gradients on the
   GPU (an extra H2D of the buffer per micro-step); we model the accumulation as free on the CPU. With
   ``optimizer_device=nvme``, on the last micro-step (the accumulation boundary) every rank writes its fp32 gradient
   slice (4 B/param) to NVMe as its layer's gradients arrive, where the optimizer reads it back; DeepSpeed converts to
@@ -60,7 +61,7 @@ Our reading and assumptions (see docs/reference/policies.md):
   the ``cpu_prefetch`` distance). Embedding and head keep theirs.
 - Unified memory (DGX Spark): GPU and CPU are one pool; "cpu" placements save nothing (the pool's peak shows it) and
   every CPU<->GPU copy still costs DRAM bandwidth; only NVMe is a real extra tier.
-- Not modelled: memory-centric tiling of huge linear layers, GPUDirect Storage, the aio block size and queue depth (NVMe
+- Not modelled: GPUDirect Storage, the aio block size and queue depth (NVMe
   runs at the preset's sustained rate), CPU-side fp16<->fp32 conversions and gradient clipping, ``max_in_cpu``,
   tied-embedding re-gathers.
 
@@ -88,6 +89,15 @@ Knobs:
   backward.
 - ``grad_bytes_per_param`` (float, default 2): bytes per parameter each rank copies GPU->CPU per micro-step (4: fp32
   gradient communication), also the size of the CPU accumulation buffer.
+- ``cpu_grad_buffer`` (auto | always, default auto): auto = DeepSpeed 0.3-0.4, the paper's code
+  (``stage3.py`` ``partition_previous_reduced_grads``): the 16-bit CPU partition buffer exists only with gradient
+  accumulation (more than one micro-step per step); otherwise each reduced slice goes to its sub-group's fp32
+  gradient, on the CPU or through the optimizer swapper's pinned buffers to NVMe (bounded: 4 buffers of the largest
+  sub-group, ``swap_tensor/optimizer_utils.py`` ``_swap_out_gradients``; the backward waits when they are full).
+  always = later DeepSpeed (``_setup_for_real_optimizer``: one whole-model ``grad_partitions_flat_buffer``).
+- ``tile_factor`` (int or auto, default auto): memory-centric tiling of every block into that many tiles
+  (``policies/zero_infinity/tiling.py``; auto: the smallest factor whose working set fits the GPU, 1 when none is
+  needed). ``param_device=gpu`` is refused with a pointer to ``--policy none --knob stage=3``.
 """
 
 from __future__ import annotations
@@ -99,6 +109,7 @@ from policies.zero_infinity.states import NAME, Knobs, check_fit, model_state_by
 POLICY = PolicyInfo(NAME, "ZeRO-3 with parameters and optimizer states offloaded to CPU or NVMe (ZeRO-Infinity)",
                     Knobs, plan, __doc__ or "",
                     search_grid=lambda n: {"param_device": ("cpu", "nvme"), "optimizer_device": ("cpu", "nvme"),
-                                           "offload_checkpoints": (False, True)})
+                                           "offload_checkpoints": (False, True)},
+                    replay_knobs=("tile_factor=1",))
 
 __all__ = ["NAME", "POLICY", "Knobs", "check_fit", "model_state_bytes", "nvme_bytes_per_step", "plan", "sub_groups"]

@@ -10,6 +10,7 @@ from policies import kit
 from policies.base import Job, unified
 from policies.builder import PlanBuilder
 from policies.zero_infinity.states import (
+    DS_OPTIMIZER_BUFFERS,
     DS_PARAM_BUFFER_SIZE,
     DS_PARAM_BUFFERS,
     NAME,
@@ -23,6 +24,7 @@ from policies.zero_infinity.states import (
     state_homes,
     sub_groups,
 )
+from policies.zero_infinity.tiling import tile_factor, tiled_job
 from simulator import Plan
 from simulator.phase import Phase
 from workloads.trace import LayerTrace
@@ -41,6 +43,7 @@ class MicroStep:
     prev: Callable[[str], str | None]
     boundary: bool
     last_opt: list[str]
+    grad_window: int = 0  # staged fp32 gradient slices in flight per rank (0: unbounded; grad_staging_window)
 
     def __post_init__(self) -> None:
         self.gpus = [kit.gpu(r) for r in range(self.n)]
@@ -94,10 +97,24 @@ class MicroStep:
                 kit.move_activation(self.b, f"cko{i}{sfx}.{g}", f"{g}.d2h", f"act{i}.{g}", g, "cpu",
                                     [f"fwd{i}{sfx}.{g}"], phase=Phase.ACTIVATION_OFFLOAD, layer=i, rank=r)
 
+    def throttled(self) -> bool:
+        """Whether gradients stream straight to NVMe through the swapper's bounded pinned buffers: then a
+        layer's backward also waits until the previous layer's gradient slice has left the GPU (DeepSpeed's
+        gradient hook blocks on a full swapper)."""
+        return self.boundary and self.knobs.optimizer_nvme and self.grad_window > 0 \
+            and per_param_bytes(self.job, self.knobs)["grad"] <= 0
+
+    def grad_order(self) -> list[int]:
+        """Layers with parameters in backward order."""
+        return [j for j in reversed(range(len(self.job.trace.layers))) if self.job.trace.layers[j].params > 0]
+
     def backward(self, i: int, layer: LayerTrace) -> None:
         sfx, ckpt = self.sfx, offloads_ckpt(self.job, self.knobs, i)
+        order = self.grad_order() if self.throttled() and layer.params > 0 else []
+        p = order.index(i) if order else 0
         for r, g in enumerate(self.gpus):
-            deps = self.ready(i, "b", g, layer) + ([f"cki{i}{sfx}.{g}"] if ckpt else [])
+            deps = self.ready(i, "b", g, layer) + ([f"cki{i}{sfx}.{g}"] if ckpt else []) \
+                + ([f"gd{order[p - 1]}{sfx}.{g}"] if p > 0 else [])
             if layer.recompute_flops > 0:
                 kit.recompute(self.b, i, layer, g, r, deps, tid=f"rc{i}{sfx}.{g}")
                 deps = []
@@ -115,15 +132,39 @@ class MicroStep:
         if n > 1:
             kit.reduce(b, f"rs{i}{sfx}", "dp.grad", gpus, layer.params * self.db, [f"bwd{i}{sfx}.{g}" for g in gpus],
                        layer=i, allocs=[(f"gs{i}.{g}", g) for g in gpus], frees=[(f"gb{i}.{g}", g) for g in gpus])
+        pp = per_param_bytes(self.job, self.knobs)
+        buffered = pp["grad"] > 0  # else the fp32 slice goes straight to the optimizer's gradient (states.py)
+        stage = self.boundary and self.knobs.optimizer_nvme
+        back = self.grad_order() if self.throttled() else []
+        p = back.index(i) if back else 0
+        wait = [f"gw{back[p - self.grad_window]}{sfx}"] if back and self.grad_window <= p \
+            else []  # the swapper's pinned buffers are full until that write ends
         for r, g in enumerate(gpus):
-            kit.offload(b, f"gd{i}{sfx}.{g}", g, s * self.knobs.grad_bytes_per_param,
-                        [f"rs{i}{sfx}" if n > 1 else f"bwd{i}{sfx}.{g}"], layer=i, rank=r,
-                        frees=[(f"gs{i}.{g}" if n > 1 else f"gb{i}.{g}", g)], reads=[(f"grad.r{r}", "cpu")])
-        if self.boundary and self.knobs.optimizer_nvme:  # all ranks' fp32 gradient slices: one flow to the drives
+            if buffered:
+                size, reads, allocs = s * self.knobs.grad_bytes_per_param, [(f"grad.r{r}", "cpu")], []
+            else:
+                size = s * pp["grad32"]
+                reads = [] if stage else [(f"grad32.r{r}", self.knobs.optimizer_device)]
+                allocs = [(f"gst{i}.r{r}", "cpu")] if stage else []
+            kit.offload(b, f"gd{i}{sfx}.{g}", g, size, [f"rs{i}{sfx}" if n > 1 else f"bwd{i}{sfx}.{g}", *wait], layer=i,
+                        rank=r, frees=[(f"gs{i}.{g}" if n > 1 else f"gb{i}.{g}", g)], reads=reads, allocs=allocs)
+        if stage:  # all ranks' fp32 gradient slices: one flow to the drives
             kit.swap(b, f"gw{i}{sfx}", "cpu.gwrite", Phase.GRAD_SWAP_OUT, "cpu", "nvme",
-                     n * s * per_param_bytes(self.job, self.knobs)["grad32"], [f"gd{i}{sfx}.{g}" for g in gpus],
-                     layer=i, allocs=[(f"gst{i}.r{r}", "cpu") for r in range(n)],
+                     n * s * pp["grad32"], [f"gd{i}{sfx}.{g}" for g in gpus],
+                     layer=i, allocs=[(f"gst{i}.r{r}", "cpu") for r in range(n)] if buffered else [],
                      frees=[(f"gst{i}.r{r}", "cpu") for r in range(n)])
+
+
+def grad_staging_window(job: Job, n: int, groups: list[list[int]]) -> int:
+    """How many layers' fp32 gradient slices a rank may have staged in pinned memory before the NVMe write of
+    the oldest must end: DeepSpeed's gradient swapper takes the optimizer swapper's free pinned buffers
+    (``offload_optimizer.buffer_count`` = 4, each of the largest sub-group's elements;
+    ``deepspeed/runtime/swap_tensor/optimizer_utils.py`` ``_swap_out_gradients`` -> ``AsyncTensorSwapper``, which
+    waits for a write to finish when its buffers are full)."""
+    layers = job.trace.layers
+    largest_group = max(sum(layers[i].params for i in grp) for grp in groups) / n
+    largest_layer = max(layer.params for layer in layers) / n
+    return max(1, int(DS_OPTIMIZER_BUFFERS * largest_group // max(largest_layer, 1.0)))
 
 
 def emit_optimizer(b: PlanBuilder, job: Job, knobs: Knobs, n: int, groups: list[list[int]]) -> None:
@@ -163,6 +204,10 @@ def plan(job: Job, knobs: Knobs) -> Plan:
     knobs.validate()
     knobs.check_devices(job)
     n = job.n_gpus
+    kept = [layer.activation_bytes for i, layer in enumerate(job.trace.layers) if not offloads_ckpt(job, knobs, i)]
+    moved = [layer.activation_bytes for i, layer in enumerate(job.trace.layers) if offloads_ckpt(job, knobs, i)]
+    tiles = tile_factor(job, knobs.tile_factor, knobs.gather_prefetch, sum(kept) + max(moved, default=0))
+    job = tiled_job(job, tiles)
     accum = job.accumulation(n)
     groups = sub_groups(job, n, knobs.sub_group_size)
     need = check_fit(job, knobs, n, groups)
@@ -183,12 +228,13 @@ def plan(job: Job, knobs: Knobs) -> Plan:
         b.segment(name, rep)
         prev: Callable[[str], str | None] = (lambda x: f"{x}@1") if not boundary else \
             (lambda x: x) if accum > 1 else (lambda x: None)
-        MicroStep(b, job, knobs, n, ".last" if boundary else "", prev, boundary, last_opt).emit()
+        MicroStep(b, job, knobs, n, ".last" if boundary else "", prev, boundary, last_opt,
+                  grad_staging_window(job, n, groups)).emit()
     b.segment("optimizer", 1)
     emit_optimizer(b, job, knobs, n, groups)
     homes = state_homes(knobs)
-    return b.build(steps=2, notes=notes(job, knobs, n, accum, len(groups)), info={
-        "dp": n, "accumulation": accum, "sub_groups": [len(grp) for grp in groups],
+    return b.build(steps=2, notes=notes(job, knobs, n, accum, len(groups), tiles), info={
+        "dp": n, "accumulation": accum, "tile_factor": tiles, "sub_groups": [len(grp) for grp in groups],
         "sub_group_params_per_rank": [sum(job.trace.layers[i].params for i in grp) / n for grp in groups],
         "bytes_per_param": {k: {"bytes": v, "home": homes[k]} for k, v in per_param_bytes(job, knobs).items() if v > 0},
         "model_state_bytes": model_state_bytes(job, knobs),
@@ -230,12 +276,15 @@ def declare_tensors(b: PlanBuilder, job: Job, knobs: Knobs, n: int, groups: list
                 b.tensor(f"pst{k}.r{r}", q * db, "buffer", scope="step")
 
 
-def notes(job: Job, knobs: Knobs, n: int, accum: int, n_groups: int) -> list[str]:
+def notes(job: Job, knobs: Knobs, n: int, accum: int, n_groups: int, tiles: int = 1) -> list[str]:
     nv = nvme_bytes_per_step(job, knobs, accum)
     out = [f"ZeRO-Infinity: ZeRO-3 over {n} rank(s), {accum} micro-step(s) per step; parameters on "
            f"{knobs.param_device}, optimizer states on {knobs.optimizer_device}; prefetch NVMe "
            f"{knobs.nvme_prefetch} / CPU {knobs.cpu_prefetch} / gather {knobs.gather_prefetch} uses ahead; "
            f"{n_groups} optimizer sub-group(s)"]
+    if tiles > 1:
+        out.append(f"memory-centric tiling: every block in {tiles} tiles, fetched, gathered and computed one after "
+                   f"another (tile_factor={knobs.tile_factor}; layer tags count tiles)")
     if nv["read"] or nv["write"]:
         out.append(f"NVMe per step: read {nv['read'] / 1e9:.1f} GB, write {nv['write'] / 1e9:.1f} GB")
     if unified(job):

@@ -3,8 +3,9 @@ sub-groups, NVMe traffic per step, and the lower bounds of what each memory pool
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 from hardware_models import build_topology
 from policies import kit
@@ -13,10 +14,17 @@ from policies.base import Job, KnobError, PlanInfeasible
 NAME = "zero-infinity"
 DS_PARAM_BUFFERS = 5          # DeepSpeed offload_param.buffer_count
 DS_PARAM_BUFFER_SIZE = 1e8    # DeepSpeed offload_param.buffer_size (elements)
+DS_OPTIMIZER_BUFFERS = 4      # DeepSpeed offload_optimizer.buffer_count
+
+
+_STAGE3 = ("ZeRO-Infinity offloads by definition; for ZeRO-3 with everything on the GPUs use "
+           "--policy none --knob stage=3")
 
 
 @dataclass(frozen=True)
 class Knobs:
+    KNOB_ADVICE: ClassVar[Mapping[tuple[str, str], str]] = {("param_device", "gpu"): _STAGE3,
+                                                          ("optimizer_device", "gpu"): _STAGE3}
     param_device: Literal["cpu", "nvme"] = "cpu"
     optimizer_device: Literal["cpu", "nvme"] = "cpu"
     nvme_prefetch: int = 3
@@ -26,11 +34,25 @@ class Knobs:
     pipeline_io: bool = True
     offload_checkpoints: bool = False
     grad_bytes_per_param: float = 2.0
+    cpu_grad_buffer: Literal["auto", "always"] = "auto"
+    tile_factor: int | Literal["auto"] = "auto"
 
     def validate(self) -> None:
+        if self.cpu_grad_buffer not in ("auto", "always"):
+            raise KnobError(f"{NAME}: knob 'cpu_grad_buffer' must be auto (a 16-bit CPU buffer only when "
+                            f"accumulating over micro-steps, DeepSpeed 0.3-0.4 as in the paper) or always (one "
+                            f"whole-model buffer, later DeepSpeed), got {self.cpu_grad_buffer!r}")
+        if self.tile_factor != "auto" and (isinstance(self.tile_factor, bool) or not isinstance(self.tile_factor, int)
+                                           or self.tile_factor < 1):
+            raise KnobError(f"{NAME}: knob 'tile_factor' must be auto or an integer >= 1 (1 = no tiling), "
+                            f"got {self.tile_factor!r}")
         for name in ("param_device", "optimizer_device"):
-            if getattr(self, name) not in ("cpu", "nvme"):
-                raise KnobError(f"{NAME}: knob '{name}' must be cpu or nvme, got {getattr(self, name)!r}")
+            value = getattr(self, name)
+            if value == "gpu":
+                raise KnobError(f"{NAME}: knob '{name}' must be cpu or nvme, got 'gpu'; {_STAGE3}")
+            if value not in ("cpu", "nvme"):
+                raise KnobError(f"{NAME}: knob '{name}' must be cpu or nvme, got {value!r} (all on the GPUs: "
+                                f"--policy none --knob stage=3)")
         for name in ("nvme_prefetch", "cpu_prefetch", "gather_prefetch"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -58,10 +80,27 @@ class Knobs:
                 raise KnobError(f"{NAME}: knob '{name}' = nvme but {job.hw.name} has no NVMe drive; use cpu")
 
 
+def has_cpu_grad_buffer(job: Job, knobs: Knobs) -> bool:
+    """Whether each rank keeps a 16-bit gradient partition buffer on the CPU.
+
+    DeepSpeed 0.3-0.4 (the ZeRO-Infinity paper's code), ``deepspeed/runtime/zero/stage3.py``
+    ``partition_previous_reduced_grads``: with ``offload_optimizer`` the 16-bit partition buffers
+    (``grads_in_partition``, one per sub-group of ``fp16_groups``) are allocated only when
+    ``gradient_accumulation_steps > 1``; otherwise each reduced gradient partition goes from the GPU straight
+    into its sub-group's fp32 gradient (``fp32_partitioned_groups_flat[i].grad`` on the CPU, or
+    ``param.grad.float()`` handed to ``optimizer_swapper.swap_out_gradients`` when the sub-group is swapped to
+    NVMe). Later DeepSpeed (``_setup_for_real_optimizer``: ``grad_partitions_flat_buffer``) always keeps one
+    whole-model 16-bit buffer on the CPU: ``cpu_grad_buffer=always``.
+    """
+    return knobs.cpu_grad_buffer == "always" or job.accumulation(job.n_gpus) > 1
+
+
 def per_param_bytes(job: Job, knobs: Knobs) -> dict[str, float]:
-    """Bytes per parameter of each model state (ZeRO-Infinity's 20 B/param with bf16/fp16)."""
+    """Bytes per parameter of each model state (ZeRO-Infinity's 20 B/param with bf16/fp16; 18 without the
+    16-bit CPU gradient buffer, ``has_cpu_grad_buffer``)."""
     db = kit.dtype_bytes(job)
-    return {"param16": float(db), "grad": knobs.grad_bytes_per_param, "param32": 4.0 if db < 4 else 0.0,
+    grad = knobs.grad_bytes_per_param if has_cpu_grad_buffer(job, knobs) else 0.0
+    return {"param16": float(db), "grad": grad, "param32": 4.0 if db < 4 else 0.0,
             "optim": 8.0, "grad32": 4.0}
 
 

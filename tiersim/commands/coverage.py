@@ -33,6 +33,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="comma-separated model presets, shorthands or files, e.g. 7b,13b,70b,175b,405b")
     p.add_argument("--policies", default=None, metavar="P1,P2,...",
                    help="comma-separated policies (default: every policy)")
+    p.add_argument("--knob", dest="knobs", action="append", default=[], metavar="NAME=VALUE",
+                   help="fix a policy knob in every cell of the policies that declare it, e.g. "
+                        "--knob optimizer_device=nvme; repeatable")
     p.add_argument("--total-budget", default=None, metavar="TIME",
                    help="bound the whole matrix: each cell gets an equal share of the time left (e.g. 10m)")
     add_workload_flags(p, SEARCH)
@@ -40,6 +43,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from planner.candidates import check_fixed_knobs
     from planner.coverage import coverage
     from reports.units import table
 
@@ -48,11 +52,12 @@ def run(args: argparse.Namespace) -> int:
     for p in policies:
         if p not in POLICIES:
             raise UsageError(f"--policies: unknown policy {p!r}; choose from {', '.join(POLICIES)}")
+    check_fixed_knobs(policies, args.knobs)
     opts = search_options(args)
     out = coverage(args.hw, models, policies=policies, request=request_from_args(args), hw_overrides=args.sets,
                    objective=args.objective, cell_budget_s=opts.pop("budget_s"),
                    total_budget_s=parse_budget(args.total_budget, "--total-budget"), progress=progress_printer(args),
-                   **opts)
+                   knobs=args.knobs, **opts)
     rc = EXIT_OK if any(c.best.feasible for c in out.cells) else EXIT_INFEASIBLE
     print(f"tiersim coverage: {out.wall_s:.1f} s wall, {sum(c.best.n_simulated for c in out.cells)} simulated",
           file=sys.stderr)

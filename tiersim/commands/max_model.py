@@ -2,6 +2,7 @@
 
     tiersim max-model --hw a100 --policy synergyscale --shape gpt --hidden 8192          # bisect layers
     tiersim max-model --hw a100x8 --policy all --family llama3-8b --scale width          # a preset, wider
+    tiersim max-model --hw dgx2 --policy zero-infinity --shape gpt --hidden 8192 --knob param_device=nvme
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, default=None, metavar="N",
                    help="the largest step count tried: layers (default 4096), or KV-head groups with --scale "
                         "width (default: up to hidden 131072); reaching it is reported as 'cap reached'")
+    p.add_argument("--knob", dest="knobs", action="append", default=[], metavar="NAME=VALUE",
+                   help="fix a policy knob in every check, e.g. --knob param_device=nvme (the largest model with "
+                        "parameters on NVMe); applies to the policies that declare it; repeatable")
     p.add_argument("--max-step-time", metavar="TIME",
                    help="also require a step time at most this long (e.g. 30s); 'time' is then a binding "
                         "constraint (and each check is a full search, slower)")
@@ -77,6 +81,7 @@ def _scaler(args: argparse.Namespace):  # -> planner.maxmodel.Scaler
 
 
 def run(args: argparse.Namespace) -> int:
+    from planner.candidates import check_fixed_knobs
     from planner.maxmodel import max_model
     from reports.units import table
 
@@ -85,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
     policies = list(POLICIES) if args.policy == "all" else [args.policy]
     if args.limit is not None and args.limit < 1:
         raise UsageError(f"--limit {args.limit}: must be a positive whole number")
+    check_fixed_knobs(policies, args.knobs)
     scaler = _scaler(args)
     limit = None
     if args.max_step_time is not None:
@@ -95,15 +101,18 @@ def run(args: argparse.Namespace) -> int:
     request = request_from_args(args)
     progress = progress_printer(args)
     outs = [max_model(args.hw, scaler, policy, request=request, hw_overrides=args.sets, max_step_time_s=limit,
-                      progress=progress, **opts) for policy in policies]
+                      progress=progress, knobs=args.knobs, **opts) for policy in policies]
     rc = EXIT_OK if any(o.largest for o in outs) else EXIT_INFEASIBLE
     print("tiersim max-model: " + ", ".join(f"{o.policy} {o.wall_s:.1f} s" for o in outs) + " wall", file=sys.stderr)
     if args.json:
         print(dumps({"kind": "tiersim.max_model", "hardware": args.hw, "overrides": list(args.sets),
+                     "knobs": list(args.knobs),
                      "family": scaler.family, "dimension": scaler.dimension, "max_step_time_s": limit,
                      "results": [o.to_dict() for o in outs]}))
         return rc
-    print(f"tiersim max-model: {scaler.family} on {args.hw}{' with ' + ', '.join(args.sets) if args.sets else ''}; "
+    fixed = f" knobs {', '.join(args.knobs)};" if args.knobs else ""
+    sets = ' with ' + ', '.join(args.sets) if args.sets else ''
+    print(f"tiersim max-model: {scaler.family} on {args.hw}{sets};{fixed} "
           f"{scaler.dimension} bisected (n fits, n+1 does not)")
     rows = []
     for o in outs:
