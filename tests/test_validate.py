@@ -12,11 +12,22 @@ from tiersim.cli import main
 from tiersim.validate import ALL_CASES, CASES, KNOWN_GAPS, RUN_CASES, THROUGHPUT_TOLERANCE, Outcome, run_cases
 from tiersim.validate_runs import DEEPSPEED, LLM_FOUNDRY, RUNS, published_both
 
+# ZeRO-Infinity's 100B and 1T on one DGX-2 simulate 16 GPUs over 125-128 (tiled) layers, ~75 s together: they
+# run in `tiersim validate`, and tests/test_memory_accounting.py checks the same verdicts (same shapes, machine
+# and knobs); this module runs every other case once
+HEAVY = ("ZeRO-Infinity 100B on one DGX-2 node (params CPU, optimizer NVMe): fits",
+         "ZeRO-Infinity 1T on one DGX-2 node (NVMe): fits")
+
 
 @pytest.fixture(scope="module")
 def outcomes() -> list[Outcome]:
-    """Every case, run once for this module (the published training runs take several seconds)."""
-    return run_cases()
+    """Every case but the HEAVY ones, run once for this module."""
+    return run_cases(tuple(c for c in ALL_CASES if c.name not in HEAVY))
+
+
+def test_the_heavy_cases_exist_and_are_not_known_gaps() -> None:
+    names = {c.name: c for c in ALL_CASES}
+    assert all(h in names and not names[h].known_gap and names[h].kind == "verdict" for h in HEAVY)
 
 
 def test_every_validation_case_is_within_tolerance(outcomes: list[Outcome]) -> None:
@@ -34,7 +45,7 @@ def test_validate_command_prints_the_errors_and_exits_zero(
     assert main(["validate"]) == 0
     out = capsys.readouterr().out
     assert "mean |error|" in out and "max |error|" in out
-    assert f"of {len(ALL_CASES)} outside tolerance" in out and "0 unexpected" in out
+    assert f"of {len(outcomes)} outside tolerance" in out and "0 unexpected" in out
     assert "MFU pub" in out and "HFU sim" in out  # the throughput table shows both conventions
 
 
@@ -54,7 +65,7 @@ def test_at_least_ten_published_runs_each_cited_with_its_machine_and_shape() -> 
             assert (r.mfu if r.convention == "model" else r.hfu) is not None or r.tflops is not None
 
 
-@pytest.mark.parametrize("name", [c.name for c in RUN_CASES])
+@pytest.mark.parametrize("name", [c.name for c in RUN_CASES if c.name not in HEAVY])
 def test_run_within_tolerance_or_still_a_known_gap(by_name: dict[str, Outcome], name: str) -> None:
     o = by_name[name]
     if o.case.kind == "throughput":
