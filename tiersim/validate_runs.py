@@ -3,8 +3,8 @@ figure in its own FLOP convention, and the simulated run converted with that sam
 
 Two FLOP conventions are in use (both are printed for every throughput case):
 
-- *model* FLOPs (MFU; PaLM, Korthikanti et al. 2022, llm-foundry's ``mfu``): the FLOPs of one forward and
-  one backward pass, no recomputation. llm-foundry counts ``(6*P*s + 12*l*d*s^2)`` per sequence
+- *model* FLOPs (MFU; PaLM, Megatron-LM's MFU in Korthikanti et al. 2022, llm-foundry's ``mfu``): the FLOPs
+  of one forward and one backward pass, no recomputation. llm-foundry counts ``(6*P*s + 12*l*d*s^2)`` per sequence
   (``scripts/train/benchmarking/README.md``); tiersim's ``tflops_per_gpu`` / ``mfu`` count the model's
   matmuls exactly (:meth:`workloads.trace.WorkloadTrace.model_flops_per_token`).
 - *hardware* FLOPs (HFU): what the GPU executes, activation-checkpointing recompute included.
