@@ -21,7 +21,7 @@ from tiersim.cli import main, simulate_main
 SMALL = ["--hw", "a100", "--model", "gpt2"]
 OFFLOAD = [*SMALL, "--policy", "zero-offload"]
 NOOFF = [*SMALL, "--policy", "none"]
-SIM_OOM = [*NOOFF, "--micro-batch", "128", "--checkpointing", "none"]  # activations overflow the GPU
+SIM_OOM = [*NOOFF, "--micro-batch", "256", "--checkpointing", "none"]  # activations overflow the GPU
 PLAN_OOM = ["--hw", "a100-40g", "--model", "70b", "--policy", "none"]  # 1.1 TB of model states on 40 GB
 
 # every key the JSON promises, and what type its value has when the job was simulated

@@ -23,7 +23,7 @@ from tiersim.cli import simulate_main
 CASES = {
     "offload": ["--hw", "a100", "--model", "gpt2", "--policy", "zero-offload"],
     "8 GPUs": ["--hw", "a100x8", "--model", "gpt2", "--policy", "zero-offload"],
-    "oom": ["--hw", "a100", "--model", "gpt2", "--policy", "none", "--micro-batch", "128",
+    "oom": ["--hw", "a100", "--model", "gpt2", "--policy", "none", "--micro-batch", "256",
             "--checkpointing", "none"],
 }
 

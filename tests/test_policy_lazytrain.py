@@ -27,9 +27,16 @@ TINY = ModelSpec(name="tiny6", family="custom", n_layers=6, hidden=1024, n_heads
 HEURISTICS = ("keep_all", "checkpoint_all", "offload_all")
 
 
+# The GPU memory budget these tests were sized for (their gpu.memory squeezes): the former flat reservations
+# (0.5 GiB CUDA context, 1 GiB workspace, 0.5 GiB NCCL buffers on multi-GPU machines, 5% fragmentation) and
+# exact tensor bytes. The per-architecture budget and the caching allocator are tested in test_memory_accounting.py.
+SIZED_FOR = ("gpu.reserved={cuda_context: 0.5GiB, framework_workspace: 1GiB, comm_buffers: 0.5GiB}",
+             "gpu.fragmentation=0.05", "gpu.allocator=exact")
+
+
 def job_for(hw: str, model: str | ModelSpec = "gpt2", overrides: tuple[str, ...] = (), **kw):  # noqa: ANN003, ANN201
     req = JobRequest(**{"seq_len": 1024, **kw})
-    job, _ = make_job(hw, model, req, hw_overrides=overrides)
+    job, _ = make_job(hw, model, req, hw_overrides=(*SIZED_FOR, *overrides))
     return job
 
 

@@ -32,7 +32,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     rc, out, _ = run([*GPT2, "--policy", "zero-offload", "--json", "--plan-out", str(d / "plan.json")], simulate_main)
     assert rc == 0
     (d / "result.json").write_text(out)
-    rc, out, _ = run(["--hw", "a100", "--model", "gpt2", "--policy", "none", "--json", "--micro-batch", "128",
+    rc, out, _ = run(["--hw", "a100", "--model", "gpt2", "--policy", "none", "--json", "--micro-batch", "256",
                       "--checkpointing", "none"], simulate_main)
     assert rc == 3
     (d / "oom.json").write_text(out)

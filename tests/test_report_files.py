@@ -118,7 +118,7 @@ def test_the_same_inputs_write_the_same_files(tmp_path: Path) -> None:
 
 
 def test_a_result_that_runs_out_of_memory_still_gets_its_figures(tmp_path: Path) -> None:
-    job, _ = make_job("a100", "gpt2", JobRequest(micro_batch=128, global_batch=128, checkpointing="none"))
+    job, _ = make_job("a100", "gpt2", JobRequest(micro_batch=256, global_batch=256, checkpointing="none"))
     r: Result = simulate_plan(make_plan(job, "none"), job.hw)
     assert not r.feasible
     charts = build_charts(ReportInputs(items=[r]))
