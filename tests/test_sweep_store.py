@@ -22,8 +22,8 @@ from tiersim.cli import main
 
 FEASIBLE = ["--hw", "a100", "--model", "gpt2", "--policy", "none", "--global-batch", "8", "--micro-batch", "1",
             "--seq-len", "512", "--precision", "bf16", "--checkpointing", "full"]
-SIM_OOM = ["--hw", "a100-40g", "--model", "gpt2", "--policy", "zero-offload", "--global-batch", "64",
-           "--micro-batch", "64", "--seq-len", "1024", "--precision", "bf16", "--checkpointing", "none"]
+SIM_OOM = ["--hw", "a100-40g", "--model", "gpt2", "--policy", "zero-offload", "--global-batch", "128",
+           "--micro-batch", "128", "--seq-len", "1024", "--precision", "bf16", "--checkpointing", "none"]
 PLAN_INFEASIBLE = ["--hw", "a100", "--model", "llama2-7b", "--policy", "none", "--global-batch", "8",
                    "--micro-batch", "1", "--seq-len", "512", "--precision", "bf16", "--checkpointing", "full"]
 
