@@ -142,10 +142,9 @@ def knob_help(info: PolicyInfo) -> list[tuple[str, str, str]]:
     out = []
     for f in dataclasses.fields(info.knobs_type):
         typ = hints[f.name]
-        if typing.get_origin(typ) is typing.Literal:
-            name = "|".join(str(c) for c in typing.get_args(typ))
-        else:
-            name = getattr(typ, "__name__", str(typ))
+        members = typing.get_args(typ) if typing.get_origin(typ) in (typing.Union, types.UnionType) else (typ,)
+        name = "|".join("|".join(str(c) for c in typing.get_args(m)) if typing.get_origin(m) is typing.Literal
+                        else getattr(m, "__name__", str(m)) for m in members)
         out.append((f.name, name, repr(f.default)))
     return out
 
