@@ -46,9 +46,11 @@ Collectives (:mod:`costs.collective`): a ring, as the engine runs it.
 Compute (:mod:`costs.compute`):
   ``compute_seconds(hw, flops, hbm_bytes, dtype)`` -> roofline seconds of one kernel, no launch overhead.
   ``kernel_seconds(hw, flops, hbm_bytes, dtype)`` -> the same plus ``gpu.launch_overhead`` (a roofline task).
+  ``gemm_kernels_seconds(hw, layer_ops, dtype)`` -> seconds of the matmul kernels of a layer task, each on the curve.
   ``ops_seconds(hw, layer_ops, dtype)`` -> seconds of a list of operators (needs ``gpu.op_overhead``).
   ``ComputePricer(hw, dtype, (model, config) | None).seconds(flops, hbm_bytes, layer, phase)`` -> what the
-  engine charges a compute task: operator level where the hardware and the task's layer allow, else
+  engine charges a compute task: operator level where the hardware has ``gpu.op_overhead``, the layer's matmul
+  kernels on the curve (:func:`gemm_kernels_seconds` + one launch) where only the layer is known, else
   :func:`kernel_seconds`.
 
 Optimizer (:mod:`costs.optimizer`):
@@ -59,7 +61,7 @@ Optimizer (:mod:`costs.optimizer`):
 """
 
 from costs.collective import Ring, ring, ring_factor, ring_per_rank_bytes, ring_seconds, ring_steps
-from costs.compute import ComputePricer, compute_seconds, kernel_seconds, ops_seconds
+from costs.compute import ComputePricer, compute_seconds, gemm_kernels_seconds, kernel_seconds, ops_seconds
 from costs.optimizer import cpu_adam_seconds, gpu_optimizer_seconds
 from costs.rates import (
     Usage,
@@ -88,7 +90,8 @@ from costs.transfer import busy_seconds, copy_resource_bytes, copy_seconds
 __all__ = [
     "CPU_ADAM", "ComputePricer", "HOST_CORES", "Ring", "RouteResources", "RouteTable", "Usage", "both_ways_bw",
     "both_ways_transfer_rate", "bottleneck_share", "busy_seconds", "compute_seconds", "copy_resource_bytes",
-    "copy_seconds", "cpu_adam_seconds", "direction_key", "duplex_key", "gpu_optimizer_seconds", "kernel_seconds",
+    "copy_seconds", "cpu_adam_seconds", "direction_key", "duplex_key", "gemm_kernels_seconds", "gpu_optimizer_seconds",
+    "kernel_seconds",
     "link_capacities", "machine_capacities", "max_min_rates", "ops_seconds", "resource_load", "ring", "ring_factor",
     "ring_per_rank_bytes", "ring_seconds", "ring_steps", "route_resources", "slowest_transfer_rate", "sm_resource",
     "solo_rate", "transfer_rates", "usage",

@@ -1,7 +1,20 @@
-"""Compute seconds of a GPU task: a one-kernel roofline, or operator by operator where the hardware says how.
+"""Compute seconds of a GPU task: kernel by kernel on the efficiency curve, or operator by operator where the
+hardware says how.
 
-Roofline (every preset): ``max(flops / (peak * eff(flops)), hbm_bytes / hbm_bw) + launch overhead`` -- the
-layer task as ONE kernel of its total FLOPs, with the efficiency curve standing for everything else.
+Kernel level (every preset): a task of a known ``layer`` and ``phase`` (fwd | bwd | recompute) runs the
+matmul kernels that :func:`workloads.ops.layer_ops` lists, each at its own size on the curve and never
+faster than its own operands move over HBM::
+
+    max( sum_i max(f_i / (peak * eff(f_i)), e * (M_i*K_i + K_i*N_i + M_i*N_i) / hbm_bw),
+         hbm_bytes / hbm_bw ) + launch overhead
+
+(f_i the kernel's FLOPs, (M_i, N_i, K_i) its GEMM shape, e the bytes of the training dtype). The preset's
+curve is a per-kernel curve of its GPU generation (``hardware_specs.yaml`` ``gemm_efficiency_by_generation``)
+that folds in what a layer runs besides its matmuls (norms, activations, attention softmax, dispatch gaps),
+so a small micro-batch, a tensor-parallel shard or a thin model gets small, inefficient kernels.
+
+Roofline (a task of no known layer): ``max(flops / (peak * eff(flops)), hbm_bytes / hbm_bw) + launch
+overhead`` -- the task as ONE kernel of its total FLOPs.
 
 Operator level (a spec with ``gpu.op_overhead``, as ``tiersim calibrate`` writes): a task of a known
 ``layer`` and ``phase`` (fwd | bwd | recompute) runs the operators that :func:`workloads.ops.layer_ops`
@@ -23,9 +36,10 @@ from typing import Any
 
 from hardware_models import HardwareSpec
 from workloads import ModelSpec, WorkloadConfig
+from workloads.config import DTYPE_BYTES
 from workloads.ops import PHASES, LayerOps, layer_ops
 
-__all__ = ["ComputePricer", "compute_seconds", "kernel_seconds", "ops_seconds"]
+__all__ = ["ComputePricer", "compute_seconds", "gemm_kernels_seconds", "kernel_seconds", "ops_seconds"]
 
 
 def compute_seconds(hw: HardwareSpec, flops: float, hbm_bytes: float, dtype: str) -> float:
@@ -40,6 +54,20 @@ def kernel_seconds(hw: HardwareSpec, flops: float, hbm_bytes: float, dtype: str)
     return compute_seconds(hw, flops, hbm_bytes, dtype) + hw.gpu.launch_overhead_s
 
 
+def gemm_kernels_seconds(hw: HardwareSpec, ops: LayerOps, dtype: str) -> float:
+    """Seconds of the matmul kernels of ``ops`` on one GPU of ``hw``, each at its own size on the curve and
+    no faster than its operands (M*K + K*N + M*N elements of ``dtype``) move over HBM."""
+    g = hw.gpu
+    peak = hw.peak_flops_for(dtype)
+    e = DTYPE_BYTES.get(dtype, 2)
+    shapes = ops.matmul_shapes or ((0.0, 0.0, 0.0),) * len(ops.matmul_flops)
+    t = 0.0
+    for f, (m, n, k) in zip(ops.matmul_flops, shapes, strict=True):
+        if f > 0:
+            t += max(f / (peak * g.gemm_efficiency(f)), e * (m * k + k * n + m * n) / g.hbm_bw)
+    return t
+
+
 def ops_seconds(hw: HardwareSpec, ops: LayerOps, dtype: str) -> float:
     """Seconds of a list of operators on one GPU of ``hw`` (needs ``gpu.op_overhead``)."""
     g = hw.gpu
@@ -50,15 +78,15 @@ def ops_seconds(hw: HardwareSpec, ops: LayerOps, dtype: str) -> float:
 
 
 class ComputePricer:
-    """Prices compute tasks on one GPU of ``hw`` in ``dtype``: operator by operator where ``hw`` has
-    ``gpu.op_overhead`` and the task's layer of ``workload`` (model, config) is known, else the roofline.
-    Memoised per distinct task shape."""
+    """Prices compute tasks on one GPU of ``hw`` in ``dtype`` where the task's layer of ``workload`` (model,
+    config) is known: operator by operator where ``hw`` has ``gpu.op_overhead`` (a calibrated spec), else
+    kernel by kernel on the curve; the roofline for any other task. Memoised per distinct task shape."""
 
     def __init__(self, hw: HardwareSpec, dtype: str, workload: tuple[ModelSpec, WorkloadConfig] | None = None):
         self.hw = hw
         self.dtype = dtype
         self.op_level = hw.gpu.op_overhead_s is not None
-        self.workload = workload if self.op_level else None
+        self.workload = workload
         self._memo: dict[tuple[float, float, Any, Any], float] = {}
 
     def seconds(self, flops: float, hbm_bytes: float, layer: Any = None, phase: Any = None) -> float:
@@ -83,7 +111,10 @@ class ComputePricer:
         return ops
 
     def _price(self, flops: float, hbm_bytes: float, layer: Any, phase: Any) -> float:
-        ops = self.layer_ops(layer, phase, flops) if self.op_level else None
-        if ops is None:
+        ops = self.layer_ops(layer, phase, flops)
+        floor = hbm_bytes / self.hw.gpu.hbm_bw
+        if ops is not None and self.op_level:
+            return max(ops_seconds(self.hw, ops, self.dtype), floor)
+        if ops is None or not ops.matmul_flops or flops <= 0:
             return kernel_seconds(self.hw, flops, hbm_bytes, self.dtype)
-        return max(ops_seconds(self.hw, ops, self.dtype), hbm_bytes / self.hw.gpu.hbm_bw)
+        return max(gemm_kernels_seconds(self.hw, ops, self.dtype), floor) + self.hw.gpu.launch_overhead_s

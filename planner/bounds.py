@@ -15,8 +15,9 @@ a sweep of policies, models and knobs):
 - time: the measured step repeats with its period in the steady state, so every resource must do one
   step's work within one period; no resource works faster than its capacity. Work per step, priced with
   the functions the engine charges with (``costs``):
-  * each GPU's SMs (capacity 1 s/s, shared by all its compute streams): its compute tasks' roofline
-    seconds plus launch overhead, and GPU optimizer steps (HBM-bound);
+  * each GPU's SMs (capacity 1 s/s, shared by all its compute streams): its compute tasks' seconds as the
+    engine charges them (``costs.ComputePricer``: kernel by kernel on the curve, launch overhead included),
+    and GPU optimizer steps (HBM-bound);
   * each link direction (and the duplex budget where the hardware has one): the bytes routed over it
     by copies and ring collectives, divided by its bandwidth;
   * the host's CPU-Adam resource: parameters updated on the CPU divided by its params/s rate.
@@ -32,10 +33,10 @@ from dataclasses import dataclass
 
 from costs import (
     CPU_ADAM,
+    ComputePricer,
     RouteTable,
     cpu_adam_seconds,
     gpu_optimizer_seconds,
-    kernel_seconds,
     link_capacities,
     ring,
     sm_resource,
@@ -142,12 +143,14 @@ def resource_work(plan: Plan, hw: HardwareSpec, topo: Topology) -> dict[str, flo
     work: dict[str, float] = defaultdict(float)
     nbytes: dict[str, float] = defaultdict(float)
     tensors = plan.tensor_map()
+    pricer = ComputePricer(hw, dtype, (plan.workload.model, plan.workload.config))  # as the engine charges
     for seg in plan.segments:
         n = seg.repeat
         for t in seg.tasks:
             device = streams[t.stream].device
             if t.op == "compute" and device.startswith("gpu"):
-                work[sm_resource(device)] += n * kernel_seconds(hw, t.flops, t.hbm_bytes, dtype)
+                work[sm_resource(device)] += n * pricer.seconds(t.flops, t.hbm_bytes, t.tags.get("layer"),
+                                                               t.tags.get("phase"))
             elif t.op == "optimizer":
                 if device.startswith("gpu"):
                     work[sm_resource(device)] += n * gpu_optimizer_seconds(hw, t.params)

@@ -22,7 +22,8 @@ from workloads import ModelSpec
 NOT_SIMULATED = {"events": 0, "wall_s": 0.0, "method": "not simulated (the policy found the job infeasible)",
                  "simulated_tasks": 0}
 # figures that only a simulation yields: null when the policy rejected the job up front
-SIMULATED_FIELDS = ("step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "peak_bytes", "peak_by_kind",
+SIMULATED_FIELDS = ("step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "hw_tflops_per_gpu", "hfu",
+                    "peak_bytes", "peak_by_kind",
                     "link_bytes", "link_busy_s", "stream_busy_s", "compute_busy_s", "exposed_transfer_s")
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hardware_models import HardwareSpec, load_hardware, spec_from_dict
+from hardware_models.gpu_arch import flash_attention_default
 from policies import get_policy
 from policies.base import Job, StepSeconds, parse_knobs
 from simulator import Plan
@@ -68,7 +69,8 @@ def make_job(hw: str | HardwareSpec, model: str | ModelSpec, request: JobRequest
     default_dtype = "bf16" if "bf16" in spec.gpu.peak_flops else "fp16"
     prec = pick("precision", req.precision, default_dtype, "mixed precision with fp32 master weights")
     ckpt = pick("checkpointing", req.checkpointing, "full", "what offloading systems use")
-    flash = pick("flash_attention", req.flash_attention, True, "fused attention kernels")
+    flash_default, flash_why = flash_attention_default(spec.gpu.model)
+    flash = pick("flash_attention", req.flash_attention, flash_default, flash_why)
     config = WorkloadConfig(micro_batch=mb, seq_len=seq, global_batch=gb, precision=prec,
                             checkpointing=ckpt, flash_attention=flash)
     spec.peak_flops_for(prec)  # a clear error when the GPU has no such dtype

@@ -178,6 +178,8 @@ def summary_tables(inputs: ReportInputs) -> list[tuple[str, pd.DataFrame]]:
             "tokens/s": [_num(x, "{:,.0f}") for x in df["tokens_per_s"]],
             "TFLOP/s/GPU": [_num(x, "{:,.1f}") for x in df["tflops_per_gpu"]],
             "MFU": [_num(x * 100 if x == x and x is not None else None, "{:.1f}%") for x in df["mfu"]],
+            "HW TFLOP/s/GPU": [_num(x, "{:,.1f}") for x in df["hw_tflops_per_gpu"]],
+            "HFU": [_num(x * 100 if x == x and x is not None else None, "{:.1f}%") for x in df["hfu"]],
             **{f"{name} GB": [_gb(x) + (" (policy estimate)" if src == "policy estimate" and _gb(x) != "-" else "")
                               for x, src in zip(df[f"{kind}_peak_bytes"], df["peak_source"], strict=True)]
                for kind, name in (("gpu", "GPU"), ("cpu", "CPU"), ("nvme", "NVMe"))},

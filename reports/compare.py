@@ -36,12 +36,13 @@ def format_comparison(rows: Sequence[Mapping[str, Any]], header_line: str) -> st
             f"{d['tokens_per_s']:,.0f}" if sim else "-",
             f"{d['tflops_per_gpu']:,.1f}" if sim else "-",
             f"{d['mfu'] * 100:.1f}%" if sim else "-",
+            f"{d['hfu'] * 100:.1f}%" if sim and d.get("hfu") is not None else "-",
             _gb(_pool_peak(d, "gpu") if _pool_peak(d, "gpu") is not None else _pool_peak(d, "unified")),
             _gb(_pool_peak(d, "cpu")),
             _gb(_pool_peak(d, "nvme")),
             f"{d['exposed_transfer_s']:,.3f}" if sim else "-",
             f"{d['sim']['wall_s']:.2f}",
         ])
-    head = ["policy", "feasible", "step s", "tokens/s", "TFLOP/s/GPU", "MFU", "GPU GB", "CPU GB", "NVMe GB",
-            "exposed s", "sim s"]
-    return header_line + "\n" + table(body, head, "llrrrrrrrrr")
+    head = ["policy", "feasible", "step s", "tokens/s", "TFLOP/s/GPU", "MFU", "HFU", "GPU GB", "CPU GB",
+            "NVMe GB", "exposed s", "sim s"]
+    return header_line + "\n" + table(body, head, "llrrrrrrrrrr")

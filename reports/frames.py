@@ -93,6 +93,7 @@ def comparison_frame(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
             "model": (d.get("model") or {}).get("name"), "feasible": bool(d.get("feasible")),
             "step_time_s": d.get("step_time_s"), "tokens_per_s": d.get("tokens_per_s"),
             "tflops_per_gpu": d.get("tflops_per_gpu"), "mfu": d.get("mfu"),
+            "hw_tflops_per_gpu": d.get("hw_tflops_per_gpu"), "hfu": d.get("hfu"),
             "over_pool": oom.get("pool") if oom else None,
             "over_by_bytes": oom.get("over_by_bytes") if oom else None,
             "peak_source": "policy estimate" if stage == "plan" else "simulated",

@@ -88,8 +88,10 @@ def format_result(result: Result, hw: HardwareSpec | None = None, overrides: Seq
     out.append(table([
         ["step time", secs(r.step_time_s)],
         ["tokens/s", f"{r.tokens_per_s:,.0f}"],
-        ["TFLOP/s per GPU", f"{r.tflops_per_gpu:,.1f}"],
-        ["MFU", pct(r.mfu)],
+        ["TFLOP/s per GPU (model)", f"{r.tflops_per_gpu:,.1f}"],
+        ["MFU (model FLOPs)", pct(r.mfu)],
+        ["TFLOP/s per GPU (hardware)", f"{r.hw_tflops_per_gpu:,.1f}"],
+        ["HFU (hardware FLOPs, recompute incl.)", pct(r.hfu)],
         ["compute busy (busiest GPU)", secs(r.compute_busy_s)],
         ["exposed transfer (worst GPU)", secs(r.exposed_transfer_s)],
     ], align="lr"))

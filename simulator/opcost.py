@@ -1,6 +1,7 @@
 """The engine's price of one compute task: the plan's workload and the task's tags handed to ``costs``.
 
-The pricing itself (roofline, or operator by operator where the hardware has ``gpu.op_overhead``) is
+The pricing itself (kernel by kernel on the curve, or operator by operator where the hardware has
+``gpu.op_overhead``) is
 :class:`costs.ComputePricer`; what stays here needs a Plan: the plan's typed workload (model and config)
 and a task's ``layer`` / ``phase`` tags.
 """
@@ -16,9 +17,8 @@ __all__ = ["plan_pricer", "task_seconds"]
 
 def plan_pricer(plan: Plan, hw: HardwareSpec, dtype: str) -> ComputePricer:
     """The compute pricer of ``plan`` on ``hw``: operator level where ``hw`` has ``gpu.op_overhead``, else
-    the roofline."""
-    workload = (plan.workload.model, plan.workload.config) if hw.gpu.op_overhead_s is not None else None
-    return ComputePricer(hw, dtype, workload)
+    kernel by kernel on the efficiency curve (the roofline for tasks of no known layer)."""
+    return ComputePricer(hw, dtype, (plan.workload.model, plan.workload.config))
 
 
 def task_seconds(pricer: ComputePricer, s: TaskSpec) -> float:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hardware_models import HardwareSpec, Topology
 from simulator.engine import RawRun, TaskRecord
+from simulator.phase import COMPUTE_PHASES
 from simulator.plan import Plan
 
 TRANSFER_OPS = ("copy", "collective")
@@ -59,8 +60,10 @@ class Result:
     n_gpus: int
     step_time_s: float
     tokens_per_s: float
-    tflops_per_gpu: float
-    mfu: float
+    tflops_per_gpu: float                    # model FLOPs (no recompute) per second per GPU, in TFLOP/s
+    mfu: float                               # model FLOPs utilisation: tflops_per_gpu / peak
+    hw_tflops_per_gpu: float                 # hardware FLOPs (checkpointing recompute included), TFLOP/s
+    hfu: float                               # hardware FLOPs utilisation: hw_tflops_per_gpu / peak
     peak_bytes: Mapping[str, float]
     capacity_bytes: Mapping[str, float]
     reserved_bytes: Mapping[str, Mapping[str, float]]
@@ -99,6 +102,8 @@ class Result:
             "tokens_per_s": self.tokens_per_s,
             "tflops_per_gpu": self.tflops_per_gpu,
             "mfu": self.mfu,
+            "hw_tflops_per_gpu": self.hw_tflops_per_gpu,
+            "hfu": self.hfu,
             "peak_bytes": dict(self.peak_bytes),
             "capacity_bytes": dict(self.capacity_bytes),
             "reserved_bytes": {k: dict(v) for k, v in self.reserved_bytes.items()},
@@ -222,6 +227,29 @@ def gpu_overlap(step_records: Iterable[TaskRecord], all_records: Iterable[TaskRe
     return busiest, worst
 
 
+def plan_hardware_flops(plan: Plan) -> float:
+    """FLOPs the GPUs execute in one step of ``plan``: every compute task of a compute phase (forward,
+    backward, recompute) times its segment's repeat count, summed over the GPUs (the HFU numerator)."""
+    total = 0.0
+    for seg in plan.segments:
+        flops = sum(t.flops for t in seg.tasks if t.op == "compute" and t.tags.get("phase") in COMPUTE_PHASES)
+        total += seg.repeat * flops
+    return total
+
+
+def with_hardware_flops(result: Result, plan: Plan, hw: HardwareSpec) -> Result:
+    """``result`` with ``hw_tflops_per_gpu`` and ``hfu`` counted from ``plan`` (the plan as written, not a
+    shortened copy simulated for extrapolation). A plan without compute tasks of a compute phase (a
+    hand-written benchmark) keeps the model figures."""
+    flops = plan_hardware_flops(plan)
+    step = result.step_time_s
+    if flops <= 0 or step <= 0 or not result.n_gpus:
+        return result
+    hw_tflops = flops / step / result.n_gpus / 1e12
+    return replace(result, hw_tflops_per_gpu=hw_tflops,
+                   hfu=hw_tflops * 1e12 / hw.peak_flops_for(plan.workload.config.precision))
+
+
 def build_result(plan: Plan, hw: HardwareSpec, raw: RawRun, metrics: StepMetrics, sim: SimInfo,
                  measured: int | None = None) -> Result:
     mem = raw.memory
@@ -249,6 +277,8 @@ def build_result(plan: Plan, hw: HardwareSpec, raw: RawRun, metrics: StepMetrics
         tokens_per_s=tokens / step if step > 0 else 0.0,
         tflops_per_gpu=tflops,
         mfu=mfu,
+        hw_tflops_per_gpu=tflops,  # simulate_plan sets the hardware figures from the whole plan
+        hfu=mfu,
         peak_bytes=peaks,
         capacity_bytes={p: s.capacity for p, s in mem.pools.items()},
         reserved_bytes={p.name: dict(p.reserved) for p in topo.pools.values()},

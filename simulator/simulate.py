@@ -34,7 +34,16 @@ from costs import both_ways_bw
 from hardware_models import HardwareSpec, Topology
 from simulator.engine import RawRun, run_plan
 from simulator.plan import Plan
-from simulator.result import Result, SimInfo, StepMetrics, build_result, diff_metrics, scale_metrics, step_metrics
+from simulator.result import (
+    Result,
+    SimInfo,
+    StepMetrics,
+    build_result,
+    diff_metrics,
+    scale_metrics,
+    step_metrics,
+    with_hardware_flops,
+)
 
 EXPLICIT_MAX = 6
 STEADY_FROM = 1  # first repeat count tried; falls back to later ones when the ends of the run are not periodic
@@ -209,7 +218,7 @@ def simulate_plan(plan: Plan, hw: HardwareSpec, *, extrapolate: bool = True,
     whole with a trailing step after the measured one and more warm-up steps, until two consecutive
     two-step mean periods agree and the period is physically possible; the result says so.
     """
-    result = _settled(plan, hw, extrapolate, topology)
+    result = with_hardware_flops(_settled(plan, hw, extrapolate, topology), plan, hw)
     if os.environ.get(CHECK_ENV) == "1":
         from simulator.invariants import check_invariants
 

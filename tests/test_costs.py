@@ -231,10 +231,14 @@ def test_operator_level_pricing_needs_the_op_overhead_and_a_known_layer() -> Non
     ops = layer_ops(model, config, 1, "fwd")
     pricer = costs.ComputePricer(spec, "bf16", (model, config))
     assert pricer.seconds(ops.flops, 0.0, 1, "fwd") == costs.ops_seconds(spec, ops, "bf16")
-    # a task of no known layer, or on hardware without op_overhead, keeps the roofline
+    # a task of no known layer keeps the roofline; hardware without op_overhead prices the layer's matmul
+    # kernels on the curve (each at its own size) plus one launch overhead
     assert pricer.seconds(ops.flops, 0.0, None, "fwd") == kernel_seconds(spec, ops.flops, 0.0, "bf16")
-    plain = costs.ComputePricer(load_hardware("a100"), "bf16", (model, config))
-    assert plain.seconds(ops.flops, 0.0, 1, "fwd") == kernel_seconds(load_hardware("a100"), ops.flops, 0.0, "bf16")
+    a100 = load_hardware("a100")
+    plain = costs.ComputePricer(a100, "bf16", (model, config))
+    kernels = costs.gemm_kernels_seconds(a100, ops, "bf16") + a100.gpu.launch_overhead_s
+    assert plain.seconds(ops.flops, 0.0, 1, "fwd") == kernels
+    assert kernels > kernel_seconds(a100, ops.flops, 0.0, "bf16")  # smaller kernels, lower efficiency
     # the task's HBM traffic stays a floor
     assert pricer.seconds(ops.flops, 2039 * GB, 1, "fwd") == pytest.approx(1.0)
 

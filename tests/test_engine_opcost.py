@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 from engine_helpers import GB, compute, copy, hw, log, one_link, plan, run
 
-from costs import compute_seconds, ops_seconds
+from costs import compute_seconds, gemm_kernels_seconds, ops_seconds
 from hardware_models import HardwareInputError, load_hardware
 from planner.job import JobRequest, make_job, make_plan
 from simulator import TaskSpec
@@ -92,13 +92,19 @@ def test_operator_level_costs_more_than_one_big_kernel() -> None:
         assert b.end - b.start > a.end - a.start
 
 
-def test_presets_keep_the_one_kernel_roofline() -> None:
+def test_presets_price_a_layer_kernel_by_kernel_on_the_curve() -> None:
+    """Without op_overhead a layer task is its matmul kernels, each at its own size on the curve (not one
+    kernel of the layer's FLOPs: slower, since smaller kernels are less efficient)."""
     job, recs = _layer_records([])
     spec = job.hw
     blocks = [r for r in recs if r.tags["phase"] == "fwd" and 0 < r.tags["layer"] <= job.model.n_layers]
     layer = job.trace.layers[1]
-    want = compute_seconds(spec, layer.fwd_flops, layer.fwd_hbm_bytes, "bf16") + spec.gpu.launch_overhead_s
+    ops = layer_ops(job.model, job.config, 1, "fwd")
+    want = max(gemm_kernels_seconds(spec, ops, "bf16"), layer.fwd_hbm_bytes / spec.gpu.hbm_bw)
+    want += spec.gpu.launch_overhead_s
     assert blocks and all(r.end - r.start == pytest.approx(want, rel=1e-12) for r in blocks)
+    one_kernel = compute_seconds(spec, layer.fwd_flops, layer.fwd_hbm_bytes, "bf16") + spec.gpu.launch_overhead_s
+    assert want > one_kernel
 
 
 def test_new_gpu_fields_are_optional_validated_and_omitted_when_absent() -> None:

@@ -239,20 +239,45 @@ def test_dgx_spark_usable_total_matches_gpud() -> None:
 
 
 @pytest.mark.parametrize(
-    ("name", "layer_flops", "low", "high"),
+    ("name", "micro_batch", "seq", "low", "high"),
     [
-        ("a100x8", 2e12, 0.55, 0.64),  # llmfoundry A100-80GB MFU 0.53-0.64 for a 7B-class layer
-        ("a100x8", 1e13, 0.55, 0.64),
-        ("h200x8", 2e12, 0.40, 0.46),  # llmfoundry H100 0.36-0.46, Llama 3 0.38-0.43
-        ("h800x8", 1e13, 0.40, 0.46),
+        ("a100x8", 1, 4096, 0.55, 0.64),  # llmfoundry A100-80GB MFU 0.53-0.64 for a 7B-class layer
+        ("a100x8", 4, 4096, 0.55, 0.64),
+        ("h200x8", 1, 4096, 0.40, 0.46),  # llmfoundry H100 0.36-0.46, Llama 3 0.38-0.43
+        ("h800x8", 4, 4096, 0.40, 0.46),
     ],
 )
 def test_gemm_efficiency_of_a_large_layer_lands_near_published_mfu(
-    name: str, layer_flops: float, low: float, high: float
+    name: str, micro_batch: int, seq: int, low: float, high: float
 ) -> None:
-    curve = load_hardware(name).gpu.gemm_efficiency
-    assert low <= curve(layer_flops) <= high
-    assert curve(1e9) < 0.5 * curve(layer_flops)  # small ops are much less efficient
+    # the curve is per matmul kernel: a LLaMA-7B block forward priced kernel by kernel (costs.ComputePricer)
+    from costs import ComputePricer
+    from workloads import WorkloadConfig, load_model
+
+    hw = load_hardware(name)
+    model = load_model("llama2-7b")
+    config = WorkloadConfig(micro_batch=micro_batch, seq_len=seq, precision="bf16")
+    pricer = ComputePricer(hw, "bf16", (model, config))
+    ops = pricer.layer_ops(1, "fwd", 0.0)  # 0: the whole layer, unscaled
+    assert ops is not None
+    flops = ops.flops
+    efficiency = flops / (pricer.seconds(flops, 0.0, 1, "fwd") * hw.peak_flops_for("bf16"))
+    assert low <= efficiency <= high
+    curve = hw.gpu.gemm_efficiency
+    assert curve(1e8) < 0.5 * curve(flops)  # small kernels are much less efficient
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_preset_uses_its_generations_kernel_curve(name: str) -> None:
+    from hardware_models.gpu_arch import gpu_arch
+
+    spec = load_hardware(name)
+    arch = gpu_arch(spec.gpu.model)
+    assert arch is not None, f"{name}: no architecture for {spec.gpu.model!r}"
+    generation = reference_specs()["gemm_efficiency_by_generation"][arch.name]
+    assert name in generation["presets"]
+    assert [list(p) for p in spec.gpu.gemm_efficiency.points] == [[float(x), y] for x, y in generation["curve"]]
+    assert f"gemm_efficiency_by_generation.{arch.name}" in spec.sources["gpu.gemm_efficiency"]
 
 
 def test_gemm_efficiency_never_exceeds_the_measured_matmul_ceiling() -> None:

@@ -35,7 +35,9 @@ the simulation, or is found infeasible by the policy before any simulation:
     workload            {global_batch, micro_batch, seq_len, precision, checkpointing, flash_attention,
                          assumed: [every default picked], ...}
     n_gpus              int
-    step_time_s, tokens_per_s, tflops_per_gpu, mfu, compute_busy_s, exposed_transfer_s
+    step_time_s, tokens_per_s, tflops_per_gpu, mfu, hw_tflops_per_gpu, hfu, compute_busy_s, exposed_transfer_s
+                        (tflops_per_gpu/mfu count model FLOPs, no recompute; hw_tflops_per_gpu/hfu count
+                        the hardware FLOPs, checkpointing recompute included)
                         float; null when the policy found the job infeasible (nothing simulated)
     peak_bytes, peak_by_kind, link_bytes, link_busy_s, stream_busy_s
                         {pool|link|stream: ...}; null when nothing was simulated

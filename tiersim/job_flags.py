@@ -122,6 +122,8 @@ def add_workload_flags(p: argparse.ArgumentParser, flags: JobFlags) -> None:
     p.add_argument("--precision", choices=tuple(DTYPE_BYTES))
     p.add_argument("--checkpointing", choices=CHECKPOINTING_MODES, help=flags.checkpointing_help)
     p.add_argument("--no-flash-attention", dest="flash", action="store_false", default=None)
+    p.add_argument("--flash-attention", dest="flash", action="store_true", default=None,
+                   help="fused attention on (default: on from Ampere on, off on Volta/Turing)")
 
 
 def add_job_flags(p: argparse.ArgumentParser, flags: JobFlags) -> None:
@@ -155,7 +157,8 @@ def request_from_args(args: argparse.Namespace) -> JobRequest:
 # the flags that describe the job, so make no sense with ``simulate --plan`` (dest -> flag)
 JOB_FLAGS = {"model": "--model", "policy": "--policy", "knobs": "--knob", "micro_batch": "--micro-batch",
              "seq_len": "--seq-len", "global_batch": "--global-batch", "precision": "--precision",
-             "checkpointing": "--checkpointing", "flash": "--no-flash-attention", "deepspeed": "--deepspeed"}
+             "checkpointing": "--checkpointing", "flash": "--no-flash-attention/--flash-attention",
+             "deepspeed": "--deepspeed"}
 
 
 def check_no_job_flags(args: argparse.Namespace) -> None:

@@ -2,7 +2,18 @@
 
 Every case runs the real pipeline (hardware preset -> workload trace -> policy -> plan -> SimPy engine)
 and reads the figure off the simulated Result, so a change anywhere in that chain that moves a figure
-away from its published value fails the check. Later issues add their own cases to ``CASES``.
+away from its published value fails the check. Three kinds of case:
+
+- *figures*: one mechanism against its published number (bytes per parameter, seconds of CPU Adam, GB/s);
+- *throughput* of a published training run (:mod:`tiersim.validate_runs`: the source's machine, model
+  shape, batch and parallelism), compared in the FLOP convention the source used and shown in both
+  (model FLOPs / MFU and hardware FLOPs / HFU);
+- *verdicts*: a configuration a published system trained must fit here, one it reports as impossible
+  must not (exact).
+
+A case the simulator is known to miss carries ``known_gap`` (why, in one line): it is printed as such,
+it does not fail the command, and the suite checks that it still misses, so a fix has to retire the mark
+and keep the table honest. Nothing is fitted per case.
 """
 
 from __future__ import annotations
@@ -14,7 +25,10 @@ from hardware_models import load_hardware
 from simulator import Plan, Result, Segment, StreamSpec, TaskSpec, simulate_plan
 from simulator.plan_workload import PlanWorkload
 from tiersim.api import JobRequest, make_job, make_plan
+from tiersim.validate_runs import RUNS, Run, Throughput, run_feasible, run_figures
 from workloads import WorkloadConfig, load_model
+
+THROUGHPUT_TOLERANCE = 0.15  # the issue's bar for throughput against a published run
 
 
 @dataclass(frozen=True)
@@ -26,20 +40,37 @@ class Case:
     tolerance: float       # relative
     measure: Callable[[], float]
     note: str = ""
+    known_gap: str = ""    # why the simulator misses this case today ("" = it must be within tolerance)
+    run: Run | None = None  # a published training run (throughput or verdict case)
+
+    @property
+    def kind(self) -> str:
+        if self.run is None:
+            return "figure"
+        return "throughput" if self.run.flops is not None else "verdict"
 
 
 @dataclass(frozen=True)
 class Outcome:
     case: Case
     simulated: float
+    figures: Throughput | None = None  # throughput cases: the simulated run in both conventions
+    why: str = ""                      # verdict cases: what did not fit
 
     @property
     def error(self) -> float:
+        if self.case.kind == "verdict":
+            return 0.0 if self.simulated == self.case.published else 1.0
         return (self.simulated - self.case.published) / self.case.published
 
     @property
     def ok(self) -> bool:
         return abs(self.error) <= self.case.tolerance
+
+    @property
+    def expected(self) -> bool:
+        """Within tolerance, or outside it as its ``known_gap`` says."""
+        return self.ok != bool(self.case.known_gap)
 
 
 def initial_bytes(result: Result, pool: str, kinds: tuple[str, ...]) -> float:
@@ -152,5 +183,63 @@ CASES: tuple[Case, ...] = (
 )
 
 
-def run_cases(cases: tuple[Case, ...] = CASES) -> list[Outcome]:
-    return [Outcome(c, c.measure()) for c in cases]
+def _run_case(run: Run, known_gap: str = "") -> Case:
+    if run.flops is None:
+        assert run.feasible is not None
+        return Case(run.name, run.source, 1.0 if run.feasible else 0.0, "verdict", 0.0, lambda: 0.0, run.note,
+                    known_gap, run)
+    published: float | None = run.tflops
+    unit = f"TFLOP/s ({run.convention})"
+    if published is None:
+        published = run.mfu if run.convention == "model" else run.hfu
+        unit = "MFU" if run.convention == "model" else "HFU"
+    assert published is not None
+    return Case(run.name, run.source, published, unit, THROUGHPUT_TOLERANCE, lambda: 0.0, run.note, known_gap, run)
+
+
+# why the simulator misses a published run today (one line each; the suite checks that each still misses)
+KNOWN_GAPS: dict[str, str] = {
+    "MPT-30b 8x A100-80GB seq 2048 ckpt": (
+        "the Ampere curve tops out at 0.62 of peak (MAMF 0.86 x a non-GEMM factor 0.72 derived from a 7B run "
+        "without checkpointing), so 30B's large kernels run at HFU 0.61 where llm-foundry measured 0.74"),
+    "ZeRO-Offload GPT-2 10B, 1x V100 (DGX-2), micro 10": (
+        "the Volta curve (from ZeRO-Infinity's 49 TF/GPU at 1T scale) is ~30% high for hidden-4096 kernels; "
+        "DeepSpeed's 30 / 40 / 49 TF V100 figures (1.4B / 10B / 1T) imply ~0.32 of peak here (see "
+        "gemm_efficiency_by_generation.Volta in the reference)"),
+    "ZeRO-3 Offload GPT-2 40B, 1x V100 + 1.5 TB CPU: fits": (
+        "the merged ZeRO-3 offload gradient path keeps each layer's 16-bit gradient bucket on the GPU until its "
+        "PCIe copy ends with no bound on buckets in flight: on one V100 the backward outruns the copies and "
+        "42 GB of buckets pile up (this run fitted before that change)"),
+    "SynergyScale 114.41B on one A100-80GB: fits": (
+        "the a100 preset's 256 GB host cannot hold the fp32 gradients of the layers left for the NVMe tier; the "
+        "abstract names no host (a larger one, or gradients kept elsewhere, would fit)"),
+    "SynergyScale 547.77B on 8x A100-80GB: fits": (
+        "the a100x8 preset's 2 TB host cannot hold the fp32 gradients of the layers left for the NVMe tier; the "
+        "abstract names no host"),
+}
+
+RUN_CASES: tuple[Case, ...] = tuple(_run_case(r, KNOWN_GAPS.get(r.name, "")) for r in RUNS)
+ALL_CASES: tuple[Case, ...] = CASES + RUN_CASES
+
+
+def _compared(case: Case, t: Throughput) -> float:
+    run = case.run
+    assert run is not None
+    if run.tflops is not None:
+        return t.model_tflops if run.convention == "model" else t.hw_tflops
+    return t.mfu if run.convention == "model" else t.hfu
+
+
+def run_case(case: Case) -> Outcome:
+    run = case.run
+    if run is None:
+        return Outcome(case, case.measure())
+    if run.flops is None:
+        fits, why = run_feasible(run)
+        return Outcome(case, 1.0 if fits else 0.0, why=why)
+    t = run_figures(run)
+    return Outcome(case, _compared(case, t), figures=t)
+
+
+def run_cases(cases: tuple[Case, ...] = ALL_CASES) -> list[Outcome]:
+    return [run_case(c) for c in cases]

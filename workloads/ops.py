@@ -62,49 +62,61 @@ _ACT = {"swiglu": (5.0, 2, 9.0, 3), "gelu": (2.0, 1, 3.0, 1)}
 @dataclass(frozen=True)
 class LayerOps:
     """What one layer task executes: one entry per matmul kernel (its FLOPs), the bytes read + written by
-    the other operators, and how many operators run in all (matmuls included)."""
+    the other operators, and how many operators run in all (matmuls included).
+
+    ``matmul_shapes``, where known, gives each kernel's GEMM shape (M, N, K) in the order of
+    ``matmul_flops`` (M the token rows, K the reduction; a backward kernel carries its forward matmul's
+    triple, whose operand sizes MK + KN + MN it shares); (0, 0, 0) marks a kernel without one (the
+    attention core). Empty where not known."""
 
     matmul_flops: tuple[float, ...]
     elementwise_bytes: float
     n_ops: int
+    matmul_shapes: tuple[tuple[float, float, float], ...] = ()
 
     @property
     def flops(self) -> float:
         return float(sum(self.matmul_flops))
 
     def scaled(self, k: float) -> LayerOps:
-        """The same operators on ``k`` times the data (a tensor-parallel shard, a chunk of the tokens)."""
-        return LayerOps(tuple(f * k for f in self.matmul_flops), self.elementwise_bytes * k, self.n_ops)
+        """The same operators on ``k`` times the data (a tensor-parallel shard, a chunk of the tokens); a
+        kernel's shape scales its rows M."""
+        return LayerOps(tuple(f * k for f in self.matmul_flops), self.elementwise_bytes * k, self.n_ops,
+                        tuple((mm * k, n, kk) for mm, n, kk in self.matmul_shapes))
 
 
 EMPTY = LayerOps((), 0.0, 0)
+NO_SHAPE = (0.0, 0.0, 0.0)  # a kernel priced by its FLOPs alone (the attention core)
 
 
-def _attention_matmuls(m: ModelSpec, tokens: int) -> list[float]:
-    """Q, K, V and O projections (latent attention: q_a, q_b, kv_a, kv_b and O), one kernel each."""
+def _attention_shapes(m: ModelSpec, t: float) -> list[tuple[float, float, float]]:
+    """(M, N, K) of the Q, K, V and O projections (latent attention: q_a, q_b, kv_a, kv_b and O)."""
     h = m.hidden
     if not m.is_mla:
-        return [2.0 * tokens * h * m.q_dim, 2.0 * tokens * h * m.kv_dim, 2.0 * tokens * h * m.v_dim,
-                2.0 * tokens * m.context_dim * h]
+        return [(t, m.q_dim, h), (t, m.kv_dim, h), (t, m.v_dim, h), (t, h, m.context_dim)]
     r_q, r_kv = m.q_lora_rank, m.kv_lora_rank
-    q = [2.0 * tokens * h * r_q, 2.0 * tokens * r_q * m.q_dim] if r_q else [2.0 * tokens * h * m.q_dim]
-    kv = [2.0 * tokens * h * (r_kv + m.qk_rope_head_dim),
-          2.0 * tokens * r_kv * m.n_heads * (m.qk_nope_head_dim + m.v_head_dim)]
-    return [*q, *kv, 2.0 * tokens * m.context_dim * h]
+    q = [(t, r_q, h), (t, m.q_dim, r_q)] if r_q else [(t, m.q_dim, h)]
+    kv = [(t, r_kv + m.qk_rope_head_dim, h), (t, m.n_heads * (m.qk_nope_head_dim + m.v_head_dim), r_kv)]
+    return [*q, *kv, (t, h, m.context_dim)]
 
 
-def _block_matmuls(m: ModelSpec, tokens: int, bf: wflops.BlockFlops, layer: int) -> list[float]:
-    h = m.hidden
-    mats = _attention_matmuls(m, tokens)
+def _block_shapes(m: ModelSpec, tokens: int, bf: wflops.BlockFlops, layer: int) -> list[tuple[float, float, float]]:
+    """(M, N, K) of each linear of block ``layer``, one kernel each, in :func:`_block_matmuls` order."""
+    h, t = m.hidden, float(tokens)
+    shapes = _attention_shapes(m, t)
     if m.is_moe_layer(layer):
-        per_expert_tokens = tokens * m.experts_per_token / m.n_experts
-        mats += [2.0 * per_expert_tokens * h * m.expert_ffn] * (m.mlp_matrices * m.n_experts)
-        mats += [2.0 * tokens * h * m.shared_expert_ffn] * (m.mlp_matrices * m.shared_experts)
+        per_expert_tokens = t * m.experts_per_token / m.n_experts
+        shapes += [(per_expert_tokens, m.expert_ffn, h)] * (m.mlp_matrices * m.n_experts)
+        shapes += [(t, m.shared_expert_ffn, h)] * (m.mlp_matrices * m.shared_experts)
     else:
-        mats += [2.0 * tokens * h * m.ffn] * m.mlp_matrices
+        shapes += [(t, m.ffn, h)] * m.mlp_matrices
     if bf.router:
-        mats.append(float(bf.router))
-    return mats
+        shapes.append((t, m.n_experts, h))
+    return [(float(a), float(b), float(c)) for a, b, c in shapes]
+
+
+def _block_matmuls(shapes: list[tuple[float, float, float]]) -> list[float]:
+    return [2.0 * mm * n * k for mm, n, k in shapes]
 
 
 def _mlp_width(m: ModelSpec, layer: int) -> int:
@@ -129,7 +141,8 @@ def _block(m: ModelSpec, c: WorkloadConfig, phase: str, layer: int) -> LayerOps:
     t_h, t_kv, t_f = tokens * m.hidden * e, tokens * m.kv_dim * e, tokens * _mlp_width(m, layer) * e
     t_q, t_v = tokens * m.q_dim * e, tokens * m.v_dim * e
     bf = wflops.block_forward_flops(m, b, s, c.causal_attention_factor, layer)
-    mats = _block_matmuls(m, tokens, bf, layer)
+    shapes = _block_shapes(m, tokens, bf, layer)
+    mats = _block_matmuls(shapes)
     nf, no, nb, nob = _NORM[m.norm]
     af, ao, ab, aob = _ACT[m.mlp]
     rotary, gqa, norms = m.rotary, m.n_kv_heads != m.n_heads, m.block_norms
@@ -142,27 +155,29 @@ def _block(m: ModelSpec, c: WorkloadConfig, phase: str, layer: int) -> LayerOps:
               + (20 * t_q + 9.5 * t_kv if rotary else 0.0) + (4 * t_q if gqa else 0.0))
         n = (2 * linears + 1 + norms * nob + n_qk * nob + 4 + aob + n_bias + (15 if rotary else 0)
              + (4 if gqa else 0))
-        return LayerOps((*[f for f in mats for _ in (0, 1)], 2.0 * bf.attention_core), ew, n)
+        return LayerOps((*[f for f in mats for _ in (0, 1)], 2.0 * bf.attention_core), ew, n,
+                        (*[s for s in shapes for _ in (0, 1)], NO_SHAPE))
     if phase == "recompute" and c.checkpointing == "selective":
-        return LayerOps((float(bf.attention_core),), 0.0, 1)
+        return LayerOps((float(bf.attention_core),), 0.0, 1, (NO_SHAPE,))
     if phase == "recompute" and c.checkpointing == "none":
         return EMPTY
     ew = (norms * nf * t_h + nf * qk + 6 * t_h + af * t_f + (13 * t_q + 4 * t_kv if rotary else 0.0)
           + (2 * t_q + 2 * t_kv if gqa else 0.0))
     n = len(mats) + 1 + norms * no + n_qk * no + 2 + ao + (36 if rotary else 0) + (2 if gqa else 0)
-    return LayerOps((*mats, float(bf.attention_core)), ew, n)
+    return LayerOps((*mats, float(bf.attention_core)), ew, n, (*shapes, NO_SHAPE))
 
 
 def _head(m: ModelSpec, c: WorkloadConfig, phase: str) -> LayerOps:
     tokens = c.micro_batch * c.seq_len
     t_h, t_v = tokens * m.hidden * c.dtype_bytes, tokens * m.vocab * LOGIT_BYTES
     gemm = float(wflops.head_forward_flops(m, c.micro_batch, c.seq_len))
+    shape = (float(tokens), float(m.vocab), float(m.hidden))
     nf, no, nb, nob = _NORM[m.norm]
     if phase == "bwd":
-        return LayerOps((gemm, gemm), nb * t_h + 5 * t_v, nob + 2 + 2)
+        return LayerOps((gemm, gemm), nb * t_h + 5 * t_v, nob + 2 + 2, (shape, shape))
     if phase == "recompute":
         return EMPTY  # the head is never recomputed (its recompute FLOPs are 0)
-    return LayerOps((gemm,), nf * t_h + 3 * t_v, no + 1 + 2)
+    return LayerOps((gemm,), nf * t_h + 3 * t_v, no + 1 + 2, (shape,))
 
 
 def _embedding(m: ModelSpec, c: WorkloadConfig, phase: str) -> LayerOps:

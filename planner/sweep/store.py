@@ -30,7 +30,7 @@ from planner.version import tiersim_version
 if TYPE_CHECKING:
     import pandas as pd
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: hw_tflops_per_gpu and hfu columns
 APPLICATION = "tiersim.sweep"  # the meta row that marks a store as tiersim's (stores before it: schema row only)
 _SQLITE_HEADER = b"SQLite format 3\x00"
 # (column, SQL type): the point's inputs, then the status, then the main figures of its result
@@ -39,7 +39,8 @@ POINT_COLUMNS = (("hardware", "TEXT"), ("hw_set", "TEXT"), ("model", "TEXT"), ("
                  ("precision", "TEXT"), ("checkpointing", "TEXT"), ("flash_attention", "INTEGER"))
 FIGURE_COLUMNS = (("feasible", "INTEGER"), ("verdict", "TEXT"), ("oom_pool", "TEXT"), ("n_gpus", "INTEGER"),
                   ("params", "REAL"), ("step_time_s", "REAL"), ("tokens_per_s", "REAL"), ("tflops_per_gpu", "REAL"),
-                  ("mfu", "REAL"), ("peak_gpu_bytes", "REAL"), ("peak_cpu_bytes", "REAL"),
+                  ("mfu", "REAL"), ("hw_tflops_per_gpu", "REAL"), ("hfu", "REAL"),
+                  ("peak_gpu_bytes", "REAL"), ("peak_cpu_bytes", "REAL"),
                   ("peak_nvme_bytes", "REAL"), ("exposed_transfer_s", "REAL"), ("sim_events", "INTEGER"),
                   ("sim_wall_s", "REAL"))
 COLUMNS = ("key", "status", *(c for c, _ in POINT_COLUMNS), *(c for c, _ in FIGURE_COLUMNS), "error", "wall_s")
@@ -170,6 +171,7 @@ def figure_columns(result: Mapping[str, Any] | None) -> dict[str, Any]:
                 n_gpus=result.get("n_gpus"), params=(result.get("model") or {}).get("params"),
                 step_time_s=result.get("step_time_s"), tokens_per_s=result.get("tokens_per_s"),
                 tflops_per_gpu=result.get("tflops_per_gpu"), mfu=result.get("mfu"),
+                hw_tflops_per_gpu=result.get("hw_tflops_per_gpu"), hfu=result.get("hfu"),
                 peak_gpu_bytes=peak("gpu", "unified"), peak_cpu_bytes=peak("cpu"), peak_nvme_bytes=peak("nvme"),
                 exposed_transfer_s=result.get("exposed_transfer_s"), sim_events=sim.get("events"),
                 sim_wall_s=sim.get("wall_s"))

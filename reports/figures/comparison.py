@@ -42,7 +42,9 @@ def _throughput(ax: Axes, df: pd.DataFrame, col: str, label: str, fmt: str) -> N
             ax.barh(i, v, color=FEASIBLE, height=0.6)
             text = fmt.format(v)
             if col == "tflops_per_gpu" and math.isfinite(_num(row["mfu"])):
-                text += f" (MFU {_num(row['mfu']) * 100:.0f}%)"
+                text += f" (MFU {_num(row['mfu']) * 100:.0f}%"
+                hfu = _num(row["hfu"]) if "hfu" in row else math.nan
+                text += f", HFU {hfu * 100:.0f}%)" if math.isfinite(hfu) else ")"
             ax.text(v + top * 0.01, i, text, va="center", fontsize=8)
         else:
             ax.text(top * 0.01, i, _verdict(row), va="center", fontsize=8, color=OVER, fontweight="bold")

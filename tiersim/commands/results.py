@@ -98,7 +98,7 @@ def format_table(frame: Any, store: str) -> str:
     from reports.units import pct, secs, table
 
     header = ["hardware", "model", "policy", "knobs", "batch", "seq", "prec", "ckpt", "verdict", "step",
-              "tokens/s", "TFLOP/s/GPU", "MFU", "GPU peak GB"]
+              "tokens/s", "TFLOP/s/GPU", "MFU", "HFU", "GPU peak GB"]
     rows = []
     failures = []
     for r in frame.to_dict(orient="records"):
@@ -108,7 +108,7 @@ def format_table(frame: Any, store: str) -> str:
                  _text(r["precision"]), _text(r["checkpointing"])]
         if r["status"] == "failed":
             failures.append(f"  {hw} {r['model']} {r['policy']} {r['knobs']}: {r['error']}")
-            rows.append([*cells, "FAILED", *["-"] * 5])
+            rows.append([*cells, "FAILED", *["-"] * 6])
             continue
         verdict = "feasible" if r["feasible"] else f"OOM {r['oom_pool']}"
         simulated = _plain(r["step_time_s"]) is not None
@@ -117,11 +117,12 @@ def format_table(frame: Any, store: str) -> str:
                      f"{r['tokens_per_s']:,.0f}" if simulated else "-",
                      f"{r['tflops_per_gpu']:,.1f}" if simulated else "-",
                      pct(r["mfu"]) if simulated else "-",
+                     pct(r["hfu"]) if simulated and _plain(r.get("hfu")) is not None else "-",
                      f"{r['peak_gpu_bytes'] / 1e9:,.1f}" if _plain(r["peak_gpu_bytes"]) is not None else "-"])
     n_failed = len(failures)
     lines = [f"{store}: {len(rows)} runs ({len(rows) - n_failed} done, {n_failed} failed)"]
     if rows:
-        lines.append(table(rows, header, align="llll" + "r" * 10))
+        lines.append(table(rows, header, align="llll" + "r" * 11))
     if failures:
         lines.append("failed:")
         lines.extend(failures)

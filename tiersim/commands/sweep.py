@@ -97,7 +97,8 @@ def _point_text(point: dict) -> str:
     sets = "".join(f" --set {s}" for s in point.get("set", []))
     knobs = "".join(f" --knob {k}={v}" for k, v in point.get("knobs", {}).items())
     work = "".join(f" --{k.replace('_', '-')} {v}" if k != "flash_attention" else
-                   ("" if v else " --no-flash-attention") for k, v in point.get("workload", {}).items())
+                   (" --flash-attention" if v else " --no-flash-attention")
+                   for k, v in point.get("workload", {}).items())
     return f"--hw {point['hardware']}{sets} --model {point['model']} --policy {point['policy']}{knobs}{work}"
 
 

@@ -1,0 +1,307 @@
+"""Published training runs for ``tiersim validate``: the paper's machine, model shape, batch and policy, its
+figure in its own FLOP convention, and the simulated run converted with that same convention.
+
+Two FLOP conventions are in use (both are printed for every throughput case):
+
+- *model* FLOPs (MFU; PaLM, Megatron-LM's MFU in Korthikanti et al. 2022, llm-foundry's ``mfu``): the FLOPs
+  of one forward and one backward pass, no recomputation. llm-foundry counts ``(6*P*s + 12*l*d*s^2)`` per sequence
+  (``scripts/train/benchmarking/README.md``); tiersim's ``tflops_per_gpu`` / ``mfu`` count the model's
+  matmuls exactly (:meth:`workloads.trace.WorkloadTrace.model_flops_per_token`).
+- *hardware* FLOPs (HFU): what the GPU executes, activation-checkpointing recompute included.
+  DeepSpeed's papers and Megatron-DeepSpeed count ``8*B*s*P`` per step with full checkpointing
+  (``4`` passes of ``2*P`` per token: forward, recompute, backward x2); Megatron-LM (Narayanan et al. 2021,
+  arXiv 2104.04473, eq. 3) counts ``96*B*s*l*h^2*(1 + s/(6h) + V/(16*l*h))``, recompute included;
+  llm-foundry's ``hfu`` uses ``8*P*s + 16*l*d*s^2`` when it checkpoints. tiersim's ``hw_tflops_per_gpu`` /
+  ``hfu`` sum the compute tasks the plan runs, recompute included.
+
+A case compares in the convention its source published; the other convention is shown as the source
+published it where it did, else converted from the published figure with the source's own formula
+(marked ``*``). The simulated figures of a throughput case are converted from the simulated step time with
+the source's formula (the sequences per second a run achieves do not depend on how one counts FLOPs), so
+a FLOP-counting difference cannot pass for a throughput error. Nothing here is fitted: every hardware
+figure comes from the preset (and the ``--set`` overrides a case names, with their source), every model
+shape from the source.
+
+Cases tiersim cannot express yet are not here: multi-node runs (Megatron-LM's Table 1 starts at 32 GPUs,
+ZeRO-Offload's scaling runs at 128), and the Tiny-Pipe and LazyTrain abstracts, which publish no figure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from hardware_models import load_hardware
+from policies import PlanInfeasible
+from simulator import Result, simulate_plan
+from tiersim.api import JobRequest, make_job, make_plan
+from workloads import ModelSpec, load_model
+
+__all__ = ["RUNS", "Run", "Throughput", "ThroughputSource", "gpt_like", "run_feasible", "run_figures",
+           "run_throughput", "run_verdict"]
+
+# the published machines tiersim has no preset for, as overrides of the nearest preset (each cited)
+H100_SXM = ("gpu.model=H100-SXM5-80GB", "gpu.memory=81559MiB", "gpu.hbm_bw=3350GB/s")
+H100_SXM_WHY = ("H100 SXM 80GB = the h200x8 node (same Hopper die, clocks and NVLink 900 GB/s) with 80 GB HBM3 at "
+                "3.35 TB/s (klockwood_h100); 81559 MiB is its nvidia-smi memory.total")
+A100_40GB = ("gpu.model=A100-SXM4-40GB", "gpu.memory=40960MiB", "gpu.hbm_bw=1555GB/s")
+A100_40GB_WHY = "A100-40GB = the a100x8 node with the a100-40g preset's GPU memory and bandwidth"
+ONE_DGX2_GPU = ("gpu.count=1",)
+ONE_DGX2_GPU_WHY = ("one GPU of a DGX-2 (the ZeRO papers' machine): its 1.5 TB host and both Xeon 8168 sockets "
+                    "serve the one training process")
+
+
+def gpt_like(name: str, layers: int, hidden: int, heads: int, vocab: int, seq: int, *,
+             dropout: bool = True) -> ModelSpec:
+    """A GPT-2-style block stack (GELU MLP of 4*hidden, LayerNorm, biases, learned positions, tied embeddings):
+    the Megatron-LM GPT-2 of the DeepSpeed papers and llm-foundry's MPT benchmark models."""
+    base = load_model("gpt2-xl")
+    return replace(base, name=name, n_layers=layers, hidden=hidden, n_heads=heads, n_kv_heads=heads,
+                   ffn=4 * hidden, vocab=vocab, max_pos=seq, dropout=dropout, source=name)
+
+
+@dataclass(frozen=True)
+class ThroughputSource:
+    """How a source counts FLOPs: ``model(P, l, h, s, V)`` and ``hardware(P, l, h, s, V, checkpointed)`` give
+    FLOPs per sequence of ``s`` tokens."""
+
+    name: str
+    model: Callable[[float, int, int, int, int], float]
+    hardware: Callable[[float, int, int, int, int, bool], float]
+
+
+def _foundry_model(p: float, l_: int, h: int, s: int, v: int) -> float:
+    return 6 * p * s + 12 * l_ * h * s * s
+
+
+def _foundry_hw(p: float, l_: int, h: int, s: int, v: int, ckpt: bool) -> float:
+    return (8 * p * s + 16 * l_ * h * s * s) if ckpt else _foundry_model(p, l_, h, s, v)
+
+
+def _deepspeed_model(p: float, l_: int, h: int, s: int, v: int) -> float:
+    return 6 * p * s
+
+
+def _deepspeed_hw(p: float, l_: int, h: int, s: int, v: int, ckpt: bool) -> float:
+    return (8 if ckpt else 6) * p * s
+
+
+LLM_FOUNDRY = ThroughputSource("llm-foundry (6Ps + 12lds^2 per sequence; HFU 8Ps + 16lds^2 with checkpointing)",
+                               _foundry_model, _foundry_hw)
+DEEPSPEED = ThroughputSource("DeepSpeed (8*B*s*P per step with checkpointing; 6*B*s*P without recompute)",
+                             _deepspeed_model, _deepspeed_hw)
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """One run's figures: model and hardware TFLOP/s per GPU and utilisation (of the dtype's dense peak)."""
+
+    model_tflops: float
+    hw_tflops: float
+    mfu: float
+    hfu: float
+    result: Result | None = None
+
+
+def run_throughput(hw: str, overrides: Sequence[str], model: ModelSpec, *, micro: int, global_batch: int,
+                   seq: int, precision: str, ckpt: str, flash: bool, policy: str,
+                   knobs: dict[str, object], source: ThroughputSource) -> Throughput:
+    """Simulate the run and express its throughput in ``source``'s convention (both model and hardware)."""
+    job, _ = make_job(hw, model, JobRequest(micro_batch=micro, global_batch=global_batch, seq_len=seq,
+                                            precision=precision, checkpointing=ckpt, flash_attention=flash),
+                      hw_overrides=tuple(overrides))
+    res = simulate_plan(make_plan(job, policy, knobs), job.hw)
+    if res.step_time_s <= 0:  # the timing of a run that does not fit is still reported (the verdict is its own case)
+        return Throughput(0.0, 0.0, 0.0, 0.0, res)
+    seqs_per_s_per_gpu = res.tokens_per_s / seq / res.n_gpus
+    p = float(model.params())
+    args = (p, model.n_layers, model.hidden, seq, model.vocab)
+    model_flops = source.model(*args) * seqs_per_s_per_gpu
+    hw_flops = source.hardware(*args, ckpt == "full") * seqs_per_s_per_gpu
+    peak = job.hw.peak_flops_for(precision)
+    return Throughput(model_flops / 1e12, hw_flops / 1e12, model_flops / peak, hw_flops / peak, res)
+
+
+def run_verdict(hw: str, overrides: Sequence[str], model: ModelSpec, *, micro: int, global_batch: int, seq: int,
+                precision: str, ckpt: str, flash: bool, policy: str, knobs: dict[str, object]) -> tuple[bool, str]:
+    """The verdict on a run (fits or not) and, when it does not, what is over and by how much."""
+    job, _ = make_job(hw, model, JobRequest(micro_batch=micro, global_batch=global_batch, seq_len=seq,
+                                            precision=precision, checkpointing=ckpt, flash_attention=flash),
+                      hw_overrides=tuple(overrides))
+    try:
+        res = simulate_plan(make_plan(job, policy, knobs), job.hw)
+    except PlanInfeasible as e:
+        return False, str(e)
+    if res.oom is None:
+        return True, ""
+    o = res.oom
+    return False, f"{o.pool} over by {o.over_by_bytes / 1e9:,.1f} GB"
+
+
+def peak_of(hw: str, overrides: Sequence[str], precision: str) -> float:
+    return load_hardware(hw, overrides).peak_flops_for(precision)
+
+
+@dataclass(frozen=True)
+class Run:
+    """A published training run: where it ran, what it trained, how, and what the source reports."""
+
+    name: str
+    source: str                         # citation: the table/row or sentence the figures come from
+    hw: str                             # the preset
+    overrides: tuple[str, ...]          # --set overrides making the preset the published machine
+    hw_note: str                        # why those overrides (their source)
+    model: ModelSpec
+    micro: int
+    global_batch: int
+    seq: int
+    precision: str
+    ckpt: str                           # none | full
+    flash: bool
+    policy: str
+    knobs: tuple[tuple[str, object], ...] = ()
+    flops: ThroughputSource | None = None   # throughput runs: the source's FLOP convention
+    convention: str = ""                # model | hardware: the one the source's headline figure uses
+    mfu: float | None = None            # published, fraction of the dense peak (None: not published)
+    hfu: float | None = None
+    tflops: float | None = None         # published TFLOP/s per GPU in ``convention`` (when given that way)
+    feasible: bool | None = None        # verdict runs: what the source trained (True) or could not (False)
+    note: str = ""
+
+
+def _foundry(size: str, layers: int, hidden: int, heads: int, params: int, gpu: str, seq: int, micro: int,
+             accum: int, ckpt: bool, mfu: float, hfu: float) -> Run:
+    hw, overrides, note = {"a100_80gb": ("a100x8", (), "the a100x8 preset (DGX A100 80GB)"),
+                           "a100_40gb": ("a100x8", A100_40GB, A100_40GB_WHY),
+                           "h100_80gb": ("h200x8", H100_SXM, H100_SXM_WHY)}[gpu]
+    model = gpt_like(f"mpt-{size} (llm-foundry benchmark, {params:,} params)", layers, hidden, heads, 50368, seq,
+                     dropout=False)
+    assert model.params() == params, (size, model.params(), params)
+    return Run(
+        name=f"MPT-{size} 8x {gpu.replace('_', '-').upper()} seq {seq}" + (" ckpt" if ckpt else ""),
+        source=(f"llm-foundry scripts/train/benchmarking/README.md, {gpu} table, row {size} / {seq} / 8 GPUs: "
+                f"MFU {mfu:.2%}, HFU {hfu:.2%}, micro-batch {micro}, accumulation {accum}, FSDP FULL_SHARD"),
+        hw=hw, overrides=overrides, hw_note=note, model=model, micro=micro, global_batch=8 * micro * accum, seq=seq,
+        precision="bf16", ckpt="full" if ckpt else "none", flash=True, policy="none", knobs=(("stage", 3),),
+        flops=LLM_FOUNDRY, convention="model", mfu=mfu, hfu=hfu,
+        note="ZeRO-3 stands in for FSDP FULL_SHARD; MPT shape from the row's NumParams (GELU 4d MLP, biases, "
+             "learned positions, tied 50368 vocabulary)")
+
+
+def _zero_offload_10b(published: bool) -> Run:
+    return Run(
+        name="ZeRO-Offload GPT-2 10B, 1x V100 (DGX-2), micro 10" + ("" if published else " (verdict)"),
+        source=("ZeRO-Offload arXiv 2101.06840 abstract: 40 TFlops/GPU on a single V100 for a 10B model; shape "
+                "and batch: DeepSpeed ZeRO-Offload tutorial (docs/_tutorials/zero-offload.md): 50 layers, hidden "
+                "4096, 32 heads, batch 10, --checkpoint-activations, 1 GPU, V100 32GB"),
+        hw="dgx2", overrides=ONE_DGX2_GPU, hw_note=ONE_DGX2_GPU_WHY,
+        model=gpt_like("gpt2-10b (ZeRO-Offload tutorial)", 50, 4096, 32, 50304, 1024),
+        micro=10, global_batch=10, seq=1024, precision="fp16", ckpt="full", flash=False, policy="zero-offload",
+        flops=DEEPSPEED if published else None, convention="hardware" if published else "",
+        tflops=40.0 if published else None, feasible=None if published else True,
+        note="Megatron-LM GPT-2, sequence 1024 (its default), vocabulary 50257 padded to 50304")
+
+
+RUNS: tuple[Run, ...] = (
+    _foundry("1b", 24, 2048, 16, 1315950592, "a100_80gb", 2048, 14, 4, False, 0.5986, 0.5986),
+    _foundry("7b", 32, 4096, 32, 6658859008, "a100_80gb", 2048, 6, 2, False, 0.6423, 0.6423),
+    _foundry("13b", 40, 5120, 40, 12853954560, "a100_80gb", 2048, 2, 3, False, 0.5957, 0.5957),
+    _foundry("30b", 48, 7168, 64, 29975214080, "a100_80gb", 2048, 3, 21, True, 0.5530, 0.7374),
+    _foundry("7b", 32, 4096, 32, 6658859008, "a100_40gb", 2048, 12, 4, True, 0.5092, 0.6789),
+    _foundry("7b", 32, 4096, 32, 6658859008, "h100_80gb", 2048, 6, 1, False, 0.4644, 0.4644),
+    _foundry("13b", 40, 5120, 40, 12853954560, "h100_80gb", 2048, 2, 1, False, 0.3979, 0.3979),
+    _foundry("30b", 48, 7168, 64, 29975214080, "h100_80gb", 2048, 3, 21, True, 0.3811, 0.5082),
+    _zero_offload_10b(published=True),
+    _zero_offload_10b(published=False),
+    Run(name="ZeRO-2 Offload GPT-2 40B, 1x V100 (DGX-2): does not fit",
+        source=("DeepSpeed ZeRO-3 Offload post (docs/_posts/2021-03-08-zero3-offload.md): ZeRO-3 Offload "
+                "'increases the size of models trainable on a single V100 from 13B to 40B' (ZeRO-2 Offload "
+                "keeps the 16-bit parameters on the GPU)"),
+        hw="dgx2", overrides=ONE_DGX2_GPU, hw_note=ONE_DGX2_GPU_WHY,
+        model=gpt_like("gpt2-40b (shape assumed: hidden 8192, 50 layers)", 50, 8192, 64, 50304, 1024),
+        micro=1, global_batch=1, seq=1024, precision="fp16", ckpt="full", flash=False, policy="zero-offload",
+        feasible=False, note="the post gives no shape; hidden 8192 x 50 layers = 40.3B is ours"),
+    Run(name="ZeRO-3 Offload GPT-2 40B, 1x V100 + 1.5 TB CPU: fits",
+        source=("DeepSpeed ZeRO-3 Offload post: 'can train models with over 40B parameters efficiently on a "
+                "single GPU (e.g., 32GB V100 GPU + 1.5TB CPU memory)'"),
+        hw="dgx2", overrides=ONE_DGX2_GPU, hw_note=ONE_DGX2_GPU_WHY,
+        model=gpt_like("gpt2-40b (shape assumed: hidden 8192, 50 layers)", 50, 8192, 64, 50304, 1024),
+        micro=1, global_batch=1, seq=1024, precision="fp16", ckpt="full", flash=False, policy="zero-infinity",
+        knobs=(("param_device", "cpu"), ("optimizer_device", "cpu")), feasible=True,
+        note="the post gives no shape; hidden 8192 x 50 layers = 40.3B is ours"),
+    Run(name="ZeRO-Offload GPT-2 13B, 1x V100 (DGX-2), micro 4: fits",
+        source=("ZeRO-Offload arXiv 2101.06840: 'over 13 billion parameters on a single GPU' (abstract); Table 3: "
+                "13B = 65 layers x hidden 4096, micro-batch 4 per GPU, seq 1024, fp16, checkpointing"),
+        hw="dgx2", overrides=ONE_DGX2_GPU, hw_note=ONE_DGX2_GPU_WHY,
+        model=gpt_like("gpt2-13b (ZeRO-Offload Table 3)", 65, 4096, 32, 50304, 1024),
+        micro=4, global_batch=4, seq=1024, precision="fp16", ckpt="full", flash=False, policy="zero-offload",
+        feasible=True, note="heads = hidden / 128 as in the 10B tutorial run"),
+    Run(name="ZeRO-Offload GPT-2 15B, 1x V100 (DGX-2): does not fit",
+        source=("ZeRO-Offload arXiv 2101.06840 Table 3: the 15B model (78 layers x 4096, micro-batch 8) ran with "
+                "model parallelism 2; 13B is the single-GPU maximum"),
+        hw="dgx2", overrides=ONE_DGX2_GPU, hw_note=ONE_DGX2_GPU_WHY,
+        model=gpt_like("gpt2-15b (ZeRO-Offload Table 3)", 78, 4096, 32, 50304, 1024),
+        micro=8, global_batch=8, seq=1024, precision="fp16", ckpt="full", flash=False, policy="zero-offload",
+        knobs=(("tp", 1),), feasible=False, note="on one GPU (tp=1): the paper needed two"),
+    Run(name="ZeRO-Infinity 100B on one DGX-2 node (params CPU, optimizer NVMe): fits",
+        source=("ZeRO-Infinity arXiv 2104.07857 Fig. 5a (model size on one DGX-2 node): 100B with parameters "
+                "on CPU and optimizer states on NVMe; shape from its model table: 125 layers x hidden 8192"),
+        hw="dgx2", overrides=(), hw_note="the dgx2 preset (16x V100-32GB, 1.5 TB DRAM, NVMe)",
+        model=gpt_like("gpt-100b (ZeRO-Infinity)", 125, 8192, 64, 50304, 1024),
+        micro=1, global_batch=16, seq=1024, precision="fp16", ckpt="full", flash=False, policy="zero-infinity",
+        knobs=(("param_device", "cpu"), ("optimizer_device", "nvme")), feasible=True),
+    Run(name="ZeRO-Infinity 1T on one DGX-2 node (NVMe): fits",
+        source=("ZeRO-Infinity arXiv 2104.07857 Fig. 5a and SC21 slides (DeepSpeed "
+                "docs/assets/files/SC21-ZeRO-Infinity.pdf: '1T params on a single node', NVMe+CPU+GPU); shape "
+                "from its model table: 128 layers x hidden 25600"),
+        hw="dgx2", overrides=(), hw_note="the dgx2 preset (16x V100-32GB, 1.5 TB DRAM, NVMe)",
+        model=gpt_like("gpt-1t (ZeRO-Infinity)", 128, 25600, 200, 50304, 1024),
+        micro=1, global_batch=16, seq=1024, precision="fp16", ckpt="full", flash=False, policy="zero-infinity",
+        knobs=(("param_device", "nvme"), ("optimizer_device", "nvme")), feasible=True),
+    Run(name="SynergyScale 114.41B on one A100-80GB: fits",
+        source=("SynergyScale abstract (seed): 'can train a 114.41B-parameter model on a single 80 GB NVIDIA "
+                "A100 GPU'"),
+        hw="a100", overrides=(), hw_note="the a100 preset (its 256 GB DRAM host is an assumption; the abstract "
+                                         "names no host)",
+        model=gpt_like("gpt-114b (shape assumed: hidden 12288, 63 layers)", 63, 12288, 96, 50304, 1024),
+        micro=1, global_batch=1, seq=1024, precision="bf16", ckpt="full", flash=True, policy="synergyscale",
+        feasible=True, note="the abstract gives no shape; hidden 12288 x 63 layers = 114.8B is ours"),
+    Run(name="SynergyScale 547.77B on 8x A100-80GB: fits",
+        source="SynergyScale abstract (seed): 'a 547.77B-parameter model on eight A100 GPUs'",
+        hw="a100x8", overrides=(), hw_note="the a100x8 preset (DGX A100 80GB; the abstract names no host)",
+        model=gpt_like("gpt-548b (shape assumed: hidden 20480, 109 layers)", 109, 20480, 160, 50304, 1024),
+        micro=1, global_batch=8, seq=1024, precision="bf16", ckpt="full", flash=True, policy="synergyscale",
+        feasible=True, note="the abstract gives no shape; hidden 20480 x 109 layers = 548.6B is ours"),
+)
+
+
+def run_figures(run: Run) -> Throughput:
+    """The simulated throughput of a throughput run, in its source's convention."""
+    assert run.flops is not None
+    return run_throughput(run.hw, run.overrides, run.model, micro=run.micro, global_batch=run.global_batch,
+                          seq=run.seq, precision=run.precision, ckpt=run.ckpt, flash=run.flash, policy=run.policy,
+                          knobs=dict(run.knobs), source=run.flops)
+
+
+def run_feasible(run: Run) -> tuple[bool, str]:
+    return run_verdict(run.hw, run.overrides, run.model, micro=run.micro, global_batch=run.global_batch,
+                       seq=run.seq, precision=run.precision, ckpt=run.ckpt, flash=run.flash, policy=run.policy,
+                       knobs=dict(run.knobs))
+
+
+def published_both(run: Run) -> tuple[float, float, str]:
+    """(MFU, HFU) as the source published them; one it did not publish is converted from the other with the
+    source's own formula. The third item names the converted one ("mfu", "hfu" or "")."""
+    assert run.flops is not None
+    args = (float(run.model.params()), run.model.n_layers, run.model.hidden, run.seq, run.model.vocab)
+    ratio = run.flops.model(*args) / run.flops.hardware(*args, run.ckpt == "full")  # model / hardware FLOPs
+    mfu, hfu = run.mfu, run.hfu
+    if run.tflops is not None:
+        util = run.tflops * 1e12 / peak_of(run.hw, run.overrides, run.precision)
+        mfu, hfu = (util, None) if run.convention == "model" else (None, util)
+    if mfu is None and hfu is not None:
+        return hfu * ratio, hfu, "mfu"
+    if hfu is None and mfu is not None:
+        return mfu, mfu / ratio, "hfu"
+    assert mfu is not None and hfu is not None
+    return mfu, hfu, ""
