@@ -44,6 +44,7 @@ from typing import Any
 from hardware_models import HardwareSpec
 from simulator.errors import PlanError
 from simulator.phase import Phase
+from simulator.plan_file import read_plan_document
 from simulator.plan_workload import PlanWorkload, plan_hardware
 
 PLAN_SCHEMA = "tiersim.plan"
@@ -222,15 +223,7 @@ class Plan:
     @classmethod
     def load(cls, path: str | Path) -> Plan:
         p = Path(path)
-        try:
-            text = p.read_text()
-        except OSError as e:
-            raise PlanError(f"{p}: cannot read plan ({e.strerror})") from None
-        try:
-            d = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise PlanError(f"{p}: line {e.lineno}: malformed JSON ({e.msg})") from None
-        return cls.from_dict(d, where=str(p))
+        return cls.from_dict(read_plan_document(p), where=str(p))  # through userfiles, bounds checked
 
 
 def _whole(x: Any, where: str) -> int:
