@@ -44,7 +44,7 @@ from typing import Any
 from hardware_models import HardwareSpec
 from simulator.errors import PlanError
 from simulator.phase import Phase
-from simulator.plan_file import read_plan_document
+from simulator.plan_file import opt_text, opt_whole, read_plan_document, tags_of, text_list
 from simulator.plan_workload import PlanWorkload, plan_hardware
 
 PLAN_SCHEMA = "tiersim.plan"
@@ -262,8 +262,8 @@ def _tensor_to_dict(t: TensorSpec) -> dict[str, Any]:
 
 def _tensor_from_dict(d: Mapping[str, Any], where: str) -> TensorSpec:
     return TensorSpec(id=str(d["id"]), bytes=float(d["bytes"]), kind=str(d["kind"]),
-                      scope=str(d.get("scope", "global")), home=d.get("home"),
-                      layer=d.get("layer"), persistent=bool(d.get("persistent", False)))
+                      scope=str(d.get("scope", "global")), home=opt_text(d, "home", where),
+                      layer=opt_whole(d, "layer", where), persistent=bool(d.get("persistent", False)))
 
 
 _TASK_DEFAULTS = TaskSpec("", "", "")
@@ -299,11 +299,11 @@ def _task_from_dict(d: Mapping[str, Any], where: str) -> TaskSpec:
         flops=float(d.get("flops", 0.0)), hbm_bytes=float(d.get("hbm_bytes", 0.0)),
         bytes=float(d.get("bytes", 0.0)),
         tensor=Ref.parse(d["tensor"], where) if d.get("tensor") is not None else None,
-        src=d.get("src"), dst=d.get("dst"), alloc_dst=bool(d.get("alloc_dst", False)),
-        free_src=bool(d.get("free_src", False)), params=float(d.get("params", 0.0)), coll=d.get("coll"),
-        ranks=tuple(d.get("ranks", ())),
+        src=opt_text(d, "src", where), dst=opt_text(d, "dst", where), alloc_dst=bool(d.get("alloc_dst", False)),
+        free_src=bool(d.get("free_src", False)), params=float(d.get("params", 0.0)), coll=opt_text(d, "coll", where),
+        ranks=text_list(d, "ranks", where),
         allocs=_placements(d.get("allocs", ()), where), frees=_placements(d.get("frees", ()), where),
-        reads=_placements(d.get("reads", ()), where), tags=dict(d.get("tags", {})))
+        reads=_placements(d.get("reads", ()), where), tags=tags_of(d, where))
 
 
 def _size(x: float) -> bool:

@@ -71,3 +71,50 @@ def check_plan_bounds(doc: Any, where: str) -> None:
         raise PlanError(f"{where}: steps x segment repeats x tasks = {executions:,} task executions, beyond the "
                         f"bound {limit_text('MAX_PLAN_SIMULATED_TASKS', MAX_PLAN_SIMULATED_TASKS)}; lower 'steps' "
                         "or the segments' 'repeat'")
+
+
+# ------------------------------------------------------------------ typed fields of tensors and tasks
+
+_SCALAR = (str, int, float, bool, type(None))
+_WHOLE_TAGS = ("layer", "rank")
+
+
+def opt_text(d: Any, key: str, where: str) -> str | None:
+    """An optional text field (absent or null: None)."""
+    value = d.get(key)
+    if value is not None and not isinstance(value, str):
+        raise PlanError(f"{where}: field '{key}' must be a text, got {_short(value)}")
+    return value
+
+
+def opt_whole(d: Any, key: str, where: str) -> int | None:
+    """An optional whole-number field (absent or null: None)."""
+    value = d.get(key)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise PlanError(f"{where}: field '{key}' must be a whole number, got {_short(value)}")
+    return value
+
+
+def text_list(d: Any, key: str, where: str) -> tuple[str, ...]:
+    value = d.get(key, ())
+    if isinstance(value, str) or not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+        raise PlanError(f"{where}: field '{key}' must be a list of texts, got {_short(value)}")
+    return tuple(value)
+
+
+def tags_of(d: Any, where: str) -> dict[str, Any]:
+    """A task's tags: text keys, plain values; ``layer`` and ``rank`` whole numbers."""
+    tags = d.get("tags", {})
+    if not isinstance(tags, dict):
+        raise PlanError(f"{where}: field 'tags' must be a mapping of tag: value, got {_short(tags)}")
+    for key, value in tags.items():
+        if not isinstance(value, _SCALAR):
+            raise PlanError(f"{where}: tag '{key}' must be a plain value, got {_short(value)}")
+        if key in _WHOLE_TAGS:
+            opt_whole(tags, key, f"{where} tags")
+    return dict(tags)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

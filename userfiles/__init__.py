@@ -60,8 +60,8 @@ def parse_text(text: str | bytes, kind: str, label: str) -> Any:
 
 def check_at_most(value: int | float, limit: int, limit_name: str, *, what: str, file: str | None = None,
                   key: str | None = None, fix: str | None = None) -> None:
-    """Refuse an impossible size up front: ``gpu.count: 1,000,000 is beyond MAX_GPUS_PER_MACHINE = 65,536``."""
+    """Refuse an impossible size up front: ``1,000 layers is beyond the bound MAX_MODEL_LAYERS = 4,096``."""
     if value > limit:
         shown = f"{value:,}" if isinstance(value, int) else f"{value:.4g}"
-        raise UserFileError(f"{what} {shown} is beyond the bound {limit_text(limit_name, limit)}", file=file,
+        raise UserFileError(f"{shown} {what} is beyond the bound {limit_text(limit_name, limit)}", file=file,
                             key=key, fix=fix or "see docs/design.md, 'Bounded inputs'")

@@ -42,7 +42,8 @@ class UserFileError(ValueError):
 
     def detail(self) -> str:
         """The message without the file: ``line 7: key 'gpu.count': duplicate key; <fix>``."""
-        parts = [p for p in (self.where(), f"key '{self.key}'" if self.key else "") if p]
+        key = self.key if self.key is None or len(self.key) <= 100 else f"{self.key[:48]}...{self.key[-40:]}"
+        parts = [p for p in (self.where(), f"key '{key}'" if key else "") if p]
         text = self.problem + (f"; {self.fix}" if self.fix else "")
         return ": ".join([*parts, text])
 

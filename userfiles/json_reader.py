@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 from userfiles.errors import UserFileError
@@ -34,7 +35,8 @@ def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     if len(out) != len(pairs):
         seen: set[str] = set()
         dup = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
-        raise _Refused(f"duplicate key '{dup}'", "each key may appear once in an object; keep the one you mean", key=dup)
+        raise _Refused(f"duplicate key '{dup}'", "each key may appear once in an object; keep the one you mean",
+                       key=dup)
     return out
 
 
@@ -70,8 +72,9 @@ def parse_json(text: str, label: str) -> Any:
         raise UserFileError(f"malformed JSON ({e.msg})", file=label, line=e.lineno, column=e.colno,
                             fix="fix the syntax there") from None
     except RecursionError:
+        line, key = _deep_place(text)
         raise UserFileError(f"nested deeper than {MAX_DEPTH} levels ({limit_text('MAX_DEPTH', MAX_DEPTH)})",
-                            file=label, line=_deep_line(text), fix="flatten the document") from None
+                            file=label, key=key, line=line, fix="flatten the document") from None
     check_tree(doc, label, locate=lambda key: _line_of_key(text, key))
     return doc
 
@@ -98,25 +101,60 @@ def _placed(r: _Refused, text: str, label: str) -> UserFileError:
         m = re.search(rf"(?<![\w.\"]){re.escape(r.literal)}(?![\w.])", text)
         if m is not None:
             line, column = _line_col(text, m.start())
-            key = _key_at(text, m.start())
+            key = _path_at(text, m.start())
     return UserFileError(r.problem, file=label, key=key, line=line, column=column, fix=r.fix)
 
 
-def _deep_line(text: str) -> int | None:
-    """The line where nesting first exceeds MAX_DEPTH (strings skipped)."""
-    depth = 0
+def _scan(text: str, stop: Callable[[re.Match[str], list[list[Any]]], bool]) -> str | None:
+    """Scan the text's tokens keeping the path of open containers; the path where `stop` first holds."""
+    frames: list[list[Any]] = []  # [kind "{" or "[", key or index]
     for m in _TOKENS.finditer(text):
+        if stop(m, frames):
+            return _path(frames)
         tok = m.group()
         if tok in "[{":
-            depth += 1
-            if depth > MAX_DEPTH:
-                return text.count("\n", 0, m.start()) + 1
+            frames.append([tok, 0 if tok == "[" else ""])
         elif tok in "]}":
-            depth -= 1
+            if frames:
+                frames.pop()
+        elif tok == ",":
+            if frames and frames[-1][0] == "[":
+                frames[-1][1] += 1
+        elif frames and frames[-1][0] == "{" and text.startswith(":", _WS.match(text, m.end()).end()):  # type: ignore[union-attr]
+            try:
+                frames[-1][1] = json.loads(tok)
+            except ValueError:
+                frames[-1][1] = tok.strip('"')
     return None
 
 
-_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+def _deep_place(text: str) -> tuple[int | None, str | None]:
+    """(line, dotted key) where nesting first exceeds MAX_DEPTH."""
+    where: list[int] = []
+
+    def too_deep(m: re.Match[str], frames: list[list[Any]]) -> bool:
+        if m.group() in "[{" and len(frames) >= MAX_DEPTH:
+            where.append(m.start())
+            return True
+        return False
+
+    path = _scan(text, too_deep)
+    return (text.count("\n", 0, where[0]) + 1, path or None) if where else (None, None)
+
+
+def _path_at(text: str, at: int) -> str | None:
+    """The dotted key of the value at offset `at`."""
+    return _scan(text, lambda m, _: m.start() >= at) or None
+
+
+def _path(frames: list[list[Any]]) -> str:
+    path = ""
+    for _, key in frames:
+        path = join_key(path, key)
+    return path
+
+
+_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{},]')
 _WS = re.compile(r"[ \t\n\r]*")
 _FIND_LIMIT = 32 << 20  # characters: beyond, a duplicate is named without its place (pure-Python walk)
 
@@ -174,13 +212,6 @@ def _object(s: str, i: int, path: str, dec: json.JSONDecoder, depth: int) -> tup
         if s[i] == ",":
             i = _WS.match(s, i + 1).end()  # type: ignore[union-attr]
     return None, i + 1
-
-
-def _key_at(text: str, at: int) -> str | None:
-    """The nearest key written before offset `at` on its line (``"bytes": 1e999`` -> ``bytes``)."""
-    start = text.rfind("\n", 0, at) + 1
-    keys = re.findall(r'"((?:[^"\\]|\\.)*)"\s*:', text[max(start, at - 200):at])
-    return keys[-1] if keys else None
 
 
 def _line_of_key(text: str, key: str) -> int | None:

@@ -181,7 +181,8 @@ class _Checker:
                                "give a number of at most 19 digits")
         elif node.tag == _T + "float" and (
                 len(node.value) > 64 or not math.isfinite(self.loader.construct_yaml_float(node))):
-            raise _Refused(f"{node.value[:24]} is not a finite number", node, key, "give a finite number")
+            raise _Refused(f"{node.value[:24]} is not a finite number (NaN or infinity)", node, key,
+                           "give a finite number")
 
     def _grow(self, amount: int, node: Node, key: str) -> None:
         self.total += amount

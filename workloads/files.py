@@ -13,9 +13,10 @@ from typing import Any
 
 import userfiles
 from userfiles import UserFileError
+from userfiles.limits import MAX_MODEL_LAYERS, MAX_MODEL_PARAMS
 from workloads.errors import WorkloadInputError
 
-__all__ = ["read_json", "read_yaml"]
+__all__ = ["check_model_size", "read_json", "read_yaml"]
 
 
 def read_json(path: Path, *, kind: str = "hf-config") -> Any:
@@ -30,5 +31,16 @@ def read_yaml(path: Path, *, kind: str = "model") -> Any:
     """Parse a YAML user file (plain data only; see `userfiles.yaml_reader`)."""
     try:
         return userfiles.read_yaml(path, kind)
+    except UserFileError as err:
+        raise WorkloadInputError(str(err)) from err
+
+
+def check_model_size(params: int, layers: int, file: str) -> None:
+    """Refuse a model file beyond the documented bounds (docs/design.md, "Bounded inputs"), naming the bound."""
+    try:
+        userfiles.check_at_most(params, MAX_MODEL_PARAMS, "MAX_MODEL_PARAMS", what="parameters",
+                                file=file, fix="describe a model of at most that many parameters")
+        userfiles.check_at_most(layers, MAX_MODEL_LAYERS, "MAX_MODEL_LAYERS", what="layers",
+                                file=file, fix="describe a model of at most that many layers")
     except UserFileError as err:
         raise WorkloadInputError(str(err)) from err

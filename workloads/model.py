@@ -24,6 +24,7 @@ from pathlib import Path
 from workloads import custom_model, hf_config, presets
 from workloads.checks import boolean, choice, dataclass_kwargs, positive_int, suggest
 from workloads.errors import WorkloadInputError
+from workloads.files import check_model_size
 
 __all__ = ["FAMILIES", "MLP_KINDS", "NORM_KINDS", "ModelSpec", "list_models", "load_model"]
 
@@ -177,8 +178,11 @@ def load_model(name_or_path: str) -> ModelSpec:
         if not path.is_file():
             raise WorkloadInputError(f"model file not found: {text}; give an existing config.json or YAML")
         if path.suffix.lower() == ".json":
-            return ModelSpec(**hf_config.parse_hf_config(path))  # type: ignore[arg-type]
-        return ModelSpec(**custom_model.parse_custom_yaml(path))  # type: ignore[arg-type]
+            model = ModelSpec(**hf_config.parse_hf_config(path))  # type: ignore[arg-type]
+        else:
+            model = ModelSpec(**custom_model.parse_custom_yaml(path))  # type: ignore[arg-type]
+        check_model_size(model.params(), model.n_layers, str(path))  # impossible sizes: the bound named
+        return model
 
     table = presets.preset_table()
     shorthands = presets.shorthands()
