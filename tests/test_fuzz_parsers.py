@@ -29,8 +29,11 @@ from workloads import WorkloadInputError
 from workloads.files import read_json
 
 ROOT = Path(__file__).resolve().parent.parent
-FUZZ = settings(max_examples=12, deadline=None, database=None,
+# derandomize: the suite runs the same examples everywhere (a red CI run is a regression, not luck); a wider
+# search is the same tests with max_examples raised (150 each found the defects listed in the report)
+FUZZ = settings(max_examples=12, deadline=None, database=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+FUZZ_SLOW = settings(FUZZ, max_examples=6)  # a valid report input renders figures (~1 s each)
 
 MODEL_YAML = {"name": "tiny", "layers": 2, "hidden": 64, "heads": 2, "vocab": 100, "mlp": "gelu", "max_pos": 128}
 HF_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
@@ -207,7 +210,10 @@ def hostile(draw: st.DrawFn, doc: Any, fmt: str) -> bytes:
 
 def _check_kind(kind: str, argv_for: Callable[[Path], list[str]], valid: dict[str, Any], tmp: Path,
                 data: st.DataObject) -> None:
-    body = data.draw(hostile(valid[kind], FORMAT[kind]), label="document")
+    base = valid[kind]
+    if kind == "hf-config" and data.draw(st.booleans(), label="architectures only"):
+        base = {k: v for k, v in base.items() if k != "model_type"}  # the architecture told by 'architectures'
+    body = data.draw(hostile(base, FORMAT[kind]), label="document")
     path = tmp / f"fuzzed{SUFFIX[kind]}"
     path.write_bytes(body)
     argv = argv_for(path)
@@ -250,7 +256,7 @@ def test_sweep_yaml(valid: dict[str, Any], tmp_path: Path, data: st.DataObject) 
                 valid, tmp_path, data)
 
 
-@FUZZ
+@FUZZ_SLOW
 @given(data=st.data())
 def test_report_input(valid: dict[str, Any], tmp_path: Path, data: st.DataObject) -> None:
     _check_kind("report-input", lambda p: ["report", str(p), "-o", str(p.parent / "report")], valid, tmp_path,

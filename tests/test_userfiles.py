@@ -369,3 +369,25 @@ def test_depth_bound_is_the_documented_one() -> None:
                  "MAX_PLAN_SIMULATED_TASKS", "MAX_REPLAY_STEPS", "MAX_INT_DIGITS", "MAX_YAML_EXPANSION"):
         assert name in text, f"{name} is not documented in docs/design.md"
     assert MAX_DEPTH == 64
+
+
+WRONG_TYPES = {  # issue 17's examples of wrong types in user files: one line, exit 2
+    "architectures: 5": ("config.json", {**{k: v for k, v in HF_CONFIG.items() if k != "model_type"},
+                                         "architectures": 5}, ["workload", "check", "--model"], "architectures"),
+    "a list as a plan tag": ("plan.json", None, ["simulate", "--plan"], "tag 'layer'"),
+}
+
+
+@pytest.mark.parametrize("case", list(WRONG_TYPES))
+def test_wrong_types_are_one_line(case: str, made: dict[str, Any], tmp_path: Path,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    name, doc, argv, word = WRONG_TYPES[case]
+    if doc is None:
+        doc = json.loads(json.dumps(made["plan"]))
+        doc["segments"][0]["tasks"][0].setdefault("tags", {})["layer"] = []
+    path = tmp_path / name
+    path.write_text(json.dumps(doc))
+    rc = main([*argv, str(path)])
+    out, err = capsys.readouterr()
+    assert (rc, out) == (2, ""), (out, err)
+    assert len(err.splitlines()) == 1 and str(path) in err and word in err, err

@@ -77,7 +77,11 @@ class _Fields:
 def _model_type(path: Path, data: dict[str, Any]) -> str:
     model_type = data.get("model_type")
     if model_type is None:
-        for arch in data.get("architectures") or []:
+        architectures = data.get("architectures") or []
+        if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
+            raise WorkloadInputError(f"{path}: field 'architectures' must be a list of class names like "
+                                     f"[\"LlamaForCausalLM\"], got {str(architectures)[:60]}")
+        for arch in architectures:
             if arch in _ARCHITECTURES:
                 return _ARCHITECTURES[arch]
         raise WorkloadInputError(
