@@ -391,3 +391,33 @@ def test_wrong_types_are_one_line(case: str, made: dict[str, Any], tmp_path: Pat
     out, err = capsys.readouterr()
     assert (rc, out) == (2, ""), (out, err)
     assert len(err.splitlines()) == 1 and str(path) in err and word in err, err
+
+
+ISSUE_13 = {  # issue 13's hostile files: each one line and exit 2 at once (they were tracebacks)
+    "hardware YAML with a 5,000-digit host.dram": (
+        "hw.yaml", lambda: (ROOT / "hardware_models" / "presets" / "a100.yaml").read_text().replace(
+            "dram: 256GB", "dram: " + "9" * 5000), ["simulate", "--model", "gpt2", "--hw"], "host.dram"),
+    "HF config with a huge integer": (
+        "config.json", lambda: json.dumps(HF_CONFIG).replace('"vocab_size": 100', '"vocab_size": ' + "9" * 5000),
+        ["simulate", "--hw", "a100", "--model"], "vocab_size"),
+    "plan with a huge integer (simulate)": (
+        "plan.json", lambda: '{"schema": "tiersim.plan", "version": ' + "9" * 5000 + "}", ["simulate", "--plan"],
+        "version"),
+    "plan with a huge integer (replay)": (
+        "plan.json", lambda: '{"schema": "tiersim.plan", "version": ' + "9" * 5000 + "}", ["replay"], "version"),
+    "plan nested 5,000 deep (simulate)": ("plan.json", lambda: DEEP, ["simulate", "--plan"], "MAX_DEPTH"),
+    "plan nested 5,000 deep (replay)": ("plan.json", lambda: DEEP, ["replay"], "MAX_DEPTH"),
+}
+
+
+@pytest.mark.parametrize("case", list(ISSUE_13))
+def test_issue_13_hostile_files(case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    name, text, argv, word = ISSUE_13[case]
+    path = tmp_path / name
+    path.write_text(text())
+    start = time.perf_counter()
+    rc = main([*argv, str(path)])
+    out, err = capsys.readouterr()
+    assert time.perf_counter() - start < 10
+    assert (rc, out) == (2, ""), (out, err)
+    assert len(err.splitlines()) == 1 and str(path) in err and word in err and "Traceback" not in err, err
