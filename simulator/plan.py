@@ -44,7 +44,7 @@ from typing import Any
 from hardware_models import HardwareSpec
 from simulator.errors import PlanError
 from simulator.phase import Phase
-from simulator.plan_file import opt_text, opt_whole, read_plan_document, tags_of, text_list
+from simulator.plan_file import number_map, opt_text, opt_whole, read_plan_document, tags_of, text_list
 from simulator.plan_workload import PlanWorkload, plan_hardware
 
 PLAN_SCHEMA = "tiersim.plan"
@@ -209,7 +209,7 @@ class Plan:
             plan = cls(policy=str(d["policy"]), knobs=dict(d.get("knobs", {})),
                        hardware=hardware, workload=workload,
                        tensors=tensors, streams=streams, segments=segments, steps=int(d.get("steps", 1)),
-                       metrics=dict(d.get("metrics", {})), notes=tuple(d.get("notes", ())),
+                       metrics=number_map(d, "metrics", where), notes=text_list(d, "notes", where),
                        info=dict(d.get("info", {})))
         except KeyError as e:
             raise PlanError(f"{where}: missing field {e.args[0]!r}") from None

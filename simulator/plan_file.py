@@ -118,3 +118,14 @@ def tags_of(d: Any, where: str) -> dict[str, Any]:
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def number_map(d: Any, key: str, where: str) -> dict[str, float]:
+    """A mapping of name: finite number >= 0 (the plan's ``metrics``)."""
+    value = d.get(key, {})
+    if not isinstance(value, dict):
+        raise PlanError(f"{where}: field '{key}' must be a mapping of name: number, got {_short(value)}")
+    for name, v in value.items():
+        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < float("inf"):
+            raise PlanError(f"{where}: field '{key}.{name}' must be a finite number >= 0, got {_short(v)}")
+    return dict(value)

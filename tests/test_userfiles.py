@@ -421,3 +421,24 @@ def test_issue_13_hostile_files(case: str, tmp_path: Path, capsys: pytest.Captur
     assert time.perf_counter() - start < 10
     assert (rc, out) == (2, ""), (out, err)
     assert len(err.splitlines()) == 1 and str(path) in err and word in err and "Traceback" not in err, err
+
+
+def test_yaml_numbers_are_yaml_1_2() -> None:
+    """No silent octal or base-60: ``010`` is 10 and ``1:30`` is text (YAML 1.1 reads 8 and 90)."""
+    doc = userfiles.parse_text("a: 010\nb: 1:30\nc: 0o17\nd: 0x1F\ne: 1_000\nf: 190:20:30.5\n", "sweep", "s.yaml")
+    assert doc == {"a": 10, "b": "1:30", "c": 15, "d": 31, "e": 1000, "f": "190:20:30.5"}
+    with pytest.raises(UserFileError, match="key 'a': 'abc' is not an integer"):
+        userfiles.parse_text("a: !!int abc\n", "sweep", "s.yaml")
+
+
+def test_plan_metrics_and_notes_are_typed(made: dict[str, Any], tmp_path: Path) -> None:
+    """Found by the fuzzer: a null metric reached the result builder (TypeError)."""
+    for field, value, word in [("metrics", {"n_gpus": None}, "'metrics.n_gpus' must be a finite number"),
+                               ("metrics", [1], "'metrics' must be a mapping"),
+                               ("notes", "text", "'notes' must be a list of texts")]:
+        plan = json.loads(json.dumps(made["plan"]))
+        plan[field] = value
+        p = tmp_path / "plan.json"
+        p.write_text(json.dumps(plan))
+        with pytest.raises(ValueError, match=word):
+            Plan.load(p)

@@ -72,11 +72,18 @@ def parse_json(text: str, label: str) -> Any:
         raise UserFileError(f"malformed JSON ({e.msg})", file=label, line=e.lineno, column=e.colno,
                             fix="fix the syntax there") from None
     except RecursionError:
-        line, key = _deep_place(text)
-        raise UserFileError(f"nested deeper than {MAX_DEPTH} levels ({limit_text('MAX_DEPTH', MAX_DEPTH)})",
-                            file=label, key=key, line=line, fix="flatten the document") from None
-    check_tree(doc, label, locate=lambda key: _line_of_key(text, key))
+        raise _too_deep(text, label) from None
+    try:
+        check_tree(doc, label)
+    except UserFileError:
+        raise _too_deep(text, label) from None
     return doc
+
+
+def _too_deep(text: str, label: str) -> UserFileError:
+    line, key = _deep_place(text)
+    return UserFileError(f"nested deeper than {MAX_DEPTH} levels ({limit_text('MAX_DEPTH', MAX_DEPTH)})",
+                         file=label, key=key, line=line, fix="flatten the document")
 
 
 # --------------------------------------------------------------------------- places in the text
@@ -212,12 +219,3 @@ def _object(s: str, i: int, path: str, dec: json.JSONDecoder, depth: int) -> tup
         if s[i] == ",":
             i = _WS.match(s, i + 1).end()  # type: ignore[union-attr]
     return None, i + 1
-
-
-def _line_of_key(text: str, key: str) -> int | None:
-    """The line of the first ``"last.part":`` (for a nesting error found by the tree walk)."""
-    last = key.rsplit(".", 1)[-1].split("[", 1)[0]
-    if not last:
-        return None
-    m = re.search(rf'"{re.escape(last)}"\s*:', text)
-    return None if m is None else text.count("\n", 0, m.start()) + 1

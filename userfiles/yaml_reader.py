@@ -20,6 +20,7 @@ Each refusal is one `UserFileError` naming the line, the column and the dotted k
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import yaml
@@ -43,13 +44,45 @@ class _Refused(Exception):
         self.problem, self.node, self.key, self.fix = problem, node, key, fix
 
 
-class _Loader(yaml.SafeLoader):
-    """SafeLoader with nesting bounded while composing, and no implicit dates or '=' values."""
+# YAML 1.2 numbers: no sexagesimal (``1:30`` is text, not 90) and no octal by a leading zero (``010`` is 10,
+# not 8; write ``0o10``); the rest as YAML 1.1 (underscores, ``0x``, ``.inf``/``.nan`` refused later)
+_INT = re.compile(r"^(?:[-+]?[0-9][0-9_]*|0o[0-7_]+|0x[0-9a-fA-F_]+)$")
+_FLOAT = re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?
+                    |\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?
+                    |[-+]?\.(?:inf|Inf|INF)
+                    |\.(?:nan|NaN|NAN))$""", re.X)
+_NUMBERS = {_T + "int": _INT, _T + "float": _FLOAT}
 
-    yaml_implicit_resolvers = {
-        first: [(tag, rx) for tag, rx in resolvers if tag not in _NOT_RESOLVED]
-        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-    }
+
+def _resolvers() -> dict[Any, list[tuple[str, re.Pattern[str]]]]:
+    out: dict[Any, list[tuple[str, re.Pattern[str]]]] = {}
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items():
+        out[first] = [(tag, _NUMBERS.get(tag, rx)) for tag, rx in resolvers if tag not in _NOT_RESOLVED]
+    return out
+
+
+def _int12(text: str) -> int:
+    """A YAML 1.2 integer literal (already matched by `_INT`)."""
+    value = text.replace("_", "")
+    sign = -1 if value.startswith("-") else 1
+    value = value.lstrip("+-")
+    if value.startswith("0x"):
+        return sign * int(value[2:], 16)
+    if value.startswith("0o"):
+        return sign * int(value[2:], 8)
+    return sign * int(value, 10)
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader with nesting bounded while composing, YAML 1.2 numbers, no implicit dates or '=' values."""
+
+    yaml_implicit_resolvers = _resolvers()
+
+    def construct_yaml_int(self, node: ScalarNode) -> int:  # type: ignore[override]
+        text = str(self.construct_scalar(node))
+        if not _INT.match(text):
+            raise _Refused(f"{text[:24]!r} is not an integer", node, "", "give a whole number like 8")
+        return _int12(text)
 
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
@@ -173,8 +206,10 @@ class _Checker:
 
     def _scalar(self, node: ScalarNode, key: str) -> None:
         if node.tag == _T + "int":
+            if not _INT.match(node.value):
+                raise _Refused(f"{node.value[:24]!r} is not an integer", node, key, "give a whole number like 8")
             digits = node.value.lstrip("+-").replace("_", "")
-            if len(digits) > MAX_INT_DIGITS + 2 or abs(self.loader.construct_yaml_int(node)) > MAX_INT:
+            if len(digits) > MAX_INT_DIGITS + 2 or abs(_int12(node.value)) > MAX_INT:
                 shown = node.value if len(node.value) <= 24 else f"{node.value[:12]}...({len(node.value):,} chars)"
                 raise _Refused(f"integer {shown} out of range (|n| < 2**63, "
                                f"{limit_text('MAX_INT_DIGITS', MAX_INT_DIGITS)})", node, key,
@@ -195,3 +230,6 @@ class _Checker:
     def _too_deep(self, node: Node, key: str) -> None:
         raise _Refused(f"nested deeper than {MAX_DEPTH} levels ({limit_text('MAX_DEPTH', MAX_DEPTH)})", node, key,
                        "flatten the document")
+
+
+_Loader.add_constructor(_T + "int", _Loader.construct_yaml_int)
