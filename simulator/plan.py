@@ -44,7 +44,7 @@ from typing import Any
 from hardware_models import HardwareSpec
 from simulator.errors import PlanError
 from simulator.phase import Phase
-from simulator.plan_file import number_map, opt_text, opt_whole, read_plan_document, tags_of, text_list
+from simulator.plan_file import number_map, opt_text, opt_whole, read_plan_document, tags_of, text, text_list
 from simulator.plan_workload import PlanWorkload, plan_hardware
 
 PLAN_SCHEMA = "tiersim.plan"
@@ -200,7 +200,8 @@ class Plan:
         workload = PlanWorkload.from_dict(d.get("workload"), where)
         try:
             tensors = tuple(_tensor_from_dict(t, f"{where}: tensors[{i}]") for i, t in enumerate(d["tensors"]))
-            streams = tuple(StreamSpec(s["id"], s["device"], s["kind"]) for s in d["streams"])
+            streams = tuple(StreamSpec(*(text(s, k, f"{where}: streams[{i}]") for k in ("id", "device", "kind")))
+                            for i, s in enumerate(d["streams"]))
             segments = tuple(
                 Segment(s["name"], _whole(s["repeat"], f"{where}: segment {s.get('name')!r} field 'repeat'"),
                         tuple(_task_from_dict(t, f"{where}: segment {s['name']!r} task {j}")

@@ -79,6 +79,14 @@ _SCALAR = (str, int, float, bool, type(None))
 _WHOLE_TAGS = ("layer", "rank")
 
 
+def text(d: Any, key: str, where: str) -> str:
+    """A required text field (a missing one is a KeyError, named by `Plan.from_dict`)."""
+    value = d[key]
+    if not isinstance(value, str):
+        raise PlanError(f"{where}: field '{key}' must be a text, got {_short(value)}")
+    return value
+
+
 def opt_text(d: Any, key: str, where: str) -> str | None:
     """An optional text field (absent or null: None)."""
     value = d.get(key)

@@ -432,12 +432,17 @@ def test_yaml_numbers_are_yaml_1_2() -> None:
 
 
 def test_plan_metrics_and_notes_are_typed(made: dict[str, Any], tmp_path: Path) -> None:
-    """Found by the fuzzer: a null metric reached the result builder (TypeError)."""
+    """Found by the fuzzer: a null metric reached the result builder, a list as a stream's device the
+    plan check (TypeErrors)."""
     for field, value, word in [("metrics", {"n_gpus": None}, "'metrics.n_gpus' must be a finite number"),
                                ("metrics", [1], "'metrics' must be a mapping"),
-                               ("notes", "text", "'notes' must be a list of texts")]:
+                               ("notes", "text", "'notes' must be a list of texts"),
+                               ("streams", None, r"streams\[0\]: field 'device' must be a text")]:
         plan = json.loads(json.dumps(made["plan"]))
-        plan[field] = value
+        if field == "streams":  # found by the fuzzer: a list as a stream's device (TypeError in validate_plan)
+            plan["streams"][0]["device"] = ["gpu0"]
+        else:
+            plan[field] = value
         p = tmp_path / "plan.json"
         p.write_text(json.dumps(plan))
         with pytest.raises(ValueError, match=word):
