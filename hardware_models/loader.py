@@ -17,8 +17,7 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+import userfiles
 from hardware_models.curve import Curve
 from hardware_models.describe import describe
 from hardware_models.errors import HardwareInputError
@@ -35,6 +34,8 @@ from hardware_models.schema import (
 )
 from hardware_models.spec import C2CSpec, GpuSpec, HardwareSpec, HostSpec, NvlinkSpec, NvmeSpec, PcieSpec
 from hardware_models.units import parse_bool, parse_bytes, parse_flops, parse_fraction, parse_number
+from userfiles import UserFileError
+from userfiles.limits import MAX_GPUS_PER_MACHINE
 
 __all__ = ["describe", "list_presets", "load_hardware", "spec_from_dict"]
 
@@ -105,47 +106,32 @@ def load_hardware(name_or_path: str | os.PathLike[str], overrides: Overrides = (
 
 def _load_file(path: Path, overrides: Overrides) -> HardwareSpec:
     label = str(path)
-    try:
-        body = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    if not path.exists():
         raise HardwareInputError(
             f"no such file; pass an existing YAML path or a preset name ({', '.join(list_presets())})",
             file=label,
-        ) from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise HardwareInputError(f"cannot read the file: {err}", file=label) from None
-    return spec_from_dict(_parse_yaml(body, label), file=label, overrides=overrides)
+        )
+    try:
+        data = userfiles.read_yaml(path, "hardware")
+    except UserFileError as err:
+        raise _hardware_error(err) from None
+    return spec_from_dict(data, file=label, overrides=overrides)
 
 
 # ------------------------------------------------------------------------------------------- YAML
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys (PyYAML silently keeps the last one)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        self.flatten_mapping(node)
-        seen: set[object] = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if not isinstance(key, str | int | float | bool):
-                continue  # complex keys are refused later as unknown fields
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r}", key_node.start_mark
-                )
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
+def _hardware_error(err: UserFileError) -> HardwareInputError:
+    """A `userfiles` refusal as this package's error (same text: file, line, key, problem and fix)."""
+    return HardwareInputError(err.detail(), file=err.file)
 
 
 def _parse_yaml(body: str, label: str) -> object:
+    """Strict YAML through `userfiles` (duplicate keys, aliases, depth, numbers: see its docstring)."""
     try:
-        return yaml.load(body, Loader=_StrictLoader)  # a SafeLoader subclass: no arbitrary objects
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        problem = getattr(err, "problem", None) or str(err)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-        raise HardwareInputError(f"{where}malformed YAML: {problem}", file=label) from None
+        return userfiles.parse_text(body, "hardware", label)
+    except UserFileError as err:
+        raise _hardware_error(err) from None
 
 
 # -------------------------------------------------------------------------------------- structure
@@ -180,10 +166,13 @@ def _build(raw: dict[str, Any]) -> HardwareSpec:
         if raw.get(key) is None:
             raise HardwareInputError("missing (required)", field=key)
     description = raw.get("description") or ""
+    if not isinstance(description, str):
+        raise HardwareInputError(f"expected a text, got a {type(description).__name__}", field="description")
     sections: dict[str, Any] = {}
     for section in SECTIONS:
         value = raw.get(section)
         sections[section] = None if value is None else _build_section(section, value)
+    _check_bounds(sections)
     sources = raw.get("sources") or {}
     if not isinstance(sources, Mapping):
         raise HardwareInputError(
@@ -196,6 +185,17 @@ def _build(raw: dict[str, Any]) -> HardwareSpec:
         sources=dict(sources),
         **sections,
     )
+
+
+def _check_bounds(sections: Mapping[str, Any]) -> None:
+    """Impossible sizes, refused before any plan is built (docs/design.md, "Bounded inputs")."""
+    gpu = sections.get("gpu")
+    if isinstance(gpu, GpuSpec) and gpu.count > MAX_GPUS_PER_MACHINE:
+        raise HardwareInputError(
+            f"{gpu.count:,} GPUs in one machine is beyond the bound MAX_GPUS_PER_MACHINE = "
+            f"{MAX_GPUS_PER_MACHINE:,}; describe at most that many (a cluster is machines x nodes)",
+            field="gpu.count",
+        )
 
 
 def _build_section(section: str, value: object) -> object:
@@ -280,7 +280,8 @@ def _apply_overrides(raw: dict[str, Any], overrides: Overrides) -> None:
         try:
             _apply_one(raw, path, value)
         except HardwareInputError as err:
-            raise err.in_file(f"override '{label}'") from None
+            shown = label if len(label) <= 80 else f"{label[:60]}...({len(label):,} characters)"
+            raise err.in_file(f"override '{shown}'") from None
 
 
 def _set_source(raw: dict[str, Any], path: str, value: object) -> None:
@@ -347,10 +348,9 @@ def _apply_one(raw: dict[str, Any], path: str, value: object) -> None:
         raise HardwareInputError(f"'{top}.{fd.key}' has no sub-fields", field=path)
     if fd.kind in ("curve", "bytes_map", "flops_map") and isinstance(value, str):
         try:
-            value = yaml.safe_load(value)
-        except yaml.YAMLError as err:
-            problem = getattr(err, "problem", None) or str(err)
-            raise HardwareInputError(f"malformed YAML value: {problem}", field=path) from None
+            value = userfiles.parse_text(value, "hardware", "value")
+        except UserFileError as err:
+            raise HardwareInputError(f"malformed YAML value: {err.detail()}", field=path) from None
     parsed = _parse_field(fd, value, path)
     section[fd.key] = value
     if fd.kind.endswith("_map") and isinstance(parsed, Mapping):

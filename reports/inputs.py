@@ -12,14 +12,15 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import userfiles
 from reports.build import ReportInputs
 from reports.input_checks import InputMeaningError, check_document
 from simulator import PLAN_SCHEMA
+from userfiles import UserFileError
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 KNOWN = ("simulate --json", "simulate --policy all --json", "a plan (--plan-out)", "tiersim replay --json",
@@ -69,28 +70,31 @@ def load_inputs(paths: Sequence[str], title: str | None = None,
     return inputs
 
 
-def _read(path: Path) -> bytes:
+def _header(path: Path) -> bytes:
+    """The first bytes of the file (enough to tell a sweep store), or one ReportInputError line."""
     if not path.exists():
         raise ReportInputError(f"{path}: no such file; give a simulate --json output, a plan, a replay, coverage or "
                                "what-if JSON, or a sweep store")
     if path.is_dir():
         raise ReportInputError(f"{path}: is a directory; give the files in it")
     try:
-        return path.read_bytes()
+        with path.open("rb") as f:
+            return f.read(len(SQLITE_HEADER))
     except OSError as e:
         raise ReportInputError(f"{path}: cannot read ({e.strerror or e})") from None
 
 
 def _load_one(path: Path, inputs: ReportInputs, progress: Callable[[str], None] | None) -> None:
-    raw = _read(path)
-    if raw.startswith(SQLITE_HEADER):
+    if _header(path).startswith(SQLITE_HEADER):
         _load_store(path, inputs)
         return
-    try:
-        doc = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ReportInputError(f"{path}: not JSON and not a sweep store ({e}); give one of: {', '.join(KNOWN)}") \
-            from None
+    try:  # size, UTF-8, duplicate keys, depth, integers, no NaN: one line naming file, line and key
+        doc = userfiles.read_json(path, "report-input")
+    except UserFileError as e:
+        if e.problem.startswith(("malformed JSON", "not UTF-8")):
+            raise ReportInputError(f"{path}: not JSON and not a sweep store ({e.detail()}); give one of: "
+                                   f"{', '.join(KNOWN)}") from e
+        raise ReportInputError(str(e)) from e
     kind = kind_of(doc)
     if kind == "unknown":
         keys = ", ".join(sorted(doc)[:6]) if isinstance(doc, dict) else type(doc).__name__

@@ -44,6 +44,7 @@ from typing import Any
 from hardware_models import HardwareSpec
 from simulator.errors import PlanError
 from simulator.phase import Phase
+from simulator.plan_file import number_map, opt_text, opt_whole, read_plan_document, tags_of, text, text_list
 from simulator.plan_workload import PlanWorkload, plan_hardware
 
 PLAN_SCHEMA = "tiersim.plan"
@@ -199,7 +200,8 @@ class Plan:
         workload = PlanWorkload.from_dict(d.get("workload"), where)
         try:
             tensors = tuple(_tensor_from_dict(t, f"{where}: tensors[{i}]") for i, t in enumerate(d["tensors"]))
-            streams = tuple(StreamSpec(s["id"], s["device"], s["kind"]) for s in d["streams"])
+            streams = tuple(StreamSpec(*(text(s, k, f"{where}: streams[{i}]") for k in ("id", "device", "kind")))
+                            for i, s in enumerate(d["streams"]))
             segments = tuple(
                 Segment(s["name"], _whole(s["repeat"], f"{where}: segment {s.get('name')!r} field 'repeat'"),
                         tuple(_task_from_dict(t, f"{where}: segment {s['name']!r} task {j}")
@@ -209,7 +211,7 @@ class Plan:
                        hardware=hardware, workload=workload,
                        tensors=tensors, streams=streams, segments=segments,
                        steps=_whole(d.get("steps", 1), f"{where}: field 'steps'"),
-                       metrics=dict(d.get("metrics", {})), notes=tuple(d.get("notes", ())),
+                       metrics=number_map(d, "metrics", where), notes=text_list(d, "notes", where),
                        info=dict(d.get("info", {})))
         except KeyError as e:
             raise PlanError(f"{where}: missing field {e.args[0]!r}") from None
@@ -223,15 +225,7 @@ class Plan:
     @classmethod
     def load(cls, path: str | Path) -> Plan:
         p = Path(path)
-        try:
-            text = p.read_text()
-        except OSError as e:
-            raise PlanError(f"{p}: cannot read plan ({e.strerror})") from None
-        try:
-            d = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise PlanError(f"{p}: line {e.lineno}: malformed JSON ({e.msg})") from None
-        return cls.from_dict(d, where=str(p))
+        return cls.from_dict(read_plan_document(p), where=str(p))  # through userfiles, bounds checked
 
 
 def _whole(x: Any, where: str) -> int:
@@ -270,8 +264,8 @@ def _tensor_to_dict(t: TensorSpec) -> dict[str, Any]:
 
 def _tensor_from_dict(d: Mapping[str, Any], where: str) -> TensorSpec:
     return TensorSpec(id=str(d["id"]), bytes=float(d["bytes"]), kind=str(d["kind"]),
-                      scope=str(d.get("scope", "global")), home=d.get("home"),
-                      layer=d.get("layer"), persistent=bool(d.get("persistent", False)))
+                      scope=str(d.get("scope", "global")), home=opt_text(d, "home", where),
+                      layer=opt_whole(d, "layer", where), persistent=bool(d.get("persistent", False)))
 
 
 _TASK_DEFAULTS = TaskSpec("", "", "")
@@ -307,11 +301,11 @@ def _task_from_dict(d: Mapping[str, Any], where: str) -> TaskSpec:
         flops=float(d.get("flops", 0.0)), hbm_bytes=float(d.get("hbm_bytes", 0.0)),
         bytes=float(d.get("bytes", 0.0)),
         tensor=Ref.parse(d["tensor"], where) if d.get("tensor") is not None else None,
-        src=d.get("src"), dst=d.get("dst"), alloc_dst=bool(d.get("alloc_dst", False)),
-        free_src=bool(d.get("free_src", False)), params=float(d.get("params", 0.0)), coll=d.get("coll"),
-        ranks=tuple(d.get("ranks", ())),
+        src=opt_text(d, "src", where), dst=opt_text(d, "dst", where), alloc_dst=bool(d.get("alloc_dst", False)),
+        free_src=bool(d.get("free_src", False)), params=float(d.get("params", 0.0)), coll=opt_text(d, "coll", where),
+        ranks=text_list(d, "ranks", where),
         allocs=_placements(d.get("allocs", ()), where), frees=_placements(d.get("frees", ()), where),
-        reads=_placements(d.get("reads", ()), where), tags=dict(d.get("tags", {})))
+        reads=_placements(d.get("reads", ()), where), tags=tags_of(d, where))
 
 
 def _size(x: float) -> bool:

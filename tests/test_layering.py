@@ -10,8 +10,9 @@ package is reached through its ``__init__`` only when it is named (no implicit e
 The rules (design: a package imports only packages left of / above it in the picture):
 
 - no import cycle among the modules of ``tiersim/`` or of ``reports/``;
-- ``hardware_models`` and ``workloads`` import none of our packages; ``costs`` imports only those two (and
-  no SimPy);
+- ``userfiles`` (the one reader of user files) imports none of our packages, and every package may import it;
+- ``hardware_models`` and ``workloads`` import none of our packages but ``userfiles``; ``costs`` imports only
+  those three (and no SimPy);
 - ``simulator`` imports no ``policies``, ``planner``, ``reports``, ``replay`` or ``tiersim``;
 - ``policies`` imports no ``planner``, ``reports``, ``replay`` or ``tiersim``, and from ``simulator`` only
   the plan vocabulary (``simulator``, ``simulator.plan``, ``simulator.plan_workload``, ``simulator.phase``,
@@ -33,15 +34,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("hardware_models", "workloads", "costs", "policies", "simulator", "planner", "reports", "replay",
-            "tiersim")
+PACKAGES = ("userfiles", "hardware_models", "workloads", "costs", "policies", "simulator", "planner", "reports",
+            "replay", "tiersim")
 PLAN_VOCABULARY = frozenset({"simulator", "simulator.plan", "simulator.plan_workload", "simulator.phase",
                              "simulator.errors"})
 # importer package -> our packages it must not import
 FORBIDDEN: dict[str, frozenset[str]] = {
-    "hardware_models": frozenset(PACKAGES) - {"hardware_models"},
-    "workloads": frozenset(PACKAGES) - {"workloads"},
-    "costs": frozenset(PACKAGES) - {"costs", "hardware_models", "workloads"},
+    "userfiles": frozenset(PACKAGES) - {"userfiles"},  # the one reader of user files: the bottom of the house
+    "hardware_models": frozenset(PACKAGES) - {"hardware_models", "userfiles"},
+    "workloads": frozenset(PACKAGES) - {"workloads", "userfiles"},
+    "costs": frozenset(PACKAGES) - {"costs", "hardware_models", "workloads", "userfiles"},
     "simulator": frozenset({"policies", "planner", "reports", "replay", "tiersim"}),
     "policies": frozenset({"planner", "reports", "replay", "tiersim"}),
     "planner": frozenset({"reports", "replay", "tiersim"}),

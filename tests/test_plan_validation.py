@@ -173,7 +173,7 @@ def test_defaults_are_left_out_of_the_json() -> None:
 def test_malformed_json_names_the_line(tmp_path: Path) -> None:
     path = tmp_path / "bad.json"
     path.write_text('{\n "schema": "tiersim.plan",\n "version": 1,,\n "policy": "x"\n}\n')
-    with pytest.raises(PlanError, match=r"bad\.json: line 3: malformed JSON") as e:
+    with pytest.raises(PlanError, match=r"bad\.json: line 3, column 15: malformed JSON") as e:
         Plan.load(path)
     assert "\n" not in str(e.value)
 

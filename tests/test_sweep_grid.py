@@ -102,5 +102,5 @@ def test_unreadable_and_invalid_yaml(tmp_path):
         load_grid(tmp_path / "missing.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("hardware: [a100\nmodels: x\n")
-    with pytest.raises(SweepFileError, match="not valid YAML at line"):
+    with pytest.raises(SweepFileError, match=r"bad\.yaml: line 2, column 7: malformed YAML"):
         load_grid(bad)

@@ -82,7 +82,7 @@ def test_malformed_json_names_file_and_line(tmp_path: Path) -> None:
     path.write_text('{\n  "model_type": "llama",\n  "hidden_size": 4096\n  "vocab_size": 32000\n}\n')
     with pytest.raises(WorkloadInputError) as err:
         load_model(str(path))
-    assert f"{path}:4:" in str(err.value) and "malformed JSON" in str(err.value)
+    assert f"{path}: line 4, column 3:" in str(err.value) and "malformed JSON" in str(err.value)
     assert "\n" not in str(err.value)
 
 
@@ -138,8 +138,8 @@ def test_malformed_yaml_names_line(tmp_path: Path) -> None:
     path.write_text("name: x\nlayers: 2\nhidden: [64\nheads: 2\n")
     with pytest.raises(WorkloadInputError) as err:
         load_model(str(path))
-    assert str(err.value).startswith(f"{path}:") and "malformed YAML" in str(err.value)
-    line = int(str(err.value).split(":")[1])
+    assert str(err.value).startswith(f"{path}: line ") and "malformed YAML" in str(err.value)
+    line = int(str(err.value)[len(f"{path}: line "):].split(",")[0])
     assert line in (4, 5)
 
 

@@ -1,41 +1,46 @@
-"""Reading JSON and YAML files with one-line errors that name the file and the line."""
+"""Reading JSON and YAML files with one-line errors that name the file, the line, the key and the fix.
+
+Both delegate to `userfiles` (size limit, strict UTF-8, duplicate keys, bounded aliases, depth and
+integers, no NaN/Infinity) and re-raise its refusal as a `WorkloadInputError` with the same text, e.g.
+``config.json: line 4, column 3: key 'hidden_size': duplicate key; ...``; the `userfiles.UserFileError`
+is the error's ``__cause__``.
+"""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+import userfiles
+from userfiles import UserFileError
+from userfiles.limits import MAX_MODEL_LAYERS, MAX_MODEL_PARAMS
 from workloads.errors import WorkloadInputError
 
-__all__ = ["read_json", "read_yaml"]
+__all__ = ["check_model_size", "read_json", "read_yaml"]
 
 
-def _text(path: Path) -> str:
+def read_json(path: Path, *, kind: str = "hf-config") -> Any:
+    """Parse a JSON user file (`kind` picks the size bound and the hint, e.g. ``"deepspeed"``)."""
     try:
-        return path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise WorkloadInputError(f"{path}: cannot read ({exc.strerror}); check the path") from exc
+        return userfiles.read_json(path, kind)
+    except UserFileError as err:
+        raise WorkloadInputError(str(err)) from err
 
 
-def read_json(path: Path) -> Any:
-    """Parse JSON; a syntax error is reported as ``path:line:col: malformed JSON (...)``."""
+def read_yaml(path: Path, *, kind: str = "model") -> Any:
+    """Parse a YAML user file (plain data only; see `userfiles.yaml_reader`)."""
     try:
-        return json.loads(_text(path))
-    except json.JSONDecodeError as exc:
-        raise WorkloadInputError(
-            f"{path}:{exc.lineno}:{exc.colno}: malformed JSON ({exc.msg}); fix the syntax at that line"
-        ) from exc
+        return userfiles.read_yaml(path, kind)
+    except UserFileError as err:
+        raise WorkloadInputError(str(err)) from err
 
 
-def read_yaml(path: Path) -> Any:
-    """Parse YAML (safe loader); a syntax error is reported as ``path:line: malformed YAML (...)``."""
+def check_model_size(params: int, layers: int, file: str) -> None:
+    """Refuse a model file beyond the documented bounds (docs/design.md, "Bounded inputs"), naming the bound."""
     try:
-        return yaml.safe_load(_text(path))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
-        problem = getattr(exc, "problem", None) or "syntax error"
-        raise WorkloadInputError(f"{where}: malformed YAML ({problem}); fix the syntax at that line") from exc
+        userfiles.check_at_most(params, MAX_MODEL_PARAMS, "MAX_MODEL_PARAMS", what="parameters",
+                                file=file, fix="describe a model of at most that many parameters")
+        userfiles.check_at_most(layers, MAX_MODEL_LAYERS, "MAX_MODEL_LAYERS", what="layers",
+                                file=file, fix="describe a model of at most that many layers")
+    except UserFileError as err:
+        raise WorkloadInputError(str(err)) from err

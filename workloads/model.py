@@ -30,6 +30,7 @@ from pathlib import Path
 from workloads import custom_model, model_params, presets
 from workloads.checks import boolean, choice, dataclass_kwargs, non_negative_int, positive_int, suggest
 from workloads.errors import WorkloadInputError
+from workloads.files import check_model_size
 from workloads.hf_inventory import route as hf_route
 
 __all__ = ["FAMILIES", "MLP_KINDS", "NORM_KINDS", "QK_NORM_KINDS", "ROUTES", "ModelSpec", "list_models",
@@ -395,8 +396,11 @@ def load_model(name_or_path: str, route: str | None = None) -> ModelSpec:
         if not path.is_file():
             raise WorkloadInputError(f"model file not found: {text}; give an existing config.json or YAML")
         if path.suffix.lower() == ".json":
-            return hf_route.load_hf_model(path, route)
-        return ModelSpec(**custom_model.parse_custom_yaml(path))  # type: ignore[arg-type]
+            model = hf_route.load_hf_model(path, route)
+        else:
+            model = ModelSpec(**custom_model.parse_custom_yaml(path))  # type: ignore[arg-type]
+        check_model_size(model.params(), model.n_layers, str(path))  # impossible sizes: the bound named
+        return model
 
     table = presets.preset_table()
     shorthands = presets.shorthands()

@@ -39,11 +39,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+import userfiles
 from hardware_models import HardwareInputError, HardwareSpec, load_hardware
 from planner.version import tiersim_version
 from policies import POLICIES, KnobError, get_policy, parse_knobs
+from userfiles import UserFileError
 from workloads import ModelSpec, WorkloadInputError, load_model
 
 KEY_VERSION = 1  # bump when the meaning of a point's inputs changes, so old rows are not reused
@@ -76,15 +76,9 @@ def load_grid(path: str | Path, *, deepspeed: DeepSpeedReader | None = None) -> 
     """Read and expand a sweep file (see the module docstring); raises :class:`SweepFileError`."""
     p = Path(path)
     try:
-        text = p.read_text()
-    except OSError as e:
-        raise SweepFileError(f"{path}: cannot read ({e.strerror or e}); give an existing sweep YAML file") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise SweepFileError(f"{path}: not valid YAML{where}; fix the syntax") from None
+        data = userfiles.read_yaml(p, "sweep")  # size, UTF-8, duplicate keys, aliases, depth, numbers
+    except UserFileError as e:
+        raise SweepFileError(str(e)) from e
     return expand_grid(data, label=str(path), base=p.parent, deepspeed=deepspeed)
 
 

@@ -23,6 +23,7 @@ from tiersim.command import Command
 from tiersim.errors import UsageError
 from tiersim.exit_codes import EXIT_INFEASIBLE, EXIT_MISMATCH, EXIT_OK
 from tiersim.output_files import check_output_path, write_or_fail
+from userfiles.limits import MAX_REPLAY_STEPS
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -47,6 +48,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--nvme-dir {args.nvme_dir}: not a directory; create it first")
     if args.steps is not None and args.steps < 1:
         raise UsageError(f"--steps must be >= 1, got {args.steps}")
+    if args.steps is not None and args.steps > MAX_REPLAY_STEPS:
+        raise UsageError(f"--steps {args.steps:,} is beyond the bound MAX_REPLAY_STEPS = {MAX_REPLAY_STEPS:,} "
+                         "(docs/design.md, 'Bounded inputs'); give at most that many")
     plan = Plan.load(args.plan)
     hw = plan.hardware
     check_saved_plan(plan, args.plan, build_topology(hw).locations)
