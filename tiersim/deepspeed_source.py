@@ -49,7 +49,9 @@ ACCELERATE_IGNORED = ("zero3_init_flag", "deepspeed_multinode_launcher", "deepsp
 
 
 def read_any(path: Path) -> Any:
-    return read_yaml(path) if path.suffix.lower() in (".yaml", ".yml") else read_json(path)
+    if path.suffix.lower() in (".yaml", ".yml"):
+        return read_yaml(path, kind="training-yaml")
+    return read_json(path, kind="deepspeed")
 
 
 def load_source(path_text: str) -> DeepSpeedSource:
@@ -73,7 +75,7 @@ def _nested_file(outer: Path, name: object, key: str) -> tuple[Path, dict[str, A
     candidate = Path(name)
     if not candidate.is_absolute() and not candidate.exists():  # HF resolves from the working directory
         candidate = outer.parent / name
-    data = read_json(candidate)
+    data = read_json(candidate, kind="deepspeed")
     if not isinstance(data, Mapping):
         raise DeepSpeedConfigError(f"{candidate}: expected a JSON object (a DeepSpeed config)")
     return candidate, copy.deepcopy(dict(data))

@@ -68,6 +68,8 @@ KINDS: dict[str, FileKind] = {k.name: k for k in (
     FileKind("report-input", "report input", "json", 512 * MiB,
              "a result, what-if or coverage JSON written by tiersim with --json"),
     FileKind("deepspeed", "DeepSpeed config", "json", 16 * MiB, "a DeepSpeed config JSON"),
+    FileKind("training-yaml", "training config", "yaml", 1 * MiB,
+             "an accelerate config or HF Trainer arguments YAML holding a DeepSpeed config"),
     FileKind("trace", "trace file", "json", 64 * MiB, "a workload trace written by tiersim"),
     FileKind("spec-json", "hardware spec", "json", 16 * MiB, "a hardware spec JSON written by tiersim"),
 )}
