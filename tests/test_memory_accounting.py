@@ -29,9 +29,9 @@ from policies import KnobError
 from policies import zero_infinity as zi
 from policies.base import PlanInfeasible
 from policies.zero_infinity.plan import grad_staging_window
-from policies.zero_infinity.states import has_cpu_grad_buffer, per_param_bytes
+from policies.zero_infinity.states import grad_buckets_in_flight, has_cpu_grad_buffer, per_param_bytes
 from policies.zero_infinity.tiling import auto_tile_factor, tiled_job
-from simulator import simulate_plan
+from simulator import Result, simulate_plan
 from simulator.invariants import check_invariants
 from simulator.memory import ALLOCATOR_KIND, MemoryTracker
 from tiersim.api import JobRequest, make_job, make_plan
@@ -105,6 +105,36 @@ def test_pytorch_ddp_baseline_tops_out_near_one_point_four_billion() -> None:
 def test_zero_infinity_paper_models_fit_one_dgx2(layers: int, hidden: int, knobs: dict[str, object]) -> None:
     ok, why = verdict("dgx2", gpt(layers, hidden), 1, "zero-infinity", knobs, global_batch=16)
     assert ok, why
+
+
+def test_zero3_offload_40b_fits_one_v100_with_a_1_5_tb_host() -> None:
+    """DeepSpeed's ZeRO-3 Offload post: 40B on one 32GB V100 + 1.5 TB CPU (shape ours: 50 x 8192)."""
+    ok, why = verdict("dgx2", gpt(50, 8192), 1, "zero-infinity", {"param_device": "cpu", "optimizer_device": "cpu"},
+                      overrides=("gpu.count=1",))
+    assert ok, why
+
+
+def grad_peak(result: Result, pool: str = "gpu0") -> float:
+    """The most bytes of gradient buckets the pool held at once over the run."""
+    return max(nbytes for _, kind, nbytes in result.memory_series[pool] if kind == "grad")
+
+
+def test_zero_infinity_gradient_buckets_on_the_gpu_are_bounded_by_the_gate_not_by_pcie_speed() -> None:
+    """The backward waits once ``grad_buckets_in_flight`` buckets are on the GPU (DeepSpeed's reduce bucket and
+    its two outstanding reductions), so the buckets' peak is the same over PCIe gen 3 and gen 5."""
+    peaks, bounds = [], []
+    for gen in (3, 5):
+        job = paper_job("dgx2", gpt(6, 8192), 1, overrides=("gpu.count=1", f"pcie.gen={gen}"))
+        plan = make_plan(job, "zero-infinity", {})
+        buckets = grad_buckets_in_flight(job)
+        assert plan.info["grad_buckets_in_flight"] == buckets == 1  # 2 x 5e8 elements < two 805M-param blocks
+        result = simulate_plan(plan, job.hw)
+        assert result.feasible and check_invariants(result) == []
+        peaks.append(grad_peak(result))
+        bounds.append(buckets * max(layer.params for layer in job.trace.layers) * 2)
+    assert peaks[0] == peaks[1] == bounds[0] == bounds[1]
+    small = paper_job("dgx2", gpt(4, 1024), 1, overrides=("gpu.count=1", "pcie.gen=3"))
+    assert grad_buckets_in_flight(small) == int(1e9 // max(layer.params for layer in small.trace.layers))
 
 
 # -- usable GPU memory ----------------------------------------------------------------------------------------------

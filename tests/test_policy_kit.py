@@ -195,3 +195,11 @@ def test_sliced_fetch_uploads_each_ranks_slice_then_gathers_the_layer() -> None:
     one.segment("micro-steps", 1)
     assert sliced_fetch(one, ["gpu0"], 1, "f", 10.0, 10.0, lambda r, g: []) == {"gpu0": "upf1.gpu0"}
     assert [(str(p.tensor), p.loc) for p in tasks_of(one)[0].allocs] == [("pgf1.gpu0", "gpu0")]
+
+
+def test_bucket_gate_names_the_previous_micro_step_as_the_policy_says() -> None:
+    order = [5, 3, 2]
+    current = "gd{}.last.gpu0".format  # this micro-step's ids carry a suffix; the previous one's do not
+    assert bucket_gate(order, 2, 1, current, "gd{}.gpu0".format) == ["gd3.last.gpu0"]
+    assert bucket_gate(order, 5, 1, current, "gd{}.gpu0".format) == ["gd2.gpu0"]
+    assert bucket_gate(order, 5, 1, current, lambda o: None) == []  # no previous micro-step in this step

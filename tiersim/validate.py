@@ -206,10 +206,6 @@ KNOWN_GAPS: dict[str, str] = {
         "the Volta curve (from ZeRO-Infinity's 49 TF/GPU at 1T scale) is ~30% high for hidden-4096 kernels; "
         "DeepSpeed's 30 / 40 / 49 TF V100 figures (1.4B / 10B / 1T) imply ~0.32 of peak here (see "
         "gemm_efficiency_by_generation.Volta in the reference)"),
-    "ZeRO-3 Offload GPT-2 40B, 1x V100 + 1.5 TB CPU: fits": (
-        "the merged ZeRO-3 offload gradient path keeps each layer's 16-bit gradient bucket on the GPU until its "
-        "PCIe copy ends with no bound on buckets in flight: on one V100 the backward outruns the copies and "
-        "42 GB of buckets pile up (this run fitted before that change)"),
     "SynergyScale 114.41B on one A100-80GB: fits": (
         "the a100 preset's 256 GB host cannot hold the fp32 gradients of the layers left for the NVMe tier; the "
         "abstract names no host (a larger one, or gradients kept elsewhere, would fit)"),

@@ -354,13 +354,18 @@ class UseOrder:
         return [d for g in gpus for d in self.ended(u - distance - 1, g)]
 
 
-def bucket_gate(order: Sequence[int], i: int, buckets_in_flight: int, drained: Callable[[int], str]) -> list[str]:
+def bucket_gate(order: Sequence[int], i: int, buckets_in_flight: int, drained: Callable[[int], str],
+                previous: Callable[[int], str | None] | None = None) -> list[str]:
     """What holds layer i's backward until the bucket ``buckets_in_flight`` back has drained. ``order``: the
     layers that fill a bucket, in backward order; ``drained(o)``: the task freeing layer o's bucket. Before
-    the first B buckets of a micro-step the gate is on the previous micro-step's (``@1``); none with < B."""
+    the first B buckets of a micro-step the gate is on the previous micro-step's (``previous(o)``, by default
+    ``drained(o)`` of ``@1``; None: no previous micro-step); none with < B."""
     j, B = list(order).index(i), buckets_in_flight
-    q, suffix = (j - B, "") if j >= B else (len(order) - B + j, "@1")
-    return [drained(order[q]) + suffix] if q >= 0 else []
+    if j >= B:
+        return [drained(order[j - B])]
+    q = len(order) - B + j
+    before = (previous or (lambda o: drained(o) + "@1"))(order[q]) if q >= 0 else None
+    return [before] if before else []
 
 
 def read_ahead(k: int, window: int, written: str) -> list[str]:

@@ -29,11 +29,14 @@ Our reading and assumptions (see docs/reference/policies.md):
   NVMe reads of one layer (and their fp32 gradient writes) start together and share the drive set max-min fairly, so
   each is one flow of ``dp`` slices (same timing as ``dp`` equal flows, ``1/dp`` of the simulator's events); the
   optimizer's NVMe traffic stays per rank.
-- Gradients: each layer's full gradient bucket lives on the GPU from its backward until the reduce-scatter ends; each
-  rank then copies its slice (``grad_bytes_per_param``) into a CPU accumulation buffer when one exists (knob
-  ``cpu_grad_buffer``), else its fp32 slice (4 B/param) to the optimizer's fp32 gradient. DeepSpeed adds non-first
-  micro-steps' gradients on the
-  GPU (an extra H2D of the buffer per micro-step); we model the accumulation as free on the CPU. With
+- Gradients: each layer's full gradient bucket lives on the GPU from its backward until the reduce-scatter ends (its
+  slice until the copy to the CPU ends); a layer's backward waits until the bucket ``B`` layers back has left the GPU
+  (``kit.bucket_gate``), ``B`` = DeepSpeed's ``max_param_reduce_events`` (2) x ``reduce_bucket_size`` (5e8 elements)
+  over the largest layer's parameters, at least 1 (``states.grad_buckets_in_flight``; ``plan.info``), so a slow link
+  stalls the backward instead of piling buckets up. Each rank copies its slice (``grad_bytes_per_param``) into a CPU
+  accumulation buffer when one exists (knob ``cpu_grad_buffer``), else its fp32 slice (4 B/param) to the optimizer's
+  fp32 gradient. DeepSpeed adds non-first micro-steps' gradients on the GPU (an extra H2D of the buffer per
+  micro-step); we model the accumulation as free on the CPU. With
   ``optimizer_device=nvme``, on the last micro-step (the accumulation boundary) every rank writes its fp32 gradient
   slice (4 B/param) to NVMe as its layer's gradients arrive, where the optimizer reads it back; DeepSpeed converts to
   fp32 on the GPU and copies 4 B/param more down at the boundary, we convert on the CPU.

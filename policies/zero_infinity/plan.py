@@ -16,6 +16,7 @@ from policies.zero_infinity.states import (
     NAME,
     Knobs,
     check_fit,
+    grad_buckets_in_flight,
     model_state_bytes,
     nvme_bytes_per_step,
     offloads_ckpt,
@@ -44,6 +45,7 @@ class MicroStep:
     boundary: bool
     last_opt: list[str]
     grad_window: int = 0  # staged fp32 gradient slices in flight per rank (0: unbounded; grad_staging_window)
+    grad_buckets: int = 1  # 16-bit gradient buckets per GPU before a backward waits (grad_buckets_in_flight)
 
     def __post_init__(self) -> None:
         self.gpus = [kit.gpu(r) for r in range(self.n)]
@@ -108,13 +110,22 @@ class MicroStep:
         """Layers with parameters in backward order."""
         return [j for j in reversed(range(len(self.job.trace.layers))) if self.job.trace.layers[j].params > 0]
 
+    def buckets_in_flight(self) -> int:
+        """The gradient buckets a GPU may hold before a backward waits (``grad_buckets_in_flight``; one while
+        gradients are throttled by the NVMe swapper)."""
+        return 1 if self.throttled() else self.grad_buckets
+
+    def gate(self, i: int, g: str) -> list[str]:
+        """``kit.bucket_gate``: layer i's backward on GPU g waits until the bucket B back has left the GPU."""
+        sfx, prev = self.sfx, self.prev
+        return kit.bucket_gate(self.grad_order(), i, self.buckets_in_flight(), lambda o: f"gd{o}{sfx}.{g}",
+                               lambda o: prev(f"gd{o}.{g}"))
+
     def backward(self, i: int, layer: LayerTrace) -> None:
         sfx, ckpt = self.sfx, offloads_ckpt(self.job, self.knobs, i)
-        order = self.grad_order() if self.throttled() and layer.params > 0 else []
-        p = order.index(i) if order else 0
         for r, g in enumerate(self.gpus):
             deps = self.ready(i, "b", g, layer) + ([f"cki{i}{sfx}.{g}"] if ckpt else []) \
-                + ([f"gd{order[p - 1]}{sfx}.{g}"] if p > 0 else [])
+                + (self.gate(i, g) if layer.params > 0 else [])
             if layer.recompute_flops > 0:
                 kit.recompute(self.b, i, layer, g, r, deps, tid=f"rc{i}{sfx}.{g}")
                 deps = []
@@ -229,7 +240,7 @@ def plan(job: Job, knobs: Knobs) -> Plan:
         prev: Callable[[str], str | None] = (lambda x: f"{x}@1") if not boundary else \
             (lambda x: x) if accum > 1 else (lambda x: None)
         MicroStep(b, job, knobs, n, ".last" if boundary else "", prev, boundary, last_opt,
-                  grad_staging_window(job, n, groups)).emit()
+                  grad_staging_window(job, n, groups), grad_buckets_in_flight(job)).emit()
     b.segment("optimizer", 1)
     emit_optimizer(b, job, knobs, n, groups)
     homes = state_homes(knobs)
@@ -239,7 +250,8 @@ def plan(job: Job, knobs: Knobs) -> Plan:
         "bytes_per_param": {k: {"bytes": v, "home": homes[k]} for k, v in per_param_bytes(job, knobs).items() if v > 0},
         "model_state_bytes": model_state_bytes(job, knobs),
         "nvme_bytes_per_step": nvme_bytes_per_step(job, knobs, accum), "min_need_bytes_by_pool": need,
-        "param_pinned_window_elements_per_rank": param_pinned_window(job, knobs, n)})
+        "param_pinned_window_elements_per_rank": param_pinned_window(job, knobs, n),
+        "grad_buckets_in_flight": grad_buckets_in_flight(job)})
 
 
 def declare_tensors(b: PlanBuilder, job: Job, knobs: Knobs, n: int, groups: list[list[int]]) -> None:

@@ -15,6 +15,8 @@ NAME = "zero-infinity"
 DS_PARAM_BUFFERS = 5          # DeepSpeed offload_param.buffer_count
 DS_PARAM_BUFFER_SIZE = 1e8    # DeepSpeed offload_param.buffer_size (elements)
 DS_OPTIMIZER_BUFFERS = 4      # DeepSpeed offload_optimizer.buffer_count
+DS_REDUCE_BUCKET_SIZE = 5e8   # DeepSpeed zero_optimization.reduce_bucket_size (elements; zero/config.py default)
+DS_REDUCE_EVENTS = 2          # DeepSpeed stage3.py max_param_reduce_events (reductions in flight, not configurable)
 
 
 _STAGE3 = ("ZeRO-Infinity offloads by definition; for ZeRO-3 with everything on the GPUs use "
@@ -148,6 +150,23 @@ def offloads_ckpt(job: Job, knobs: Knobs, i: int) -> bool:
     """Whether layer i's saved activations go to CPU memory between its forward and its backward."""
     layer = job.trace.layers[i]
     return knobs.offload_checkpoints and layer.kind == "block" and layer.activation_bytes > 0
+
+
+def grad_buckets_in_flight(job: Job) -> int:
+    """Layers whose 16-bit gradient bucket may be on a GPU at once (being filled, reduced or copied to its
+    home) before a layer's backward waits: the ``kit.bucket_gate`` bound of this policy.
+
+    DeepSpeed (``deepspeed/runtime/zero/stage3.py``): gradients are copied into the contiguous ipg bucket of
+    ``reduce_bucket_size`` elements (``__add_grad_to_ipg_bucket``; the buffer is allocated once in
+    ``_setup_for_real_optimizer``); a full bucket is reduce-scattered and its partitions moved to their home on
+    ``reduce_and_partition_stream`` (``__reduce_and_partition_ipg_grads`` -> ``partition_grads``), and when more
+    than ``max_param_reduce_events`` (2) of those are outstanding the gradient hook synchronizes on the oldest,
+    so the backward waits. At most ``DS_REDUCE_EVENTS x DS_REDUCE_BUCKET_SIZE`` gradient elements are in flight
+    per GPU; in our unit (a whole layer) that is this many of the largest layer, at least one (a layer larger
+    than the budget still computes its gradients; DeepSpeed splits it into buckets and overlaps their copies
+    with its own backward, which a layer-sized unit cannot)."""
+    largest = max(layer.params for layer in job.trace.layers)
+    return max(1, int(DS_REDUCE_EVENTS * DS_REDUCE_BUCKET_SIZE // max(largest, 1.0)))
 
 
 def param_pinned_window(job: Job, knobs: Knobs, n: int) -> float:
