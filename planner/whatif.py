@@ -90,6 +90,14 @@ def scenario_grid(axes: Sequence[Axis]) -> list[dict[str, str]]:
             for combo in itertools.product(*(a.values for a in axes))]
 
 
+def layered(base: Sequence[str], changes: Sequence[str]) -> list[str]:
+    """The base ``--set`` overrides with a scenario's changes on top: a path the scenario sets replaces the
+    base's value for that scenario (``--set gpu.memory=8GB --vary gpu.memory=8GB,80GB``), so no path is given
+    twice to the hardware loader, which refuses that in a user's own overrides."""
+    paths = {c.split("=", 1)[0].strip() for c in changes}
+    return [o for o in base if o.split("=", 1)[0].strip() not in paths] + list(changes)
+
+
 def overrides_for(changes: Mapping[str, str]) -> list[str]:
     return [f"{path}={value}" for path, value in changes.items()]
 
@@ -270,20 +278,21 @@ def whatif(hw: str | HardwareSpec, model: str | ModelSpec, axes: Sequence[Axis],
     specs: dict[tuple[str, str], HardwareSpec] = {}
     for axis in axes:
         for value in axis.values:
-            specs[(axis.path, value)] = resolve_hardware(hw, [*hw_overrides, axis.label(value)])
+            specs[(axis.path, value)] = resolve_hardware(hw, layered(hw_overrides, [axis.label(value)]))
     grid = scenario_grid(axes)
     singles = [(axis, v) for axis in axes for v in axis.values if machine_key(specs[(axis.path, v)]) != base_key]
     # the machines to plan, each once, in the order they are first needed: base, grid, single changes
     keys: dict[tuple[tuple[str, str], ...], str] = {(): base_key}
     for changes in [*grid, *({axis.path: v} for axis, v in singles)]:
-        keys[tuple(changes.items())] = machine_key(resolve_hardware(hw, [*hw_overrides, *overrides_for(changes)]))
+        keys[tuple(changes.items())] = machine_key(resolve_hardware(hw, layered(hw_overrides,
+                                                                                 overrides_for(changes))))
     total = len(set(keys.values()))
     done: dict[str, Best] = {}
 
     def plan(changes: Mapping[str, str]) -> Best:
         key = keys[tuple(changes.items())]
         if key not in done:
-            overrides = [*hw_overrides, *overrides_for(changes)]
+            overrides = layered(hw_overrides, overrides_for(changes))
             label = ", ".join(overrides_for(changes)) or "base (no change)"
             if progress:
                 progress(f"[{len(done) + 1}/{total}] planning {label} ...")

@@ -153,9 +153,11 @@ def compare(plan: Plan) -> Comparison | None:
         helper = "estimate_zero3_model_states_mem_needs, offload_param + offload_optimizer, zero_init"
         diffs.append(("gpu", -big, "DeepSpeed's 4 B x largest layer (its gathered 16-bit parameters and gradients): "
                       "tiersim allocates them per use, in the peak's param16/grad transients"))
-        diffs.append(("host", float(knobs.get("grad_bytes_per_param", 2.0)) * p,
-                      "the 16-bit gradient partition DeepSpeed keeps on the CPU with optimizer offload, outside the "
-                      "estimator's 18 B/param"))
+        grad16 = float(plan.info.get("bytes_per_param", {}).get("grad", {}).get("bytes", 0.0))
+        if grad16:  # the plan keeps a 16-bit CPU gradient buffer (accumulation, or knob cpu_grad_buffer=always)
+            diffs.append(("host", grad16 * p,
+                          "the 16-bit gradient buffer DeepSpeed keeps on the CPU when it accumulates gradients "
+                          "(or, later versions, always), outside the estimator's 18 B/param"))
         if knobs.get("param_device") == "nvme" or knobs.get("optimizer_device") == "nvme":
             helper += " (it knows CPU offload only; tiersim's host count includes NVMe)"
         _rest(diffs, host, ds_host, gpu, ds_gpu, "the plan's own accounting")
