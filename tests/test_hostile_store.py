@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from planner.sweep.store import StoreError, SweepStore
+from planner.sweep.store import SCHEMA_VERSION, StoreError, SweepStore
 from tiersim.cli import main
 
 GRID = {"hardware": ["a100"], "models": ["gpt2"], "policies": ["none"],
@@ -58,10 +58,10 @@ def _sqlite(path: Path, script: str) -> Path:
 
 
 def foreign_files(d: Path) -> dict[str, Path]:
-    other_schema = d / "schema2.sqlite"
+    other_schema = d / "schema_other.sqlite"
     with SweepStore(other_schema):
         pass
-    _sqlite(other_schema, "UPDATE meta SET value = '2' WHERE name = 'schema';")
+    _sqlite(other_schema, f"UPDATE meta SET value = '{SCHEMA_VERSION + 1}' WHERE name = 'schema';")
     return {
         "another app": _sqlite(d / "app.db", "CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT);"
                                              "INSERT INTO users VALUES (1, 'ada');"),

@@ -127,7 +127,7 @@ def test_zero_infinity_gradient_buckets_on_the_gpu_are_bounded_by_the_gate_not_b
         job = paper_job("dgx2", gpt(6, 8192), 1, overrides=("gpu.count=1", f"pcie.gen={gen}"))
         plan = make_plan(job, "zero-infinity", {})
         buckets = grad_buckets_in_flight(job)
-        assert plan.info["grad_buckets_in_flight"] == buckets == 1  # 2 x 5e8 elements < two 805M-param blocks
+        assert plan.info["grad_buckets_in_flight"] == buckets == 2  # the floor: 2 x 5e8 elements < two 805M blocks
         result = simulate_plan(plan, job.hw)
         assert result.feasible and check_invariants(result) == []
         peaks.append(grad_peak(result))

@@ -236,7 +236,7 @@ def test_heterogeneous_blocks_differ_where_the_model_does(tmp_path: Path) -> Non
 
 @pytest.mark.parametrize(("key", "value", "fragment"), [
     ("architectures", 5, "field 'architectures' must be a list of class names"),
-    ("attention_dropout", float("nan"), "field 'attention_dropout' must be a finite number"),
+    ("attention_dropout", float("nan"), "key 'attention_dropout': NaN"),  # refused by the input layer
     ("model_type", 7, "field 'model_type' must be a string"),
     ("head_dim", 0, "field 'head_dim' must be >= 1"),
     ("layer_types", ["sliding_attention"], "field 'layer_types' has 1 entries for 42 layers"),

@@ -162,11 +162,14 @@ def grad_buckets_in_flight(job: Job) -> int:
     ``reduce_and_partition_stream`` (``__reduce_and_partition_ipg_grads`` -> ``partition_grads``), and when more
     than ``max_param_reduce_events`` (2) of those are outstanding the gradient hook synchronizes on the oldest,
     so the backward waits. At most ``DS_REDUCE_EVENTS x DS_REDUCE_BUCKET_SIZE`` gradient elements are in flight
-    per GPU; in our unit (a whole layer) that is this many of the largest layer, at least one (a layer larger
-    than the budget still computes its gradients; DeepSpeed splits it into buckets and overlaps their copies
-    with its own backward, which a layer-sized unit cannot)."""
+    per GPU; in our unit (a whole layer) that is this many of the largest layer, and at least two: a layer
+    larger than the budget is split by DeepSpeed into buckets whose copies overlap the rest of its own
+    backward, so the backward never waits for the whole previous layer to leave. A bound of one whole layer
+    would serialize every layer's backward behind the previous layer's copy (70B on a100x8: +18% step time,
+    19 s of exposed transfer), which DeepSpeed does not do; two layers keep that overlap at the price of
+    holding up to one layer more than DeepSpeed's budget."""
     largest = max(layer.params for layer in job.trace.layers)
-    return max(1, int(DS_REDUCE_EVENTS * DS_REDUCE_BUCKET_SIZE // max(largest, 1.0)))
+    return max(2, int(DS_REDUCE_EVENTS * DS_REDUCE_BUCKET_SIZE // max(largest, 1.0)))
 
 
 def param_pinned_window(job: Job, knobs: Knobs, n: int) -> float:
