@@ -57,6 +57,7 @@ def gpt_like(name: str, layers: int, hidden: int, heads: int, vocab: int, seq: i
     the Megatron-LM GPT-2 of the DeepSpeed papers and llm-foundry's MPT benchmark models."""
     base = load_model("gpt2-xl")
     return replace(base, name=name, n_layers=layers, hidden=hidden, n_heads=heads, n_kv_heads=heads,
+                   head_dim=0, v_head_dim=0,  # derived again from hidden / heads (not gpt2-xl's 64)
                    ffn=4 * hidden, vocab=vocab, max_pos=seq, dropout=dropout, source=name)
 
 
