@@ -48,8 +48,11 @@ ZERO_OFFLOAD_V100 = [(1, 20, 2048, 32), (2, 40, 2048, 32), (4, 64, 2304, 32), (6
 
 def gpt(layers: int, hidden: int) -> ModelSpec:
     """A GPT-2-style model (GELU, LayerNorm, learned positions, tied embeddings, vocab 50257)."""
+    # head_dim=0 / v_head_dim=0: derive the head width again from the new hidden and heads (replace() would
+    # keep gpt2's resolved 64)
     return dataclasses.replace(load_model("gpt2"), name=f"gpt2-{layers}x{hidden}", n_layers=layers, hidden=hidden,
-                               n_heads=hidden // 128, n_kv_heads=hidden // 128, ffn=4 * hidden, max_pos=1024)
+                               n_heads=hidden // 128, n_kv_heads=hidden // 128, ffn=4 * hidden, max_pos=1024,
+                               head_dim=0, v_head_dim=0)
 
 
 def paper_job(hw: str, model: ModelSpec, micro_batch: int, global_batch: int | None = None,

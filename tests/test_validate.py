@@ -63,6 +63,8 @@ def test_at_least_ten_published_runs_each_cited_with_its_machine_and_shape() -> 
         if r.flops is not None:
             assert r.convention in ("model", "hardware")
             assert (r.mfu if r.convention == "model" else r.hfu) is not None or r.tflops is not None
+        if r.published_params is not None:  # the shape reproduces the source's parameter count exactly
+            assert r.model.params() == r.published_params, (r.name, r.model.params(), r.published_params)
 
 
 @pytest.mark.parametrize("name", [c.name for c in RUN_CASES if c.name not in HEAVY])
