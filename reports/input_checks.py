@@ -15,29 +15,33 @@ from collections.abc import Mapping
 from typing import Any
 
 # field -> (type, required); types: "str", "num", "bool", "obj" (of anything), "nums" (an object of numbers),
-# "list"; a trailing "?" allows null
+# "list"; a number type may end in ">=0" (not negative) or ">0" (positive); a trailing "?" allows null. Every
+# number is finite and at most MAX_FIGURE in size (the figures scale them: 1e308 tokens/s overflowed a multiply)
+MAX_FIGURE = 1e30
 Schema = Mapping[str, tuple[str, bool]]
 
 RESULT: Schema = {
     "feasible": ("bool", True), "policy": ("str", True), "hardware": ("str?", False), "model": ("obj?", False),
-    "peak_bytes": ("nums?", True), "capacity_bytes": ("nums?", True), "step_time_s": ("num?", False),
-    "tokens_per_s": ("num?", False), "tflops_per_gpu": ("num?", False), "mfu": ("num?", False),
+    "peak_bytes": ("nums>=0?", True), "capacity_bytes": ("nums>0?", True), "step_time_s": ("num>=0?", False),
+    "tokens_per_s": ("num>=0?", False), "tflops_per_gpu": ("num>=0?", False), "mfu": ("num>=0?", False),
+    "hw_tflops_per_gpu": ("num>=0?", False), "hfu": ("num>=0?", False), "source": ("str?", False),
     "oom": ("obj?", False), "point": ("obj?", False),
 }
-OOM: Schema = {"pool": ("str", True), "over_by_bytes": ("num?", False), "requested_bytes": ("num?", False),
+OOM: Schema = {"pool": ("str", True), "over_by_bytes": ("num>=0?", False), "requested_bytes": ("num>=0?", False),
                "stage": ("str?", False)}
 COVERAGE_ROW: Schema = {
-    "policy": ("str", True), "model": ("str", True), "feasible": ("bool", True), "params": ("num?", False),
-    "tokens_per_s": ("num?", False), "tflops_per_gpu": ("num?", False), "binding": ("str?", False),
+    "policy": ("str", True), "model": ("str", True), "feasible": ("bool", True), "params": ("num>=0?", False),
+    "tokens_per_s": ("num>=0?", False), "tflops_per_gpu": ("num>=0?", False), "binding": ("str?", False),
     "knobs": ("obj?", False),
 }
 WHATIF_ROW: Schema = {
-    "change": ("str", True), "base_tokens_per_s": ("num?", False), "tokens_per_s": ("num?", False),
+    "change": ("str", True), "base_tokens_per_s": ("num>=0?", False), "tokens_per_s": ("num>=0?", False),
     "gain": ("num?", False), "makes_feasible": ("bool?", False),
 }
-REPLAY_SIDE: Schema = {"step_time_s": ("num", True), "peak_bytes": ("nums", False)}
-REPLAY_ROW: Schema = {"case": ("str", True), "policy": ("str?", False), "sim_step_s": ("num?", True),
-                      "meas_step_s": ("num?", True), "sim_peak": ("nums?", False), "meas_peak": ("nums?", False)}
+REPLAY_SIDE: Schema = {"step_time_s": ("num>=0", True), "peak_bytes": ("nums>=0", False)}
+REPLAY_ROW: Schema = {"case": ("str", True), "policy": ("str?", False), "sim_step_s": ("num>=0?", True),
+                      "meas_step_s": ("num>=0?", True), "sim_peak": ("nums>=0?", False),
+                      "meas_peak": ("nums>=0?", False)}
 
 
 class InputMeaningError(ValueError):
@@ -122,24 +126,34 @@ def _type_problem(v: Any, kind: str) -> str | None:
         if v is None:
             return None
         kind = kind[:-1]
-    if kind == "str":
-        ok = isinstance(v, str)
-    elif kind == "bool":
-        ok = isinstance(v, bool)
-    elif kind == "num":
-        ok = _number(v)
-    elif kind == "obj":
-        ok = isinstance(v, Mapping)
-    elif kind == "nums":
+    kind, _, bound = kind.partition(">")  # "num>=0" -> ("num", "=0"), "nums>0" -> ("nums", "0")
+    if kind == "nums":
         if not isinstance(v, Mapping):
             return f"expected an object of numbers, got {_name(v)}"
-        bad = next((k for k, x in v.items() if not _number(x)), None)
-        return None if bad is None else f"[{bad!r}]: expected a finite number, got {_name(v[bad])}"
-    else:  # "list"
-        ok = isinstance(v, list)
-    want = {"str": "a string", "bool": "true or false", "num": "a finite number", "obj": "an object",
-            "list": "a list"}[kind]
+        for k, x in v.items():
+            problem = _number_problem(x, bound)
+            if problem is not None:
+                return f"[{k!r}]: {problem}"
+        return None
+    if kind == "num":
+        return _number_problem(v, bound)
+    ok = {"str": isinstance(v, str), "bool": isinstance(v, bool), "obj": isinstance(v, Mapping),
+          "list": isinstance(v, list)}[kind]
+    want = {"str": "a string", "bool": "true or false", "obj": "an object", "list": "a list"}[kind]
     return None if ok else f"expected {want}, got {_name(v)}"
+
+
+def _number_problem(v: Any, bound: str) -> str | None:
+    """None when v is a finite number within MAX_FIGURE and the bound ("=0": not negative, "0": positive)."""
+    if not _number(v):
+        return f"expected a finite number, got {_name(v)}"
+    if abs(v) > MAX_FIGURE:
+        return f"{v!r} is out of range; give a figure of at most {MAX_FIGURE:g} in size"
+    if bound == "=0" and v < 0:
+        return f"{v!r} is negative; give a number >= 0"
+    if bound == "0" and v <= 0:
+        return f"{v!r} is not positive; give a number > 0"
+    return None
 
 
 def _number(v: Any) -> bool:

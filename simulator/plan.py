@@ -354,6 +354,31 @@ def validate_plan(plan: Plan, where: str = "plan", locations: Iterable[str] | No
     if policies is not None and plan.policy not in policies:
         raise PlanError(f"{where}: field 'policy' {plan.policy!r} is not a known policy ({', '.join(policies)}); "
                         "re-create the plan with simulate --plan-out")
+    _check_freed(plan, tensors, where)
+
+
+def _check_freed(plan: Plan, tensors: Mapping[str, TensorSpec], where: str) -> None:
+    """The contract of a run's end: every tensor neither ``persistent`` nor homed is freed wherever it is
+    allocated (by an alloc or a copy's ``alloc_dst``; freed by a free or a copy's ``free_src``), else the run
+    ends with it resident: a leak the invariant check refuses after the simulation."""
+    made: dict[tuple[str, str], str] = {}
+    freed: set[tuple[str, str]] = set()
+    for seg in plan.segments:
+        for t in seg.tasks:
+            for p in t.allocs:
+                made.setdefault((p.tensor.id, p.loc), t.id)
+            freed.update((p.tensor.id, p.loc) for p in t.frees)
+            if t.op == "copy" and t.tensor is not None and t.src is not None and t.dst is not None:
+                if t.alloc_dst:
+                    made.setdefault((t.tensor.id, t.dst), t.id)
+                if t.free_src:
+                    freed.add((t.tensor.id, t.src))
+    for (tid, loc), task in made.items():
+        spec = tensors[tid]
+        if spec.persistent or spec.home is not None or (tid, loc) in freed:
+            continue
+        raise PlanError(f"{where}: tensor {tid!r} is allocated on {loc!r} (task {task!r}) and never freed there; "
+                        "free it in a later task or mark the tensor \"persistent\": true")
 
 
 def _check_tensor(t: TensorSpec, w: str, locs: frozenset[str] | None) -> None:

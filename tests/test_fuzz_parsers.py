@@ -1,12 +1,13 @@
 """Hypothesis fuzz over every input parser, through the real CLI entry function (in-process).
 
 For each kind of user file (hardware YAML, model YAML, HF config.json, plan JSON, sweep YAML, report input
-JSON) the strategies generate malformed documents — random bytes, truncated documents, wrong types at
-random keys of a valid document, huge integers, deep nesting, duplicate keys, YAML alias bombs and tags —
-and hand each to the command that reads that kind. The invariant (issue 17, item 5): exit 2 with exactly
-ONE line on stderr and nothing on stdout, or exit 0/3 with a result on stdout; never a traceback, never
-another exit code. The DeepSpeed config is fuzzed at its reader (`workloads.files.read_json`, kind
-``deepspeed``) until a command reads it: a `WorkloadInputError` line or plain data.
+JSON, DeepSpeed config JSON, accelerate / HF Trainer YAML) the strategies generate malformed documents —
+random bytes, truncated documents, wrong types at random keys of a valid document, huge integers, deep
+nesting, duplicate keys, YAML alias bombs and tags — and hand each to the command that reads that kind. The
+invariant (issue 17, item 5): exit 2 with exactly ONE line on stderr and nothing on stdout, or exit 0/3 with
+a result on stdout; never a traceback, never another exit code. DeepSpeed configs and the training YAMLs
+around them go through ``simulate --deepspeed`` (the DeepSpeed JSON through its reader,
+``workloads.files.read_json`` kind ``deepspeed``, too).
 """
 
 from __future__ import annotations
@@ -46,6 +47,13 @@ DEEPSPEED = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 1,
              "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"},
                                    "offload_optimizer": {"device": "nvme", "nvme_path": "/local_nvme"}},
              "bf16": {"enabled": True}}
+ACCELERATE = {"compute_environment": "LOCAL_MACHINE", "distributed_type": "DEEPSPEED", "mixed_precision": "bf16",
+              "num_processes": 1, "deepspeed_config": {"zero_stage": 3, "offload_optimizer_device": "nvme",
+                                                       "offload_param_device": "cpu", "gradient_accumulation_steps": 2}}
+HF_TRAINER = {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 2, "bf16": True,
+              "deepspeed": {"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",
+                            "gradient_accumulation_steps": "auto", "bf16": {"enabled": "auto"},
+                            "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}}
 
 
 def _cli(argv: list[str], entry: Callable[[list[str]], int] = main) -> tuple[int, str, str]:
@@ -82,14 +90,21 @@ def valid(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {
         "hardware": yaml.safe_load((ROOT / "hardware_models" / "presets" / "a100.yaml").read_text()),
         "model": MODEL_YAML, "hf-config": HF_CONFIG, "plan": json.loads(plan.read_text()),
-        "sweep": SWEEP, "report-input": json.loads(out), "deepspeed": DEEPSPEED,
+        "sweep": SWEEP, "report-input": json.loads(out), "deepspeed": DEEPSPEED, "accelerate": ACCELERATE,
+        "hf-trainer": HF_TRAINER, "tiny-model": _tiny_model(folder),
     }
 
 
+def _tiny_model(folder: Path) -> str:
+    path = folder / "tiny.yaml"
+    path.write_text(yaml.safe_dump(MODEL_YAML))
+    return str(path)
+
+
 FORMAT = {"hardware": "yaml", "model": "yaml", "hf-config": "json", "plan": "json", "sweep": "yaml",
-          "report-input": "json", "deepspeed": "json"}
+          "report-input": "json", "deepspeed": "json", "accelerate": "yaml", "hf-trainer": "yaml"}
 SUFFIX = {"hardware": ".yaml", "model": ".yaml", "hf-config": ".json", "plan": ".json", "sweep": ".yaml",
-          "report-input": ".json", "deepspeed": ".json"}
+          "report-input": ".json", "deepspeed": ".json", "accelerate": ".yaml", "hf-trainer": ".yaml"}
 
 
 class Raw:
@@ -275,6 +290,24 @@ def test_deepspeed_config_reader(valid: dict[str, Any], tmp_path: Path, data: st
         assert "\n" not in str(e) and str(path) in str(e)
         return
     json.dumps(doc, allow_nan=False)  # plain, finite data
+
+
+def _simulate_deepspeed(valid: dict[str, Any]) -> Callable[[Path], list[str]]:
+    return lambda p: ["simulate", "--hw", "a100", "--model", valid["tiny-model"], "--seq-len", "64", "--deepspeed",
+                      str(p)]
+
+
+@FUZZ
+@given(data=st.data())
+def test_deepspeed_config_cli(valid: dict[str, Any], tmp_path: Path, data: st.DataObject) -> None:
+    _check_kind("deepspeed", _simulate_deepspeed(valid), valid, tmp_path, data)
+
+
+@FUZZ
+@given(data=st.data())
+def test_training_yaml_cli(valid: dict[str, Any], tmp_path: Path, data: st.DataObject) -> None:
+    kind = data.draw(st.sampled_from(["accelerate", "hf-trainer"]), label="wrapper")
+    _check_kind(kind, _simulate_deepspeed(valid), valid, tmp_path, data)
 
 
 def test_the_strategies_reach_every_class(valid: dict[str, Any]) -> None:

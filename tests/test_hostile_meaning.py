@@ -63,6 +63,18 @@ def _no_tasks(d: dict[str, Any]) -> None:
         s["tasks"] = []
 
 
+def _never_freed(d: dict[str, Any], tensor: str = "act0.gpu0") -> None:
+    """The plan with every free of ``tensor`` taken out (the fuzzer's leaked activation)."""
+    found = False
+    for s in d["segments"]:
+        for t in s["tasks"]:
+            kept = [f for f in t.get("frees", []) if f[0].split("@")[0].split("^")[0] != tensor]
+            found |= len(kept) != len(t.get("frees", []))
+            if "frees" in t:
+                t["frees"] = kept
+    assert found, f"the plan frees no {tensor}"
+
+
 PLAN_CASES = {
     "no segments": (_no_segments, ["'segments' is empty"]),
     "no tasks": (_no_tasks, ["no segment holds a task"]),
@@ -79,6 +91,8 @@ PLAN_CASES = {
                                                      ["'metrics.tokens_per_step'"]),
     "a sequence beyond the model's positions": (lambda d: d["workload"].update(seq_len=4096),
                                                 ["'workload.seq_len'", "max_pos 1024"]),
+    # the contract of a run's end: every tensor neither persistent nor homed is freed where it was allocated
+    "an activation never freed": (_never_freed, ["'act0.gpu0'", "never freed", "persistent"]),
     "two segments of one name": (lambda d: d["segments"][-1].update(name=d["segments"][0]["name"]),
                                  ["'segments'", "more than one segment"]),
 }
@@ -95,6 +109,20 @@ def test_a_plan_that_cannot_mean_anything_is_refused(plan_doc: dict[str, Any], t
     bad_input(["replay", str(path)], capsys, str(path), *words)
     bad_input(["report", str(path), "-o", str(tmp_path / "out")], capsys, str(path), *words)
     assert not (tmp_path / "out" / "report.html").exists()
+
+
+def test_a_persistent_tensor_may_stay_allocated(plan_doc: dict[str, Any], tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Only a non-persistent tensor left allocated is refused: the same plan with the tensor marked persistent
+    runs, and the invariant check finds no leak."""
+    doc = copy.deepcopy(plan_doc)
+    _never_freed(doc)
+    for t in doc["tensors"]:
+        if t["id"] == "act0.gpu0":
+            t["persistent"] = True
+    path = write(tmp_path, "plan.json", doc)
+    rc, out, err = run(["simulate", "--plan", str(path), "--check"], capsys)
+    assert rc == 0 and out and "Traceback" not in err, err
 
 
 def _oversized(plan_doc: dict[str, Any]) -> dict[str, Any]:
@@ -170,6 +198,24 @@ def test_an_empty_sweep_axis_is_refused(tmp_path: Path, monkeypatch: pytest.Monk
     assert not (tmp_path / "grid.sqlite").exists()
 
 
+@pytest.mark.parametrize(("workload", "words"), [
+    ({"global_batch": 1, "micro_batch": 2}, ["workload.global_batch", "1", "micro_batch 2"]),
+    ({"global_batch": [4, 6], "micro_batch": [1, 4]}, ["workload.global_batch", "6", "micro_batch 4"]),
+    ({"seq_len": 4096}, ["workload.seq_len", "4096", "max_pos 1024", "gpt2"]),
+    ({"precision": "bf16", "__hardware": ["dgx2"]}, ["workload.precision", "bf16", "fp16"]),
+])
+def test_a_contradictory_sweep_workload_is_refused_before_any_point(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workload: dict[str, Any], words: list[str],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """What simulate refuses as flags (exit 2) a sweep refuses when it expands the grid, not as failed points."""
+    monkeypatch.chdir(tmp_path)
+    hardware = workload.pop("__hardware", GRID["hardware"])
+    grid = {**GRID, "hardware": hardware, "workload": {**GRID["workload"], **workload}}
+    (tmp_path / "grid.yaml").write_text(yaml.safe_dump(grid))
+    bad_input(["sweep", "grid.yaml", "--processes", "1"], capsys, "grid.yaml", *words)
+    assert not (tmp_path / "grid.sqlite").exists()
+
+
 # -- report inputs ----------------------------------------------------------------------------------------
 COVERAGE = {"kind": "tiersim.coverage", "hardware": "a100", "rows": [
     {"policy": "none", "model": "gpt2", "params": 1.2e8, "feasible": True, "tokens_per_s": 9.0e4,
@@ -181,7 +227,8 @@ REPLAY = {"policy": "none", "simulated": {"step_time_s": 0.2, "peak_bytes": {"gp
           "measured": {"step_time_s": 0.25, "peak_bytes": {"gpu0": 3e6}}, "error": {}}
 RESULT = {"feasible": True, "policy": "none", "hardware": "a100", "model": {"name": "gpt2"},
           "peak_bytes": {"gpu0": 1e9}, "capacity_bytes": {"gpu0": 8e10}, "step_time_s": 0.1,
-          "tokens_per_s": 1e4, "tflops_per_gpu": 100.0, "mfu": 0.3, "oom": None}
+          "tokens_per_s": 1e4, "tflops_per_gpu": 100.0, "mfu": 0.3, "hw_tflops_per_gpu": 120.0, "hfu": 0.36,
+          "oom": None}
 
 
 def _with(doc: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
@@ -218,6 +265,21 @@ REPORT_CASES = {
     "result infeasible without an oom": (_with(RESULT, "feasible", False), ["'oom'", "infeasible"]),
     "result peak as text": (_with(RESULT, "peak_bytes", {"gpu0": "1GB"}), ["'peak_bytes'", "gpu0"]),
     "result NaN speed": (_with(RESULT, "tokens_per_s", float("nan")), ["'tokens_per_s'"]),
+    # every field the tables and figures read is typed and in range (the fuzzer's mapping-valued mfu/hfu was a
+    # TypeError in summary_tables; a null or zero capacity a matplotlib warning, a traceback under -W error)
+    "result mfu as an object": (_with(RESULT, "mfu", {"a": 1}), ["'mfu'", "finite number"]),
+    "result hfu as an object": (_with(RESULT, "hfu", {"a": 1}), ["'hfu'", "finite number"]),
+    "result hardware TFLOP/s as text": (_with(RESULT, "hw_tflops_per_gpu", "x"), ["'hw_tflops_per_gpu'"]),
+    "result capacity null": (_with(RESULT, "capacity_bytes", {"gpu0": 8e10, "cpu": None}),
+                             ["'capacity_bytes'", "'cpu'", "null"]),
+    "result capacity zero": (_with(RESULT, "capacity_bytes", {"gpu0": 8e10, "cpu": 0}),
+                             ["'capacity_bytes'", "'cpu'", "> 0"]),
+    "result negative peak": (_with(RESULT, "peak_bytes", {"gpu0": -1e9}), ["'peak_bytes'", ">= 0"]),
+    "result negative step": (_with(RESULT, "step_time_s", -1), ["'step_time_s'", ">= 0"]),
+    "result speed that overflows": (_with(RESULT, "tokens_per_s", 1e308), ["'tokens_per_s'", "out of range"]),
+    "result source as a list": (_with(RESULT, "source", [1]), ["'source'"]),
+    "coverage negative params": (_with(COVERAGE, "rows.0.params", -3), ["rows[0]", "'params'"]),
+    "replay negative step": (_with(REPLAY, "measured.step_time_s", -0.25), ["measured", "'step_time_s'"]),
     "results with a bad one": ({"job": {}, "results": [RESULT, _with(RESULT, "policy", 3)]},
                                ["results[1]", "'policy'"]),
     "validation rows without a case": ({"rows": [{"sim_step_s": 1.0, "meas_step_s": 1.1}]}, ["rows[0]", "'case'"]),
@@ -272,3 +334,6 @@ def test_checked_documents_draw_without_error(kind: str, data: st.DataObject) ->
         assert frames.replay_rows(doc)
     else:
         assert len(frames.comparison_frame([doc]))
+        from reports.build import summary_tables
+        from reports.contents import ReportInputs
+        assert summary_tables(ReportInputs(items=[doc], item_sources=["in.json"]))

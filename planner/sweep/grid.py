@@ -99,6 +99,7 @@ def expand_grid(data: object, *, label: str = "sweep", base: Path | None = None,
     models = _models_axis(data["models"], label, base)
     policies = _policies_axis(data["policies"], label) if data.get("policies") else []
     workloads = _workload_axis(data.get("workload") or {}, label)
+    _check_workloads(hardware, models, workloads, label)
     points: dict[str, Point] = {}
     combos = [(hw, m, w, pol) for hw, m, w, pol in itertools.product(hardware, models, workloads, policies)]
     combos += _deepspeed_axis(data.get("deepspeed"), hardware, models, workloads, label, base, deepspeed)
@@ -270,6 +271,28 @@ def _workload_axis(section: object, label: str) -> list[dict[str, Any]]:
                 raise SweepFileError(f"{label}: workload.{name}: {v!r} is not valid; give {want} or a list of them")
     return [dict(zip(names, values, strict=True)) for values in itertools.product(*(_as_list(section[n])
                                                                                     for n in names))]
+
+
+def _check_workloads(hardware: list[tuple[str, tuple[str, ...], HardwareSpec]], models: list[tuple[str, ModelSpec]],
+                     workloads: list[dict[str, Any]], label: str) -> None:
+    """Refuse up front, as ``simulate`` refuses the same flags, a workload that contradicts itself, its model or a
+    machine of the grid (each point would otherwise be stored as a failure). The data-parallel degree is the
+    policy's, so a global batch that divides the micro-batch but not micro-batch x that degree is the point's."""
+    for w in workloads:
+        gb, mb = w.get("global_batch"), w.get("micro_batch")
+        if gb is not None and mb is not None and gb % mb:
+            raise SweepFileError(f"{label}: workload.global_batch: {gb} is not a multiple of micro_batch {mb}; "
+                                 f"give a global_batch that is a multiple of {mb}")
+        seq, prec = w.get("seq_len"), w.get("precision")
+        for model_name, model in models:
+            if seq is not None and model.learned_pos and seq > model.max_pos:
+                raise SweepFileError(f"{label}: workload.seq_len: {seq} exceeds the max_pos {model.max_pos} of model "
+                                     f"{model_name!r} (learned position embeddings); give seq_len <= {model.max_pos}")
+        for hw_name, sets, spec in hardware:
+            if prec is not None and prec not in spec.gpu.peak_flops:
+                where = f"{hw_name}{' with ' + ', '.join(sets) if sets else ''}"
+                raise SweepFileError(f"{label}: workload.precision: {where} ({spec.gpu.model}) lists no peak for "
+                                     f"{prec}; give one of {', '.join(spec.gpu.peak_flops)}")
 
 
 def _one_line(e: BaseException) -> str:
