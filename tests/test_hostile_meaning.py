@@ -199,8 +199,6 @@ def test_an_empty_sweep_axis_is_refused(tmp_path: Path, monkeypatch: pytest.Monk
 
 
 @pytest.mark.parametrize(("workload", "words"), [
-    ({"global_batch": 1, "micro_batch": 2}, ["workload.global_batch", "1", "micro_batch 2"]),
-    ({"global_batch": [4, 6], "micro_batch": [1, 4]}, ["workload.global_batch", "6", "micro_batch 4"]),
     ({"seq_len": 4096}, ["workload.seq_len", "4096", "max_pos 1024", "gpt2"]),
     ({"precision": "bf16", "__hardware": ["dgx2"]}, ["workload.precision", "bf16", "fp16"]),
 ])

@@ -276,13 +276,10 @@ def _workload_axis(section: object, label: str) -> list[dict[str, Any]]:
 def _check_workloads(hardware: list[tuple[str, tuple[str, ...], HardwareSpec]], models: list[tuple[str, ModelSpec]],
                      workloads: list[dict[str, Any]], label: str) -> None:
     """Refuse up front, as ``simulate`` refuses the same flags, a workload that contradicts itself, its model or a
-    machine of the grid (each point would otherwise be stored as a failure). The data-parallel degree is the
-    policy's, so a global batch that divides the micro-batch but not micro-batch x that degree is the point's."""
+    machine of the grid (each point would otherwise be stored as a failure). A global batch that does not
+    divide by micro-batch x the data-parallel degree is left to the point: the degree is the policy's, and a
+    grid's product of axes may hold such points beside good ones; each is stored as failed with its reason."""
     for w in workloads:
-        gb, mb = w.get("global_batch"), w.get("micro_batch")
-        if gb is not None and mb is not None and gb % mb:
-            raise SweepFileError(f"{label}: workload.global_batch: {gb} is not a multiple of micro_batch {mb}; "
-                                 f"give a global_batch that is a multiple of {mb}")
         seq, prec = w.get("seq_len"), w.get("precision")
         for model_name, model in models:
             if seq is not None and model.learned_pos and seq > model.max_pos:
