@@ -13,8 +13,10 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import stat
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -103,9 +105,11 @@ def atomic_folder(path: str | os.PathLike[str]) -> Iterator[Path]:
     ``path`` not written again are kept), and the temporary folder is removed. When it ends by an exception
     or an interruption the temporary folder is removed and ``path`` is as it was (not created)."""
     target = Path(path)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent if str(target.parent) else ".", prefix=f".{target.name}.",
-                                suffix=TEMP_SUFFIX))
+    tmp: Path | None = None
     try:
+        with _signals_held():  # an interruption lands after ``tmp`` is known, so the finally removes it
+            tmp = Path(tempfile.mkdtemp(dir=target.parent if str(target.parent) else ".", prefix=f".{target.name}.",
+                                        suffix=TEMP_SUFFIX))
         yield tmp
         target.mkdir(exist_ok=True)
         for src in sorted(tmp.rglob("*")):  # a folder before what it holds
@@ -115,4 +119,28 @@ def atomic_folder(path: str | os.PathLike[str]) -> Iterator[Path]:
             else:
                 os.replace(src, dst)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            _remove_tree(tmp)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM held back (delivered when the block ends) where the platform can."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _remove_tree(path: Path, *, patience_s: float = 5.0) -> None:
+    """Remove ``path`` and everything under it, again while a writer that is being stopped (a report's
+    figure worker, interrupted) still adds a file to it; gives up after ``patience_s``."""
+    deadline = time.monotonic() + patience_s
+    shutil.rmtree(path, ignore_errors=True)
+    while path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+        shutil.rmtree(path, ignore_errors=True)
