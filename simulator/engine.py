@@ -54,6 +54,7 @@ from simulator.flows import FlowNetwork
 from simulator.memory import MemoryTracker
 from simulator.opcost import plan_pricer, task_seconds
 from simulator.plan import Plan, TaskSpec, validate_plan
+from simulator.symmetry import Symmetry, expand_pools, find_symmetry
 from simulator.unroll import ConcreteTask, Unroller
 
 
@@ -91,6 +92,9 @@ class RawRun:
     topology: Topology
     leaked: list[str] = field(default_factory=list)
     warmup_repeat: int | None = None
+    symmetry: Symmetry | None = None          # set when the ranks were simulated as one class
+    simulated_plan: Plan | None = None        # the plan the engine ran (the reduced one under symmetry)
+    rank_link_bytes_by_step: dict[int, dict[str, float]] = field(default_factory=dict)  # rank 0's, symmetry
 
 
 def task_gpus(t: ConcreteTask, device: str) -> tuple[str, ...]:
@@ -117,12 +121,15 @@ def collective_kind(s: TaskSpec) -> str:
 
 class Engine:
     def __init__(self, plan: Plan, hw: HardwareSpec, topology: Topology | None = None,
-                 warmup_repeat: int | None = None):
-        self.plan = plan
+                 warmup_repeat: int | None = None, symmetry: Symmetry | None = None):
         self.warmup_repeat = warmup_repeat
         self.hw = hw
         self.topo = topology if topology is not None else build_topology(hw)
         validate_plan(plan, "plan", self.topo.locations)
+        self.sym = symmetry
+        if symmetry is not None:  # a verified symmetry: rank 0 and the global tasks stand for every rank
+            plan = symmetry.reduce(plan)
+        self.plan = plan
         self.dtype = plan.workload.config.precision
         self.env = simpy.Environment()
         self.shared_host = hw.gpu.shares_host
@@ -143,6 +150,7 @@ class Engine:
         self.streams = plan.stream_map()
         self.link_bytes: dict[str, float] = defaultdict(float)
         self.link_bytes_by_step: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        self.rank_bytes_by_step: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self.records: list[TaskRecord] = []
         self.step_end: dict[int, float] = defaultdict(float)
         self.route: RouteTable = RouteTable(self.topo)  # route(src, dst) -> RouteResources, memoised
@@ -166,7 +174,7 @@ class Engine:
         # initial residency: global tensors with a home
         for ts in self.plan.tensors:
             if ts.home is not None:
-                self.mem.alloc(0.0, ts.id, ts.home, ts.bytes, ts.kind, "<initial>")
+                self.mem.alloc(0.0, ts.id, ts.home, ts.bytes, ts.kind, "<initial>", self._mult(ts.id, ts.home))
         for sid in self.streams:
             if per_stream.get(sid):
                 self.env.process(self._stream(sid, per_stream[sid], done))
@@ -195,9 +203,37 @@ class Engine:
                                " (an earlier task of its stream never finished)"))
         keep = {t.id for t in self.plan.tensors if t.persistent or t.home is not None}
         leaked = [f"{inst}@{loc}" for inst, loc in self.mem.resident if inst.split("[", 1)[0] not in keep]
-        return RawRun(self.records, self.mem, self.net, dict(self.link_bytes),
-                      {k: dict(v) for k, v in self.link_bytes_by_step.items()}, dict(self.step_end),
-                      events, time.perf_counter() - wall0, self.topo, leaked, self.warmup_repeat)
+        by_step = {k: dict(v) for k, v in self.link_bytes_by_step.items()}
+        link_bytes = dict(self.link_bytes)
+        rank_by_step: dict[int, dict[str, float]] = {}
+        sym = self.sym
+        if sym is not None:  # the other ranks' figures are images of rank 0's
+            rank_by_step = {k: dict(v) for k, v in self.rank_bytes_by_step.items()}
+            rank_total: dict[str, float] = defaultdict(float)
+            for v in rank_by_step.values():
+                for ln, b in v.items():
+                    rank_total[ln] += b
+            link_bytes = sym.expand_links(rank_total, link_bytes)
+            by_step = {k: sym.expand_links(rank_by_step.get(k, {}), by_step.get(k, {}))
+                       for k in sorted(set(by_step) | set(rank_by_step))}
+            expand_pools(self.mem.pools, sym)
+            self._expand_stats()
+        return RawRun(self.records, self.mem, self.net, link_bytes, by_step, dict(self.step_end),
+                      events, time.perf_counter() - wall0, self.topo, leaked, self.warmup_repeat,
+                      sym, self.plan, rank_by_step)
+
+    def _expand_stats(self) -> None:
+        """Every member of a resource orbit saw what its representative saw."""
+        assert self.sym is not None
+        stats = self.net.stats
+        for r, rep in self.sym.rep.items():
+            if r != rep and rep in stats and r in stats:
+                stats[r] = stats[rep]
+
+    def _mult(self, tensor: str, loc: str) -> float:
+        if self.sym is None:
+            return 1.0
+        return self.sym.memory_multiplier(tensor, self.mem.pool(loc))
 
     def _stream(self, sid: str, tasks: list[ConcreteTask],
                 done: dict[str, simpy.Event]) -> Generator[simpy.Event, Any, None]:
@@ -232,14 +268,14 @@ class Engine:
                 raise PlanError(f"task {t.uid!r}: reads tensor {inst!r} on {loc!r}, but it is not there")
         for inst, loc in t.allocs:
             nbytes, kind = self._kind(inst)
-            self.mem.alloc(now, inst, loc, nbytes, kind, t.uid)
+            self.mem.alloc(now, inst, loc, nbytes, kind, t.uid, self._mult(inst.split("[", 1)[0], loc))
         if t.spec.op == "copy" and t.tensor is not None:
             src, dst = copy_ends(t.spec)
             if not self.mem.is_resident(t.tensor, src):
                 raise PlanError(f"task {t.uid!r}: copies tensor {t.tensor!r} from {src!r}, but it is not there")
             if t.spec.alloc_dst:
                 nbytes, kind = self._kind(t.tensor)
-                self.mem.alloc(now, t.tensor, dst, nbytes, kind, t.uid)
+                self.mem.alloc(now, t.tensor, dst, nbytes, kind, t.uid, self._mult(t.tensor.split("[", 1)[0], dst))
 
     def _finish(self, t: ConcreteTask) -> None:
         now = self.env.now
@@ -261,27 +297,28 @@ class Engine:
             if sm_resource(device) in self.net.capacity:
                 yield self._sm(device, gpu_optimizer_seconds(self.hw, s.params))
             else:
-                yield self._host_flow(s.params, (CPU_ADAM,))
+                yield self._host_flow(s.params, (CPU_ADAM,), not self._is_rank(s))
             return 0.0, ()
         if s.op == "copy":
             nbytes = s.bytes if s.bytes > 0 else self._kind(t.tensor)[0] if t.tensor else 0.0
             rt: RouteResources = self.route(*copy_ends(s))
-            self._count(t.step, rt.links, nbytes)
+            self._count(t.step, rt.links, nbytes, self._is_rank(s))
             if rt.latency_s > 0:
                 yield env.timeout(rt.latency_s)
-            yield self._host_flow(nbytes, rt.resources)
+            yield self._host_flow(nbytes, rt.resources, not self._is_rank(s))
             return nbytes, rt.links
         if s.op == "collective":
             rg = ring(self.route, s.ranks, s.bytes, collective_kind(s))
             if not rg.hops:
                 return 0.0, ()
+            is_rank = self._is_rank(s)
             for hop in rg.hops:
-                self._count(t.step, hop.links, rg.per_rank)
+                self._count(t.step, hop.links, rg.per_rank, is_rank)
             lat = rg.latency_s
             if lat > 0:
                 yield env.timeout(lat)
             # the ring's n transfers move in lockstep: one flow using each resource once per ring hop on it
-            yield self.net.start(rg.per_rank, rg.resources)
+            yield self._start(rg.per_rank, rg.resources, None, not is_rank)
             return rg.per_rank * len(rg.hops), rg.links
         return 0.0, ()  # alloc / free / noop: instantaneous
 
@@ -289,24 +326,48 @@ class Engine:
         """Seconds of work on a GPU's SMs: shared with concurrent kernels of other streams, if any."""
         if device in self._exclusive_sm:
             return self.env.timeout(seconds)
-        return self._host_flow(seconds, (sm_resource(device),))
+        return self._host_flow(seconds, (sm_resource(device),), self.sym is not None and device not in self.sym.gpus)
 
-    def _host_flow(self, amount: float, resources: tuple[str, ...]) -> simpy.Event:
+    def _host_flow(self, amount: float, resources: tuple[str, ...], is_global: bool = False) -> simpy.Event:
         """A flow of ``amount`` over ``resources``; on a shared host, as seconds of work at its solo rate
         (the narrowest resource) that also occupy the host's cores."""
         if not self.shared_host:
-            return self.net.start(amount, resources)
+            return self._start(amount, resources, None, is_global)
         solo = solo_rate(usage(resources), self.net.capacity)
-        return self.net.start(amount / solo, (*resources, HOST_CORES), [solo] * len(resources) + [1.0])
+        return self._start(amount / solo, (*resources, HOST_CORES), [solo] * len(resources) + [1.0], is_global)
 
-    def _count(self, step: int, links: tuple[str, ...], nbytes: float) -> None:
+    def _start(self, amount: float, resources: tuple[str, ...], weights: list[float] | None,
+               is_global: bool) -> simpy.Event:
+        """Start a flow; under symmetry, on the quotient network (``Symmetry.fold``)."""
+        if self.sym is None or amount <= 0 or not resources:
+            return self.net.start(amount, resources, weights)
+        res, w = self.sym.fold(resources, weights, is_global)
+        return self.net.start(amount, res, w)
+
+    def _is_rank(self, s: TaskSpec) -> bool:
+        return self.sym is not None and s.id in self.sym.rank_tasks
+
+    def _count(self, step: int, links: tuple[str, ...], nbytes: float, is_rank: bool = False) -> None:
+        if is_rank:  # rank 0's bytes: expanded to every rank's links at the end of the run
+            by = self.rank_bytes_by_step[step]
+            for ln in links:
+                by[ln] += nbytes
+            return
         for ln in links:
             self.link_bytes[ln] += nbytes
             self.link_bytes_by_step[step][ln] += nbytes
 
 
+def plan_symmetry(plan: Plan, hw: HardwareSpec, topology: Topology | None = None) -> Symmetry | str:
+    """The verified symmetry of ``plan`` on ``hw`` (``simulator.symmetry``), or why it has none."""
+    topo = topology if topology is not None else build_topology(hw)
+    return find_symmetry(plan, topo, RouteTable(topo), machine_capacities(hw, topo), hw.gpu.shares_host)
+
+
 def run_plan(plan: Plan, hw: HardwareSpec, topology: Topology | None = None,
-             warmup_repeat: int | None = None) -> RawRun:
+             warmup_repeat: int | None = None, symmetry: Symmetry | None = None) -> RawRun:
     """Simulate the plan's tasks (no extrapolation); ``topology`` overrides the derived one;
-    ``warmup_repeat`` caps every segment's repeat count in the warm-up steps."""
-    return Engine(plan, hw, topology, warmup_repeat).run()
+    ``warmup_repeat`` caps every segment's repeat count in the warm-up steps; ``symmetry`` (from
+    :func:`plan_symmetry` of this plan or of one that differs only in repeat or step counts) simulates
+    the ranks as one class."""
+    return Engine(plan, hw, topology, warmup_repeat, symmetry).run()

@@ -54,6 +54,7 @@ class MemoryTracker:
         self.resident: dict[tuple[str, str], tuple[float, str]] = {}  # (instance, loc) -> (bytes, kind)
         self.ooms: list[OomEvent] = []
         self._oom_pools: set[str] = set()
+        self._mult: dict[tuple[str, str], float] = {}  # allocations that stand for several ranks' (symmetry)
 
     def pool(self, loc: str) -> str:
         try:
@@ -64,31 +65,47 @@ class MemoryTracker:
     def is_resident(self, inst: str, loc: str) -> bool:
         return (inst, loc) in self.resident
 
-    def alloc(self, now: float, inst: str, loc: str, nbytes: float, kind: str, task: str) -> None:
+    def alloc(self, now: float, inst: str, loc: str, nbytes: float, kind: str, task: str,
+              mult: float = 1.0) -> None:
+        """Allocate ``nbytes`` of ``inst`` on ``loc``; ``mult`` > 1: the allocation stands for ``mult``
+        identical ones made at the same instant (a symmetric plan's other ranks, ``simulator.symmetry``)."""
         if (inst, loc) in self.resident:
             raise PlanError(f"task {task!r}: allocates tensor {inst!r} on {loc!r} where it already is")
         pname = self.pool(loc)
         ps = self.pools[pname]
         extra = allocator_overhead(nbytes, self.allocators[pname]) if pname in self.allocators else 0.0
-        if ps.used + nbytes + extra > ps.capacity + 1e-6 and pname not in self._oom_pools:
-            self._oom_pools.add(pname)
-            self.ooms.append(OomEvent(pname, now, task, inst, nbytes + extra, max(0.0, ps.capacity - ps.used),
-                                      ps.capacity))
+        if pname not in self._oom_pools:
+            self._check_oom(ps, pname, now, task, inst, nbytes + extra, mult)
         self.resident[(inst, loc)] = (nbytes, kind)
-        self._change(ps, now, kind, nbytes)
+        if mult != 1.0:
+            self._mult[(inst, loc)] = mult
+        self._change(ps, now, kind, nbytes * mult)
         if extra:
-            self._change(ps, now, ALLOCATOR_KIND, extra)
+            self._change(ps, now, ALLOCATOR_KIND, extra * mult)
+
+    def _check_oom(self, ps: PoolState, pname: str, now: float, task: str, inst: str, need: float,
+                   mult: float) -> None:
+        if ps.used + need * mult <= ps.capacity + 1e-6:
+            return
+        # the first of the ``mult`` identical allocations that does not fit
+        j = 0
+        while j + 1 < mult and ps.used + need * (j + 1) <= ps.capacity + 1e-6:
+            j += 1
+        used = ps.used + need * j
+        self._oom_pools.add(pname)
+        self.ooms.append(OomEvent(pname, now, task, inst, need, max(0.0, ps.capacity - used), ps.capacity))
 
     def free(self, now: float, inst: str, loc: str, task: str) -> None:
         try:
             nbytes, kind = self.resident.pop((inst, loc))
         except KeyError:
             raise PlanError(f"task {task!r}: frees tensor {inst!r} on {loc!r} where it is not resident") from None
+        mult = self._mult.pop((inst, loc), 1.0) if self._mult else 1.0
         pname = self.pool(loc)
-        self._change(self.pools[pname], now, kind, -nbytes)
+        self._change(self.pools[pname], now, kind, -nbytes * mult)
         extra = allocator_overhead(nbytes, self.allocators[pname]) if pname in self.allocators else 0.0
         if extra:
-            self._change(self.pools[pname], now, ALLOCATOR_KIND, -extra)
+            self._change(self.pools[pname], now, ALLOCATOR_KIND, -extra * mult)
 
     def _change(self, ps: PoolState, now: float, kind: str, delta: float) -> None:
         ps.used += delta

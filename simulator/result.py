@@ -190,23 +190,40 @@ def step_metrics(plan: Plan, raw: RawRun, measured: int | None = None) -> StepMe
     lo = raw.step_end.get(last - 1, 0.0) if last >= 1 else 0.0
     mine = [r for r in raw.records if r.step == last]
     link_iv: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    rank_iv: dict[str, list[tuple[float, float]]] = defaultdict(list)
     by_stream: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    sym = raw.symmetry
+    rank_tasks = sym.rank_tasks if sym is not None else frozenset()
     for r in mine:
         by_stream[r.stream].append((r.start, r.end))
+        target = rank_iv if r.id in rank_tasks else link_iv
         for ln in r.links:
-            link_iv[ln].append((r.start, r.end))
-    link_busy = {ln: length(union(link_iv.get(ln, []))) for ln in raw.topology.links}
+            target[ln].append((r.start, r.end))
     stream_busy = {s: length(union(iv)) for s, iv in sorted(by_stream.items())}
-    compute_busy, exposed = gpu_overlap(mine, raw.records)
+    if sym is None:
+        link_busy = {ln: length(union(link_iv.get(ln, []))) for ln in raw.topology.links}
+        compute_busy, exposed = gpu_overlap(mine, raw.records)
+    else:  # every rank's tasks ran when rank 0's did: a link is busy when the rank-0 links landing on it are
+        sources = sym.link_sources(rank_iv)
+        link_busy = {}
+        for ln in raw.topology.links:
+            iv = list(link_iv.get(ln, []))
+            for src in sources.get(ln, ()):
+                iv.extend(rank_iv[src])
+            link_busy[ln] = length(union(iv))
+        stream_busy = sym.expand_streams(stream_busy)
+        compute_busy, exposed = gpu_overlap(mine, raw.records, sym.gpus)
     return StepMetrics(hi - lo, dict(raw.link_bytes_by_step.get(last, {})), link_busy, stream_busy, compute_busy,
                        exposed, (lo, hi))
 
 
-def gpu_overlap(step_records: Iterable[TaskRecord], all_records: Iterable[TaskRecord]) -> tuple[float, float]:
+def gpu_overlap(step_records: Iterable[TaskRecord], all_records: Iterable[TaskRecord],
+                only: frozenset[str] | None = None) -> tuple[float, float]:
     """(busiest GPU's compute time in the step, worst GPU's transfer time in the step not hidden by compute).
 
     A transfer involves a GPU when it is one end of a copy or a rank of a collective; it is hidden where
-    that GPU computes (for any step) at the same time.
+    that GPU computes (for any step) at the same time. ``only``: the GPUs to consider (a symmetric run's
+    representative rank, whose figures every rank shares).
     """
     comp_all: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for r in all_records:
@@ -219,7 +236,8 @@ def gpu_overlap(step_records: Iterable[TaskRecord], all_records: Iterable[TaskRe
         target = comp if r.op in ("compute", "optimizer") else xfer if r.op in TRANSFER_OPS else None
         if target is not None:
             for g in r.gpus:
-                target[g].append((r.start, r.end))
+                if only is None or g in only:
+                    target[g].append((r.start, r.end))
     busiest = max((length(union(iv)) for iv in comp.values()), default=0.0)
     worst = 0.0
     for g, iv in xfer.items():
@@ -299,7 +317,7 @@ def build_result(plan: Plan, hw: HardwareSpec, raw: RawRun, metrics: StepMetrics
         window=metrics.window,
         leaked=tuple(sorted(raw.leaked)),
         min_used_bytes={p: s.min_used for p, s in mem.pools.items()},
-        simulated_plan=plan,
+        simulated_plan=raw.simulated_plan if raw.simulated_plan is not None else plan,
         warmup_repeat=raw.warmup_repeat,
         topology=topo,
         measured_step=plan.steps - 1 if measured is None else measured,

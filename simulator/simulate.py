@@ -32,7 +32,7 @@ from dataclasses import replace
 
 from costs import both_ways_bw
 from hardware_models import HardwareSpec, Topology
-from simulator.engine import RawRun, run_plan
+from simulator.engine import RawRun, plan_symmetry, run_plan
 from simulator.plan import Plan
 from simulator.result import (
     Result,
@@ -44,6 +44,7 @@ from simulator.result import (
     step_metrics,
     with_hardware_flops,
 )
+from simulator.symmetry import Symmetry
 
 EXPLICIT_MAX = 6
 STEADY_FROM = 1  # first repeat count tried; falls back to later ones when the ends of the run are not periodic
@@ -75,8 +76,10 @@ def _peaks(raw: RawRun) -> dict[str, float]:
 
 
 class _Runner:
-    def __init__(self, plan: Plan, hw: HardwareSpec, topology: Topology | None, warmup: int | None):
+    def __init__(self, plan: Plan, hw: HardwareSpec, topology: Topology | None, warmup: int | None,
+                 symmetry: Symmetry | None = None):
         self.plan, self.hw, self.topology, self.warmup = plan, hw, topology, warmup
+        self.symmetry = symmetry
         self.events = 0
         self.wall = 0.0
         self.tasks = 0
@@ -86,7 +89,7 @@ class _Runner:
         key = (self.warmup, tuple(sorted(counts.items())))
         if key not in self._cache:
             p = self.plan.with_repeats(counts) if counts else self.plan
-            raw = run_plan(p, self.hw, self.topology, self.warmup)
+            raw = run_plan(p, self.hw, self.topology, self.warmup, self.symmetry)
             self.events += raw.events
             self.wall += raw.wall_s
             self.tasks += len(raw.records)
@@ -94,13 +97,15 @@ class _Runner:
         return self._cache[key]
 
     def info(self, method: str) -> SimInfo:
+        if self.symmetry is not None:
+            method += f"; {self.symmetry.describe()}"
         return SimInfo(self.events, self.wall, method, self.tasks)
 
 
 def _simulate(plan: Plan, hw: HardwareSpec, *, extrapolate: bool = True,
-              topology: Topology | None = None) -> Result:
+              topology: Topology | None = None, symmetry: Symmetry | None = None) -> Result:
     warm = WARMUP_REPEAT if extrapolate and plan.steps > 1 else None
-    runner = _Runner(plan, hw, topology, warm)
+    runner = _Runner(plan, hw, topology, warm, symmetry)
     warm_note = (f"warm-up steps with {WARMUP_REPEAT} iteration per repeated segment"
                  if warm is not None and any(s.repeat > 1 for s in plan.segments) else "")
     repeated = [s.name for s in plan.segments if s.repeat > 1]
@@ -209,7 +214,7 @@ def physically_possible(result: Result) -> bool:
 
 
 def simulate_plan(plan: Plan, hw: HardwareSpec, *, extrapolate: bool = True,
-                  topology: Topology | None = None) -> Result:
+                  topology: Topology | None = None, symmetric: bool = True) -> Result:
     """Simulate ``plan`` on ``hw`` and return the Result of its measured step.
 
     The measured step is the plan's last one. If its period is shorter than its own streams or links
@@ -217,8 +222,14 @@ def simulate_plan(plan: Plan, hw: HardwareSpec, *, extrapolate: bool = True,
     update's optimizer overlaps the next step), or the steps had not settled. Then the plan is simulated
     whole with a trailing step after the measured one and more warm-up steps, until two consecutive
     two-step mean periods agree and the period is physically possible; the result says so.
+
+    ``symmetric``: where the ranks provably run the same tasks, simulate one representative rank with
+    the others' load on shared resources accounted (``simulator.symmetry``: identical figures, a cost
+    independent of the GPU count); ``False`` simulates every rank.
     """
-    result = with_hardware_flops(_settled(plan, hw, extrapolate, topology), plan, hw)
+    sym = plan_symmetry(plan, hw, topology) if symmetric else None
+    result = with_hardware_flops(_settled(plan, hw, extrapolate, topology,
+                                          sym if isinstance(sym, Symmetry) else None), plan, hw)
     if os.environ.get(CHECK_ENV) == "1":
         from simulator.invariants import check_invariants
 
@@ -235,16 +246,18 @@ def step_seconds(plan: Plan, hw: HardwareSpec) -> float:
     return res.step_time_s if res.feasible else math.inf
 
 
-def _settled(plan: Plan, hw: HardwareSpec, extrapolate: bool, topology: Topology | None) -> Result:
-    result = _simulate(plan, hw, extrapolate=extrapolate, topology=topology)
+def _settled(plan: Plan, hw: HardwareSpec, extrapolate: bool, topology: Topology | None,
+             symmetry: Symmetry | None = None) -> Result:
+    result = _simulate(plan, hw, extrapolate=extrapolate, topology=topology, symmetry=symmetry)
     if physically_possible(result):
         return result
     prev = None
+    sym_note = f"; {symmetry.describe()}" if symmetry is not None else ""
     events, wall, tasks = result.sim.events, result.sim.wall_s, result.sim.simulated_tasks
     res = result
     for extra in range(2, MAX_EXTRA_STEPS + 1):
         longer = replace(plan, steps=plan.steps + extra)
-        raw = run_plan(longer, hw, topology)
+        raw = run_plan(longer, hw, topology, None, symmetry)
         measured = longer.steps - 2  # the last step only trails, to contend with the measured one's tail
         m = step_metrics(longer, raw, measured)
         # the period over the measured step and its predecessor: steady states that alternate between two
@@ -258,9 +271,9 @@ def _settled(plan: Plan, hw: HardwareSpec, extrapolate: bool, topology: Topology
         if stable and physically_possible(res):
             return replace(res, sim=SimInfo(events, wall, f"full with {longer.steps} steps, measuring steps "
                                             f"{measured}-{measured + 1} (the plan's last step ended early: "
-                                            "nothing contended with its tail)", tasks))
+                                            "nothing contended with its tail)" + sym_note, tasks))
         prev = period
     return replace(res, sim=SimInfo(events, wall, f"full with {plan.steps + MAX_EXTRA_STEPS} steps; NOT steady: "
-                                    "consecutive periods still differ", tasks),
+                                    "consecutive periods still differ" + sym_note, tasks),
                    notes=(*res.notes, "the simulated steps did not reach a steady state; the step time is "
                           "that of the last simulated step"))

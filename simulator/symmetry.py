@@ -1,0 +1,520 @@
+"""Symmetry reduction: ranks that run the same tasks are simulated once.
+
+Data-parallel plans repeat one rank's tasks on every GPU. Simulating all of them costs events in
+proportion to the GPU count, yet by symmetry every rank's timeline is the same. This module *proves* that
+a plan is symmetric (it never trusts names) and builds the quotient the engine then runs:
+
+Verification (:func:`find_symmetry`). Every task is owned by a rank (its ``rank`` tag) or, without one,
+by the GPU its stream runs on; collectives without a rank tag are *global* (they span the ranks). The
+owners, sorted, must each hold the same number of tasks per segment, and the i-th task of owner k must
+equal the i-th task of owner 0 once task ids, stream ids, tensor ids and locations are relabelled by
+maps built from that very pairing; each map must be a bijection, stream devices and tensor specs must
+agree under it, every rank's GPUs must be its own, and a rank task may depend only on its own rank's
+tasks and on global ones. A global collective must depend on every rank's image of its rank-0
+dependencies and on nothing else, carry no tensors, and span exactly the ranks' GPUs.
+
+Resources. Pairing every rank-0 flow's route with its image in rank k gives, position by position, a
+map of resources (and of links); its orbits (union over k) are the resources that play the same role.
+The load check then requires that every flow class (a rank-0 route over all its images; a global
+collective) puts the same total usage on every member of an orbit. Under that condition the max-min
+fair rates of the full run are constant over each rank's images (progressive filling raises them
+together and saturates the members of an orbit together), and the full network's constraints reduce
+exactly to one per orbit: a rank-0 flow uses its orbit's representative with weight
+``(n / |orbit|) * (its usage of the orbit's members)``, a global flow with ``(its usage) / |orbit|``,
+capacities unchanged. A shared PCIe uplink of two GPUs then carries twice the representative's flow,
+CPU-Adam all ``n`` ranks' optimizer steps, and a GPU's SMs only its own work.
+
+Memory. A rank-0 allocation in a pool that every rank shares (host DRAM, NVMe) counts ``n / |orbit|``
+times; a GPU's own pool counts once, and the other ranks' pools are copies of the representative's.
+Tensors no task touches (initial residents) stay as they are; those in per-rank pools must be the same
+multiset on every member of the orbit.
+
+Anything that fails a check is simulated in full; ``sim.method`` says which was done.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from costs import CPU_ADAM, HOST_CORES, RouteResources, ring, sm_resource, usage
+from hardware_models import Topology
+from simulator.plan import Placement, Plan, Ref, Segment, TaskSpec
+
+GLOBAL = "<global>"
+_Owner = tuple[int, Any]
+
+
+class NotSymmetric(Exception):
+    """Why a plan cannot be reduced (the engine then simulates it in full)."""
+
+
+def _owner(t: TaskSpec, device: str) -> _Owner | str:
+    rank = t.tags.get("rank")
+    if isinstance(rank, int) and not isinstance(rank, bool):
+        return (0, rank)
+    if t.op == "collective":
+        return GLOBAL
+    if device.startswith("gpu"):
+        return (1, device)
+    raise NotSymmetric(f"task {t.id!r} has no rank and runs on {device!r}")
+
+
+class _Bijection:
+    """A partial map that must stay one-to-one."""
+
+    def __init__(self, what: str):
+        self.what = what
+        self.fwd: dict[str, str] = {}
+        self.back: dict[str, str] = {}
+
+    def pair(self, a: str, b: str) -> None:
+        got = self.fwd.get(a)
+        if got is None:
+            if self.back.get(b, a) != a:
+                raise NotSymmetric(f"{self.what} {b!r} is the image of two names")
+            self.fwd[a] = b
+            self.back[b] = a
+        elif got != b:
+            raise NotSymmetric(f"{self.what} {a!r} maps to both {got!r} and {b!r}")
+
+
+@dataclass
+class _RankMaps:
+    tasks: _Bijection = field(default_factory=lambda: _Bijection("task"))
+    streams: _Bijection = field(default_factory=lambda: _Bijection("stream"))
+    tensors: _Bijection = field(default_factory=lambda: _Bijection("tensor"))
+    locs: _Bijection = field(default_factory=lambda: _Bijection("location"))
+    resources: _Bijection = field(default_factory=lambda: _Bijection("resource"))
+    links: _Bijection = field(default_factory=lambda: _Bijection("link"))
+
+
+@dataclass
+class Symmetry:
+    """A verified symmetry: ``n`` ranks simulated as rank 0 (see the module docstring)."""
+
+    n: int
+    rank_tasks: frozenset[str]           # rank 0's task ids
+    global_tasks: frozenset[str]
+    rank_streams: frozenset[str]
+    rank_tensors: frozenset[str]         # tensors rank 0's tasks touch (their shared-pool bytes count n times)
+    dropped_tensors: frozenset[str]      # the other ranks' tensors
+    stream_maps: tuple[dict[str, str], ...]   # per rank: rank-0 stream -> its image
+    task_maps: tuple[dict[str, str], ...]
+    tensor_maps: tuple[dict[str, str], ...]
+    link_maps: tuple[dict[str, str], ...]
+    resource_maps: tuple[dict[str, str], ...]
+    rep: dict[str, str]                  # resource -> its orbit's representative (rank 0's)
+    orbit_size: dict[str, int]           # representative -> members
+    pool_maps: tuple[dict[str, str], ...]
+    pool_mult: dict[str, float]          # rank-0 pool -> how many ranks' allocations one of its own stands for
+    gpus: frozenset[str]                 # rank 0's GPUs
+    _folded: dict[tuple, tuple[tuple[str, ...], tuple[float, ...]]] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        return f"{self.n} ranks simulated as 1 class of {self.n}"
+
+    def reduce(self, plan: Plan) -> Plan:
+        """``plan`` (or a copy of it with other repeat counts) cut to rank 0 and the global tasks."""
+        keep = self.rank_tasks
+        segs = []
+        for seg in plan.segments:
+            tasks = []
+            for t in seg.tasks:
+                if t.id in keep:
+                    tasks.append(t)
+                elif t.id in self.global_tasks:
+                    deps = tuple(d for d in t.deps if d.id in keep or d.id in self.global_tasks)
+                    tasks.append(replace(t, deps=deps))
+            segs.append(Segment(seg.name, seg.repeat, tuple(tasks)))
+        streams = tuple(s for s in plan.streams
+                        if s.id in self.rank_streams or s.id not in self._other_streams())
+        tensors = tuple(x for x in plan.tensors if x.id not in self.dropped_tensors)
+        return replace(plan, segments=tuple(segs), streams=streams, tensors=tensors)
+
+    def _other_streams(self) -> set[str]:
+        return {s for m in self.stream_maps[1:] for s in m.values()}
+
+    def fold(self, resources: Sequence[str], weights: Sequence[float] | None,
+             is_global: bool) -> tuple[tuple[str, ...], tuple[float, ...]]:
+        """A flow's (resources, weights) in the quotient network."""
+        key = (tuple(resources), None if weights is None else tuple(weights), is_global)
+        got = self._folded.get(key)
+        if got is None:
+            acc: dict[str, float] = {}
+            for r, x in usage(resources, weights).items():
+                rep = self.rep.get(r, r)
+                size = self.orbit_size.get(rep, 1)
+                acc[rep] = acc.get(rep, 0.0) + x
+            out = {r: (x / self.orbit_size.get(r, 1) if is_global else x * self.n / self.orbit_size.get(r, 1))
+                   for r, x in acc.items()}
+            del size
+            got = self._folded[key] = (tuple(out), tuple(out.values()))
+        return got
+
+    def memory_multiplier(self, tensor_id: str, pool: str) -> float:
+        if tensor_id not in self.rank_tensors:
+            return 1.0
+        return self.pool_mult.get(pool, 1.0)
+
+    def expand_links(self, rank_bytes: Mapping[str, float], global_bytes: Mapping[str, float]) -> dict[str, float]:
+        """Bytes per link of the full run from rank 0's and the global tasks' counts."""
+        out: dict[str, float] = defaultdict(float)
+        for m in self.link_maps:
+            for ln, b in rank_bytes.items():
+                out[m.get(ln, ln)] += b
+        for ln, b in global_bytes.items():
+            out[ln] += b
+        return dict(out)
+
+    def link_sources(self, links: Iterable[str]) -> dict[str, frozenset[str]]:
+        """Full-run link -> the rank-0 links whose images land on it."""
+        src: dict[str, set[str]] = defaultdict(set)
+        for m in self.link_maps:
+            for ln in links:
+                src[m.get(ln, ln)].add(ln)
+        return {k: frozenset(v) for k, v in src.items()}
+
+    def expand_streams(self, busy: Mapping[str, float]) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for s, v in busy.items():
+            if s in self.rank_streams:
+                for m in self.stream_maps:
+                    out[m[s]] = v
+            else:
+                out[s] = v
+        return dict(sorted(out.items()))
+
+    def relabel_uid(self, uid: str, k: int) -> str:
+        base, _, rest = uid.partition("[")
+        return self.task_maps[k].get(base, base) + ("[" + rest if rest else "")
+
+    def relabel_tensor(self, inst: str, k: int) -> str:
+        base, _, rest = inst.partition("[")
+        return self.tensor_maps[k].get(base, base) + ("[" + rest if rest else "")
+
+
+# -- verification ------------------------------------------------------------------------------------------
+def find_symmetry(plan: Plan, topo: Topology, route: Callable[[str, str], RouteResources],
+                  capacity: Mapping[str, float], shared_host: bool) -> Symmetry | str:
+    """The plan's symmetry, or a line saying why it has none that can be used."""
+    try:
+        return _find(plan, topo, route, capacity, shared_host)
+    except NotSymmetric as e:
+        return str(e)
+
+
+def _find(plan: Plan, topo: Topology, route: Callable[[str, str], RouteResources],
+          capacity: Mapping[str, float], shared_host: bool) -> Symmetry:
+    streams = plan.stream_map()
+    groups: dict[Any, list[list[TaskSpec]]] = {}
+    globals_: list[TaskSpec] = []
+    stream_owner: dict[str, Any] = {}
+    nseg = len(plan.segments)
+    for si, seg in enumerate(plan.segments):
+        for t in seg.tasks:
+            st = streams.get(t.stream)
+            if st is None:
+                raise NotSymmetric(f"task {t.id!r} runs on an unknown stream")
+            own = _owner(t, st.device)
+            if stream_owner.setdefault(t.stream, own) != own:
+                raise NotSymmetric(f"stream {t.stream!r} holds tasks of two owners")
+            if own == GLOBAL:
+                globals_.append(t)
+            else:
+                groups.setdefault(own, [[] for _ in range(nseg)])[si].append(t)
+    if len(groups) < 2:
+        raise NotSymmetric("fewer than two ranks")
+    owners = sorted(groups, key=lambda o: (o[0], str(o[1])))
+    kinds = {o[0] for o in owners}
+    if len(kinds) != 1:
+        raise NotSymmetric("some tasks carry a rank tag and others do not")
+    base = groups[owners[0]]
+    n = len(owners)
+    for o in owners[1:]:
+        if [len(s) for s in groups[o]] != [len(s) for s in base]:
+            raise NotSymmetric(f"rank {o[1]} runs a different number of tasks")
+    tensors = plan.tensor_map()
+    global_ids = frozenset(t.id for t in globals_)
+    owner_of_task: dict[str, int] = {}
+    for k, o in enumerate(owners):
+        for seg in groups[o]:
+            for t in seg:
+                owner_of_task[t.id] = k
+    maps = [_RankMaps() for _ in owners]
+    for k, o in enumerate(owners):
+        for a_seg, b_seg in zip(base, groups[o], strict=True):
+            for a, b in zip(a_seg, b_seg, strict=True):
+                maps[k].tasks.pair(a.id, b.id)
+    tensor_owner: dict[str, int] = {}
+    for k, o in enumerate(owners):
+        for a_seg, b_seg in zip(base, groups[o], strict=True):
+            for a, b in zip(a_seg, b_seg, strict=True):
+                _match(a, b, maps[k], streams, owner_of_task, global_ids, k)
+        for tid in maps[k].tensors.back:
+            if tensor_owner.setdefault(tid, k) != k:
+                raise NotSymmetric(f"tensor {tid!r} is used by two ranks")
+    for k in range(n):
+        for a, b in maps[k].tensors.fwd.items():
+            ta, tb = tensors.get(a), tensors.get(b)
+            if ta is None or tb is None:
+                raise NotSymmetric(f"tensor {a!r} is not declared")
+            if (ta.bytes, ta.kind, ta.scope, ta.layer, ta.persistent) != (tb.bytes, tb.kind, tb.scope, tb.layer,
+                                                                          tb.persistent):
+                raise NotSymmetric(f"tensors {a!r} and {b!r} differ")
+            if (ta.home is None) != (tb.home is None):
+                raise NotSymmetric(f"tensors {a!r} and {b!r} differ in home")
+            if ta.home is not None and tb.home is not None:
+                maps[k].locs.pair(ta.home, tb.home)
+    gpus0 = frozenset(loc for loc in maps[0].locs.fwd if loc in set(topo.gpu_locations()))
+    all_gpus: set[str] = set()
+    for k in range(n):
+        img = {maps[k].locs.fwd[g] for g in gpus0}
+        if k and img & gpus0:
+            raise NotSymmetric("ranks share a GPU")
+        all_gpus |= img
+    for a, b in maps[0].locs.fwd.items():
+        if a != b:
+            raise NotSymmetric("rank 0's own map is not the identity")
+    _check_globals(globals_, maps, owner_of_task, global_ids, all_gpus, owners, base)
+    rep, orbit_size = _resources(plan, base, maps, route, capacity, globals_, shared_host, streams)
+    pool_maps, pool_mult = _pools(plan, topo, maps, n, tensors, tensor_owner)
+    rank_tensors = frozenset(maps[0].tensors.fwd)
+    dropped = frozenset(t for k in range(1, n) for t in maps[k].tensors.back)
+    return Symmetry(
+        n=n, rank_tasks=frozenset(maps[0].tasks.fwd), global_tasks=global_ids,
+        rank_streams=frozenset(maps[0].streams.fwd), rank_tensors=rank_tensors, dropped_tensors=dropped,
+        stream_maps=tuple(m.streams.fwd for m in maps), task_maps=tuple(m.tasks.fwd for m in maps),
+        tensor_maps=tuple(m.tensors.fwd for m in maps), link_maps=tuple(m.links.fwd for m in maps),
+        resource_maps=tuple(m.resources.fwd for m in maps), rep=rep, orbit_size=orbit_size,
+        pool_maps=pool_maps, pool_mult=pool_mult, gpus=gpus0)
+
+
+def _ref(a: Ref, b: Ref, m: _Bijection) -> None:
+    if (a.iters_back, a.steps_back) != (b.iters_back, b.steps_back):
+        raise NotSymmetric(f"references {a} and {b} differ")
+    m.pair(a.id, b.id)
+
+
+def _places(a: tuple[Placement, ...], b: tuple[Placement, ...], m: _RankMaps) -> None:
+    if len(a) != len(b):
+        raise NotSymmetric("placements differ")
+    for x, y in zip(a, b, strict=True):
+        _ref(x.tensor, y.tensor, m.tensors)
+        m.locs.pair(x.loc, y.loc)
+
+
+def _match(a: TaskSpec, b: TaskSpec, m: _RankMaps, streams: Mapping[str, Any], owner_of_task: Mapping[str, int],
+           global_ids: frozenset[str], k: int) -> None:
+    same = (a.op, a.flops, a.hbm_bytes, a.bytes, a.alloc_dst, a.free_src, a.params, a.coll)
+    if same != (b.op, b.flops, b.hbm_bytes, b.bytes, b.alloc_dst, b.free_src, b.params, b.coll):
+        raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} differ")
+    ta = {x: v for x, v in a.tags.items() if x != "rank"}
+    tb = {x: v for x, v in b.tags.items() if x != "rank"}
+    if ta != tb:
+        raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} differ in tags")
+    m.streams.pair(a.stream, b.stream)
+    m.locs.pair(streams[a.stream].device, streams[b.stream].device)
+    if streams[a.stream].kind != streams[b.stream].kind:
+        raise NotSymmetric(f"streams {a.stream!r} and {b.stream!r} differ")
+    for x, y in (("src", a.src), ("dst", a.dst)):
+        other = getattr(b, x)
+        if (y is None) != (other is None):
+            raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} differ in {x}")
+        if y is not None:
+            m.locs.pair(y, other)
+    if (a.tensor is None) != (b.tensor is None):
+        raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} differ in tensor")
+    if a.tensor is not None and b.tensor is not None:
+        _ref(a.tensor, b.tensor, m.tensors)
+    if len(a.ranks) != len(b.ranks):
+        raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} differ in ranks")
+    for x, y in zip(a.ranks, b.ranks, strict=True):
+        m.locs.pair(x, y)
+    _places(a.allocs, b.allocs, m)
+    _places(a.frees, b.frees, m)
+    _places(a.reads, b.reads, m)
+    if len(a.deps) != len(b.deps):
+        raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} differ in dependencies")
+    for x, y in zip(a.deps, b.deps, strict=True):
+        if (x.iters_back, x.steps_back) != (y.iters_back, y.steps_back):
+            raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} differ in dependencies")
+        if x.id in global_ids or y.id in global_ids:
+            if x.id != y.id:
+                raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} wait for different collectives")
+            continue
+        if owner_of_task.get(x.id) != 0 or owner_of_task.get(y.id) != k:
+            raise NotSymmetric(f"task {b.id!r} waits for another rank's task")
+        if m.tasks.fwd.get(x.id) != y.id:
+            raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} differ in dependencies")
+
+
+def _check_globals(globals_: list[TaskSpec], maps: list[_RankMaps], owner_of_task: Mapping[str, int],
+                   global_ids: frozenset[str], all_gpus: set[str], owners: list[Any],
+                   base: list[list[TaskSpec]]) -> None:
+    for t in globals_:
+        if t.allocs or t.frees or t.reads or t.tensor is not None:
+            raise NotSymmetric(f"collective {t.id!r} places tensors")
+        if set(t.ranks) != all_gpus or len(t.ranks) != len(all_gpus):
+            raise NotSymmetric(f"collective {t.id!r} does not span exactly the ranks' GPUs")
+        want: set[tuple[str, int, int]] = set()
+        have: set[tuple[str, int, int]] = set()
+        for d in t.deps:
+            key = (d.id, d.iters_back, d.steps_back)
+            if d.id in global_ids:
+                continue
+            have.add(key)
+            if owner_of_task.get(d.id) == 0:
+                for m in maps:
+                    want.add((m.tasks.fwd[d.id], d.iters_back, d.steps_back))
+        if want != have:
+            raise NotSymmetric(f"collective {t.id!r} does not wait for every rank alike")
+
+
+def _flow_routes(t: TaskSpec, device: str, route: Callable[[str, str], RouteResources],
+                 capacity: Mapping[str, float], shared_host: bool) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
+    """(resources, links) of the flows the engine runs for a rank task (see ``Engine._execute``)."""
+    host = (HOST_CORES,) if shared_host else ()
+    if t.op == "compute":
+        return [((sm_resource(device), *host), ())]
+    if t.op == "optimizer":
+        sm = sm_resource(device)
+        return [((sm, *host), ())] if sm in capacity else [((CPU_ADAM, *host), ())]
+    if t.op == "copy":
+        assert t.src is not None and t.dst is not None
+        rt = route(t.src, t.dst)
+        return [((*rt.resources, *host), rt.links)]
+    if t.op == "collective":
+        assert t.coll is not None
+        rg = ring(route, t.ranks, max(t.bytes, 1.0), t.coll)
+        return [(rg.resources, rg.links)]
+    return []
+
+
+def _resources(plan: Plan, base: list[list[TaskSpec]], maps: list[_RankMaps],
+               route: Callable[[str, str], RouteResources], capacity: Mapping[str, float],
+               globals_: list[TaskSpec], shared_host: bool, streams: Mapping[str, Any]
+               ) -> tuple[dict[str, str], dict[str, int]]:
+    n = len(maps)
+    # the distinct flow shapes of rank 0 and their images in every rank
+    shapes: dict[tuple, TaskSpec] = {}
+    for seg in base:
+        for t in seg:
+            key = (t.op, t.src, t.dst, t.ranks, t.coll, streams[t.stream].device)
+            shapes.setdefault(key, t)
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        while parent.get(x, x) != x:
+            x = parent[x]
+        return x
+
+    def union(a: str, b: str) -> None:
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            parent[max(ra, rb)] = min(ra, rb)
+            parent.setdefault(min(ra, rb), min(ra, rb))
+
+    loads: list[dict[str, float]] = []
+    rank0_res: set[str] = set()
+    for t in shapes.values():
+        dev0 = streams[t.stream].device
+        flows0 = _flow_routes(t, dev0, route, capacity, shared_host)
+        load: dict[str, float] = defaultdict(float)
+        for k, m in enumerate(maps):
+            loc = m.locs.fwd
+            try:
+                tk = replace(t, src=None if t.src is None else loc[t.src], dst=None if t.dst is None else loc[t.dst],
+                             ranks=tuple(loc[r] for r in t.ranks))
+                flows_k = _flow_routes(tk, loc[dev0], route, capacity, shared_host)
+            except KeyError as e:
+                raise NotSymmetric(f"location {e} has no image") from None
+            for (r0, l0), (rk, lk) in zip(flows0, flows_k, strict=True):
+                if len(r0) != len(rk) or len(l0) != len(lk):
+                    raise NotSymmetric(f"rank {k}'s route differs from rank 0's")
+                for a, b in zip(r0, rk, strict=True):
+                    if capacity.get(a) != capacity.get(b):
+                        raise NotSymmetric(f"resources {a!r} and {b!r} differ in capacity")
+                    m.resources.pair(a, b)
+                    union(a, b)
+                    load[b] += 1.0
+                    if k == 0:
+                        rank0_res.add(a)
+                for a, b in zip(l0, lk, strict=True):
+                    m.links.pair(a, b)
+        loads.append(load)
+    members: dict[str, set[str]] = defaultdict(set)
+    for r in list(parent):
+        members[find(r)].add(r)
+    for g in globals_:
+        if g.op == "collective" and g.coll is not None:
+            rg = ring(route, g.ranks, max(g.bytes, 1.0), g.coll)
+            loads.append(dict(usage(rg.resources)))
+    for load in loads:
+        for ms in members.values():
+            vals = {load.get(r, 0.0) for r in ms}
+            if len(vals) > 1:
+                raise NotSymmetric(f"resources of one role carry different loads ({', '.join(sorted(ms)[:3])})")
+    rep: dict[str, str] = {}
+    size: dict[str, int] = {}
+    for ms in members.values():
+        own = sorted(ms & rank0_res) or sorted(ms)
+        r0 = own[0]
+        for r in ms:
+            rep[r] = r0
+        size[r0] = len(ms)
+    del n
+    return rep, size
+
+
+def _pools(plan: Plan, topo: Topology, maps: list[_RankMaps], n: int, tensors: Mapping[str, Any],
+           tensor_owner: Mapping[str, int]) -> tuple[tuple[dict[str, str], ...], dict[str, float]]:
+    pool_of = topo.pool_of
+    pool_maps: list[dict[str, str]] = []
+    for m in maps:
+        pm: dict[str, str] = {}
+        for a, b in m.locs.fwd.items():
+            pa, pb = pool_of.get(a), pool_of.get(b)
+            if pa is None or pb is None:
+                raise NotSymmetric(f"location {a!r} has no pool")
+            if pm.setdefault(pa, pb) != pb:
+                raise NotSymmetric(f"pool {pa!r} maps to two pools")
+            if topo.pools[pa].capacity_bytes != topo.pools[pb].capacity_bytes:
+                raise NotSymmetric(f"pools {pa!r} and {pb!r} differ in capacity")
+        pool_maps.append(pm)
+    mult: dict[str, float] = {}
+    for p in pool_maps[0]:
+        hits: dict[str, int] = defaultdict(int)
+        for pm in pool_maps:
+            hits[pm[p]] += 1
+        counts = set(hits.values())
+        if len(counts) != 1:
+            raise NotSymmetric(f"pool {p!r} is shared unevenly")
+        mult[p] = float(counts.pop())
+    # untouched tensors on per-rank pools must be alike on every member
+    resident: dict[str, list[tuple[float, str]]] = defaultdict(list)
+    for t in tensors.values():
+        if t.home is not None and t.id not in tensor_owner:
+            resident[pool_of[t.home]].append((t.bytes, t.kind))
+    for p, m_ in mult.items():
+        if m_ < n:
+            images = {tuple(sorted(resident.get(pm[p], []))) for pm in pool_maps}
+            if len(images) > 1:
+                raise NotSymmetric(f"pools like {p!r} start with different tensors")
+    return tuple(pool_maps), mult
+
+
+def expand_pools(pools: dict[str, Any], sym: Symmetry) -> None:
+    """Copy each rank-0 per-rank pool's state onto its images (in place)."""
+    for p, m in sym.pool_mult.items():
+        if m >= sym.n:
+            continue
+        for pm in sym.pool_maps[1:]:
+            q = pm[p]
+            if q != p:
+                st = copy.deepcopy(pools[p])
+                st.capacity = pools[q].capacity
+                pools[q] = st
