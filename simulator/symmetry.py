@@ -124,16 +124,22 @@ class Symmetry:
         for seg in plan.segments:
             tasks = []
             for t in seg.tasks:
-                if t.id in keep:
-                    tasks.append(t)
-                elif t.id in self.global_tasks:
-                    deps = tuple(d for d in t.deps if d.id in keep or d.id in self.global_tasks)
-                    tasks.append(replace(t, deps=deps))
+                if t.id not in keep and t.id not in self.global_tasks:
+                    continue
+                deps = tuple(d for d in t.deps if d.id in keep or d.id in self.global_tasks)
+                if len(deps) != len(t.deps):
+                    t = replace(t, deps=deps)
+                if t.id in self.global_tasks and (t.allocs or t.frees or t.reads):
+                    t = replace(t, allocs=self._mine(t.allocs), frees=self._mine(t.frees), reads=self._mine(t.reads))
+                tasks.append(t)
             segs.append(Segment(seg.name, seg.repeat, tuple(tasks)))
         streams = tuple(s for s in plan.streams
                         if s.id in self.rank_streams or s.id not in self._other_streams())
         tensors = tuple(x for x in plan.tensors if x.id not in self.dropped_tensors)
         return replace(plan, segments=tuple(segs), streams=streams, tensors=tensors)
+
+    def _mine(self, items: tuple[Placement, ...]) -> tuple[Placement, ...]:
+        return tuple(p for p in items if p.tensor.id in self.rank_tensors)
 
     def _other_streams(self) -> set[str]:
         return {s for m in self.stream_maps[1:] for s in m.values()}
@@ -250,10 +256,11 @@ def _find(plan: Plan, topo: Topology, route: Callable[[str, str], RouteResources
             for a, b in zip(a_seg, b_seg, strict=True):
                 maps[k].tasks.pair(a.id, b.id)
     tensor_owner: dict[str, int] = {}
+    back = [m.tasks.back for m in maps]
     for k, o in enumerate(owners):
         for a_seg, b_seg in zip(base, groups[o], strict=True):
             for a, b in zip(a_seg, b_seg, strict=True):
-                _match(a, b, maps[k], streams, owner_of_task, global_ids, k)
+                _match(a, b, maps[k], streams, owner_of_task, global_ids, k, back)
         for tid in maps[k].tensors.back:
             if tensor_owner.setdefault(tid, k) != k:
                 raise NotSymmetric(f"tensor {tid!r} is used by two ranks")
@@ -279,7 +286,7 @@ def _find(plan: Plan, topo: Topology, route: Callable[[str, str], RouteResources
     for a, b in maps[0].locs.fwd.items():
         if a != b:
             raise NotSymmetric("rank 0's own map is not the identity")
-    _check_globals(globals_, maps, owner_of_task, global_ids, all_gpus, owners, base)
+    _check_globals(globals_, maps, owner_of_task, global_ids, all_gpus, tensor_owner)
     rep, orbit_size = _resources(plan, base, maps, route, capacity, globals_, shared_host, streams)
     pool_maps, pool_mult = _pools(plan, topo, maps, n, tensors, tensor_owner)
     rank_tensors = frozenset(maps[0].tensors.fwd)
@@ -308,7 +315,8 @@ def _places(a: tuple[Placement, ...], b: tuple[Placement, ...], m: _RankMaps) ->
 
 
 def _match(a: TaskSpec, b: TaskSpec, m: _RankMaps, streams: Mapping[str, Any], owner_of_task: Mapping[str, int],
-           global_ids: frozenset[str], k: int) -> None:
+           global_ids: frozenset[str], k: int, back: Sequence[Mapping[str, str]]) -> None:
+    n = len(back)
     same = (a.op, a.flops, a.hbm_bytes, a.bytes, a.alloc_dst, a.free_src, a.params, a.coll)
     if same != (b.op, b.flops, b.hbm_bytes, b.bytes, b.alloc_dst, b.free_src, b.params, b.coll):
         raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} differ")
@@ -337,41 +345,58 @@ def _match(a: TaskSpec, b: TaskSpec, m: _RankMaps, streams: Mapping[str, Any], o
     _places(a.allocs, b.allocs, m)
     _places(a.frees, b.frees, m)
     _places(a.reads, b.reads, m)
-    if len(a.deps) != len(b.deps):
+    if _dep_signature(a, 0, owner_of_task, global_ids, back, n) != \
+            _dep_signature(b, k, owner_of_task, global_ids, back, n):
         raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} differ in dependencies")
-    for x, y in zip(a.deps, b.deps, strict=True):
-        if (x.iters_back, x.steps_back) != (y.iters_back, y.steps_back):
-            raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} differ in dependencies")
-        if x.id in global_ids or y.id in global_ids:
-            if x.id != y.id:
-                raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} wait for different collectives")
+
+
+def _dep_signature(t: TaskSpec, own: int, owner_of_task: Mapping[str, int], global_ids: frozenset[str],
+                   back: Sequence[Mapping[str, str]], n: int) -> frozenset[tuple]:
+    """A task's dependencies up to the rank relabelling: a collective; a task of its own rank; or the same
+    task of *every* rank (a barrier: by symmetry they all end together, as its own rank's does). A wait
+    for some other ranks only breaks the symmetry."""
+    ranks: dict[tuple[str, int, int], set[int]] = defaultdict(set)
+    out: set[tuple] = set()
+    for d in t.deps:
+        if d.id in global_ids:
+            out.add(("global", d.id, d.iters_back, d.steps_back))
             continue
-        if owner_of_task.get(x.id) != 0 or owner_of_task.get(y.id) != k:
-            raise NotSymmetric(f"task {b.id!r} waits for another rank's task")
-        if m.tasks.fwd.get(x.id) != y.id:
-            raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} differ in dependencies")
+        j = owner_of_task.get(d.id)
+        if j is None:
+            raise NotSymmetric(f"task {t.id!r} waits for an unknown task")
+        ranks[(back[j][d.id], d.iters_back, d.steps_back)].add(j)
+    for key, js in ranks.items():
+        if js == {own}:
+            out.add(("own", *key))
+        elif len(js) == n:
+            out.add(("all", *key))
+        else:
+            raise NotSymmetric(f"task {t.id!r} waits for some other ranks' tasks")
+    return frozenset(out)
 
 
 def _check_globals(globals_: list[TaskSpec], maps: list[_RankMaps], owner_of_task: Mapping[str, int],
-                   global_ids: frozenset[str], all_gpus: set[str], owners: list[Any],
-                   base: list[list[TaskSpec]]) -> None:
+                   global_ids: frozenset[str], all_gpus: set[str], tensor_owner: Mapping[str, int]) -> None:
+    n = len(maps)
+    back = [m.tasks.back for m in maps]
     for t in globals_:
-        if t.allocs or t.frees or t.reads or t.tensor is not None:
-            raise NotSymmetric(f"collective {t.id!r} places tensors")
+        if t.tensor is not None:
+            raise NotSymmetric(f"collective {t.id!r} copies a tensor")
         if set(t.ranks) != all_gpus or len(t.ranks) != len(all_gpus):
             raise NotSymmetric(f"collective {t.id!r} does not span exactly the ranks' GPUs")
-        want: set[tuple[str, int, int]] = set()
-        have: set[tuple[str, int, int]] = set()
-        for d in t.deps:
-            key = (d.id, d.iters_back, d.steps_back)
-            if d.id in global_ids:
-                continue
-            have.add(key)
-            if owner_of_task.get(d.id) == 0:
-                for m in maps:
-                    want.add((m.tasks.fwd[d.id], d.iters_back, d.steps_back))
-        if want != have:
+        if any(x[0] == "own" for x in _dep_signature(t, -1, owner_of_task, global_ids, back, n)):
             raise NotSymmetric(f"collective {t.id!r} does not wait for every rank alike")
+        for items in (t.allocs, t.frees, t.reads):
+            groups: dict[tuple, set[int]] = defaultdict(set)
+            for p in items:
+                j = tensor_owner.get(p.tensor.id)
+                if j is None:
+                    raise NotSymmetric(f"collective {t.id!r} places a tensor no rank uses")
+                m = maps[j]
+                groups[(m.tensors.back[p.tensor.id], p.tensor.iters_back, p.tensor.steps_back,
+                        m.locs.back.get(p.loc))].add(j)
+            if any(len(js) != n for js in groups.values()):
+                raise NotSymmetric(f"collective {t.id!r} places tensors of some ranks only")
 
 
 def _flow_routes(t: TaskSpec, device: str, route: Callable[[str, str], RouteResources],
