@@ -43,10 +43,11 @@ class SimInfo:
     wall_s: float
     method: str  # "full" or "extrapolated: ..."
     simulated_tasks: int
+    reduction: str = ""  # symmetric ranks simulated once ("8 ranks simulated as 1 class of 8"), else ""
 
     def to_dict(self) -> dict[str, Any]:
         return {"events": self.events, "wall_s": self.wall_s, "method": self.method,
-                "simulated_tasks": self.simulated_tasks}
+                "simulated_tasks": self.simulated_tasks, "reduction": self.reduction}
 
 
 @dataclass(frozen=True)
@@ -311,13 +312,13 @@ def build_result(plan: Plan, hw: HardwareSpec, raw: RawRun, metrics: StepMetrics
         sim=sim,
         notes=tuple(plan.notes),
         info=dict(plan.info),
-        records=tuple(raw.records),
+        records=tuple(raw.symmetry.expand_records(raw.records) if raw.symmetry is not None else raw.records),
         memory_series={p: tuple(s.series) for p, s in mem.pools.items()},
         link_rate_log={r: tuple(s.rate_log) for r, s in raw.net.stats.items()},
         window=metrics.window,
         leaked=tuple(sorted(raw.leaked)),
         min_used_bytes={p: s.min_used for p, s in mem.pools.items()},
-        simulated_plan=raw.simulated_plan if raw.simulated_plan is not None else plan,
+        simulated_plan=plan,
         warmup_repeat=raw.warmup_repeat,
         topology=topo,
         measured_step=plan.steps - 1 if measured is None else measured,

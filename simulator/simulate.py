@@ -97,9 +97,8 @@ class _Runner:
         return self._cache[key]
 
     def info(self, method: str) -> SimInfo:
-        if self.symmetry is not None:
-            method += f"; {self.symmetry.describe()}"
-        return SimInfo(self.events, self.wall, method, self.tasks)
+        return SimInfo(self.events, self.wall, method, self.tasks,
+                       self.symmetry.describe() if self.symmetry is not None else "")
 
 
 def _simulate(plan: Plan, hw: HardwareSpec, *, extrapolate: bool = True,
@@ -252,7 +251,7 @@ def _settled(plan: Plan, hw: HardwareSpec, extrapolate: bool, topology: Topology
     if physically_possible(result):
         return result
     prev = None
-    sym_note = f"; {symmetry.describe()}" if symmetry is not None else ""
+    sym_note = symmetry.describe() if symmetry is not None else ""
     events, wall, tasks = result.sim.events, result.sim.wall_s, result.sim.simulated_tasks
     res = result
     for extra in range(2, MAX_EXTRA_STEPS + 1):
@@ -266,14 +265,14 @@ def _settled(plan: Plan, hw: HardwareSpec, extrapolate: bool, topology: Topology
         period = (ends[measured] - ends[measured - 2]) / 2
         m = replace(m, step_time_s=period)
         events, wall, tasks = events + raw.events, wall + raw.wall_s, tasks + len(raw.records)
-        res = build_result(longer, hw, raw, m, SimInfo(events, wall, "", tasks), measured)
+        res = build_result(longer, hw, raw, m, SimInfo(events, wall, "", tasks, sym_note), measured)
         stable = prev is not None and abs(period - prev) <= _REL_TOL * max(period, 1e-12)
         if stable and physically_possible(res):
             return replace(res, sim=SimInfo(events, wall, f"full with {longer.steps} steps, measuring steps "
                                             f"{measured}-{measured + 1} (the plan's last step ended early: "
-                                            "nothing contended with its tail)" + sym_note, tasks))
+                                            "nothing contended with its tail)", tasks, sym_note))
         prev = period
     return replace(res, sim=SimInfo(events, wall, f"full with {plan.steps + MAX_EXTRA_STEPS} steps; NOT steady: "
-                                    "consecutive periods still differ" + sym_note, tasks),
+                                    "consecutive periods still differ", tasks, sym_note),
                    notes=(*res.notes, "the simulated steps did not reach a steady state; the step time is "
                           "that of the last simulated step"))

@@ -112,6 +112,8 @@ class Symmetry:
     pool_maps: tuple[dict[str, str], ...]
     pool_mult: dict[str, float]          # rank-0 pool -> how many ranks' allocations one of its own stands for
     gpus: frozenset[str]                 # rank 0's GPUs
+    loc_maps: tuple[dict[str, str], ...] = ()
+    tags: dict[str, Mapping[str, Any]] = field(default_factory=dict)  # every rank task's tags, by id
     _folded: dict[tuple, tuple[tuple[str, ...], tuple[float, ...]]] = field(default_factory=dict)
 
     def describe(self) -> str:
@@ -193,6 +195,26 @@ class Symmetry:
             else:
                 out[s] = v
         return dict(sorted(out.items()))
+
+    def expand_records(self, records: Sequence[Any]) -> list[Any]:
+        """Every rank's records from rank 0's (each image ran exactly when rank 0's did); global ones once."""
+        out: list[Any] = []
+        rank = self.rank_tasks
+        for r in records:
+            if r.id not in rank:
+                out.append(r)
+                continue
+            for k in range(self.n):
+                if k == 0:
+                    out.append(r)
+                    continue
+                tid = self.task_maps[k][r.id]
+                locs, links = self.loc_maps[k], self.link_maps[k]
+                out.append(r._replace(
+                    uid=self.relabel_uid(r.uid, k), id=tid, stream=self.stream_maps[k][r.stream],
+                    device=locs.get(r.device, r.device), tags=self.tags.get(tid, r.tags),
+                    gpus=tuple(locs.get(g, g) for g in r.gpus), links=tuple(links.get(ln, ln) for ln in r.links)))
+        return out
 
     def relabel_uid(self, uid: str, k: int) -> str:
         base, _, rest = uid.partition("[")
@@ -297,7 +319,8 @@ def _find(plan: Plan, topo: Topology, route: Callable[[str, str], RouteResources
         stream_maps=tuple(m.streams.fwd for m in maps), task_maps=tuple(m.tasks.fwd for m in maps),
         tensor_maps=tuple(m.tensors.fwd for m in maps), link_maps=tuple(m.links.fwd for m in maps),
         resource_maps=tuple(m.resources.fwd for m in maps), rep=rep, orbit_size=orbit_size,
-        pool_maps=pool_maps, pool_mult=pool_mult, gpus=gpus0)
+        pool_maps=pool_maps, pool_mult=pool_mult, gpus=gpus0, loc_maps=tuple(m.locs.fwd for m in maps),
+        tags={t.id: t.tags for o in owners for seg in groups[o] for t in seg})
 
 
 def _ref(a: Ref, b: Ref, m: _Bijection) -> None:
