@@ -291,13 +291,13 @@ class Engine:
         if s.op == "compute":
             if sm_resource(device) not in self.net.capacity:
                 raise PlanError(f"task {t.uid!r}: compute on {device!r}, which is not a GPU")
-            yield self._sm(device, task_seconds(self.pricer, s))
+            yield self._sm(device, task_seconds(self.pricer, s), s.id)
             return 0.0, ()
         if s.op == "optimizer":
             if sm_resource(device) in self.net.capacity:
-                yield self._sm(device, gpu_optimizer_seconds(self.hw, s.params))
+                yield self._sm(device, gpu_optimizer_seconds(self.hw, s.params), s.id)
             else:
-                yield self._host_flow(s.params, (CPU_ADAM,), not self._is_rank(s))
+                yield self._host_flow(s.params, (CPU_ADAM,), s.id)
             return 0.0, ()
         if s.op == "copy":
             nbytes = s.bytes if s.bytes > 0 else self._kind(t.tensor)[0] if t.tensor else 0.0
@@ -305,43 +305,49 @@ class Engine:
             self._count(t.step, rt.links, nbytes, self._is_rank(s))
             if rt.latency_s > 0:
                 yield env.timeout(rt.latency_s)
-            yield self._host_flow(nbytes, rt.resources, not self._is_rank(s))
+            yield self._host_flow(nbytes, rt.resources, s.id)
             return nbytes, rt.links
         if s.op == "collective":
             rg = ring(self.route, s.ranks, s.bytes, collective_kind(s))
             if not rg.hops:
                 return 0.0, ()
             is_rank = self._is_rank(s)
-            for hop in rg.hops:
-                self._count(t.step, hop.links, rg.per_rank, is_rank)
+            sym = self.sym
+            if sym is not None and not is_rank and sym.flow_mult.get(s.id, 1.0) > 1.0:
+                for cid in sym.coll_orbit[s.id]:  # this group's collective and its images in the others
+                    self._count(t.step, sym.coll_hop_links[cid], rg.per_rank)
+            else:
+                for hop in rg.hops:
+                    self._count(t.step, hop.links, rg.per_rank, is_rank)
             lat = rg.latency_s
             if lat > 0:
                 yield env.timeout(lat)
             # the ring's n transfers move in lockstep: one flow using each resource once per ring hop on it
-            yield self._start(rg.per_rank, rg.resources, None, not is_rank)
+            yield self._start(rg.per_rank, rg.resources, None, s.id)
             return rg.per_rank * len(rg.hops), rg.links
         return 0.0, ()  # alloc / free / noop: instantaneous
 
-    def _sm(self, device: str, seconds: float) -> simpy.Event:
+    def _sm(self, device: str, seconds: float, task: str) -> simpy.Event:
         """Seconds of work on a GPU's SMs: shared with concurrent kernels of other streams, if any."""
         if device in self._exclusive_sm:
             return self.env.timeout(seconds)
-        return self._host_flow(seconds, (sm_resource(device),), self.sym is not None and device not in self.sym.gpus)
+        return self._host_flow(seconds, (sm_resource(device),), task)
 
-    def _host_flow(self, amount: float, resources: tuple[str, ...], is_global: bool = False) -> simpy.Event:
+    def _host_flow(self, amount: float, resources: tuple[str, ...], task: str = "") -> simpy.Event:
         """A flow of ``amount`` over ``resources``; on a shared host, as seconds of work at its solo rate
         (the narrowest resource) that also occupy the host's cores."""
         if not self.shared_host:
-            return self._start(amount, resources, None, is_global)
+            return self._start(amount, resources, None, task)
         solo = solo_rate(usage(resources), self.net.capacity)
-        return self._start(amount / solo, (*resources, HOST_CORES), [solo] * len(resources) + [1.0], is_global)
+        return self._start(amount / solo, (*resources, HOST_CORES), [solo] * len(resources) + [1.0], task)
 
     def _start(self, amount: float, resources: tuple[str, ...], weights: list[float] | None,
-               is_global: bool) -> simpy.Event:
-        """Start a flow; under symmetry, on the quotient network (``Symmetry.fold``)."""
+               task: str) -> simpy.Event:
+        """Start a flow of ``task``; under symmetry, on the quotient network (``Symmetry.fold``), standing
+        for every image of the task."""
         if self.sym is None or amount <= 0 or not resources:
             return self.net.start(amount, resources, weights)
-        res, w = self.sym.fold(resources, weights, is_global)
+        res, w = self.sym.fold(resources, weights, self.sym.multiplicity(task))
         return self.net.start(amount, res, w)
 
     def _is_rank(self, s: TaskSpec) -> bool:

@@ -198,6 +198,12 @@ def step_metrics(plan: Plan, raw: RawRun, measured: int | None = None) -> StepMe
     for r in mine:
         by_stream[r.stream].append((r.start, r.end))
         target = rank_iv if r.id in rank_tasks else link_iv
+        orbit = sym.coll_orbit.get(r.id, ()) if sym is not None else ()
+        if len(orbit) > 1:  # a collective of one group of ranks: its images ran on their own links then
+            for cid in orbit:
+                for ln in sym.coll_links[cid]:  # type: ignore[union-attr]
+                    link_iv[ln].append((r.start, r.end))
+            continue
         for ln in r.links:
             target[ln].append((r.start, r.end))
     stream_busy = {s: length(union(iv)) for s, iv in sorted(by_stream.items())}

@@ -90,6 +90,7 @@ class _RankMaps:
     locs: _Bijection = field(default_factory=lambda: _Bijection("location"))
     resources: _Bijection = field(default_factory=lambda: _Bijection("resource"))
     links: _Bijection = field(default_factory=lambda: _Bijection("link"))
+    colls: _Bijection = field(default_factory=lambda: _Bijection("collective"))
 
 
 @dataclass
@@ -98,7 +99,7 @@ class Symmetry:
 
     n: int
     rank_tasks: frozenset[str]           # rank 0's task ids
-    global_tasks: frozenset[str]
+    global_tasks: frozenset[str]         # the collectives kept: those rank 0 takes part in
     rank_streams: frozenset[str]
     rank_tensors: frozenset[str]         # tensors rank 0's tasks touch (their shared-pool bytes count n times)
     dropped_tensors: frozenset[str]      # the other ranks' tensors
@@ -113,6 +114,13 @@ class Symmetry:
     pool_mult: dict[str, float]          # rank-0 pool -> how many ranks' allocations one of its own stands for
     gpus: frozenset[str]                 # rank 0's GPUs
     loc_maps: tuple[dict[str, str], ...] = ()
+    coll_maps: tuple[dict[str, str], ...] = ()
+    flow_mult: dict[str, float] = field(default_factory=dict)   # kept collective -> collectives it stands for
+    coll_ranks: dict[str, tuple[str, ...]] = field(default_factory=dict)  # every collective's ranks
+    coll_orbit: dict[str, tuple[str, ...]] = field(default_factory=dict)  # kept collective -> it and its images
+    coll_links: dict[str, tuple[str, ...]] = field(default_factory=dict)  # collective -> links its ring crosses
+    coll_hop_links: dict[str, tuple[str, ...]] = field(default_factory=dict)  # ... hop by hop (repeats kept)
+    kept_streams: frozenset[str] = frozenset()
     tags: dict[str, Mapping[str, Any]] = field(default_factory=dict)  # every rank task's tags, by id
     _folded: dict[tuple, tuple[tuple[str, ...], tuple[float, ...]]] = field(default_factory=dict)
 
@@ -135,31 +143,33 @@ class Symmetry:
                     t = replace(t, allocs=self._mine(t.allocs), frees=self._mine(t.frees), reads=self._mine(t.reads))
                 tasks.append(t)
             segs.append(Segment(seg.name, seg.repeat, tuple(tasks)))
-        streams = tuple(s for s in plan.streams
-                        if s.id in self.rank_streams or s.id not in self._other_streams())
+        streams = tuple(s for s in plan.streams if s.id in self.kept_streams)
         tensors = tuple(x for x in plan.tensors if x.id not in self.dropped_tensors)
         return replace(plan, segments=tuple(segs), streams=streams, tensors=tensors)
 
     def _mine(self, items: tuple[Placement, ...]) -> tuple[Placement, ...]:
         return tuple(p for p in items if p.tensor.id in self.rank_tensors)
 
-    def _other_streams(self) -> set[str]:
-        return {s for m in self.stream_maps[1:] for s in m.values()}
+    def multiplicity(self, task_id: str) -> float:
+        """How many flows of the full run one flow of this kept task stands for (rank tasks: every rank's)."""
+        return self.flow_mult.get(task_id, float(self.n))
+
+    def expanded(self, task_id: str) -> bool:
+        """Is the task one of several images (rank 0's, or a collective of one group of ranks)?"""
+        return task_id in self.rank_tasks or self.flow_mult.get(task_id, 1.0) > 1.0
 
     def fold(self, resources: Sequence[str], weights: Sequence[float] | None,
-             is_global: bool) -> tuple[tuple[str, ...], tuple[float, ...]]:
-        """A flow's (resources, weights) in the quotient network."""
-        key = (tuple(resources), None if weights is None else tuple(weights), is_global)
+             mult: float) -> tuple[tuple[str, ...], tuple[float, ...]]:
+        """A flow's (resources, weights) in the quotient network: each orbit's representative, used by the
+        ``mult`` images of the flow spread evenly over the orbit's members."""
+        key = (tuple(resources), None if weights is None else tuple(weights), mult)
         got = self._folded.get(key)
         if got is None:
             acc: dict[str, float] = {}
             for r, x in usage(resources, weights).items():
                 rep = self.rep.get(r, r)
-                size = self.orbit_size.get(rep, 1)
                 acc[rep] = acc.get(rep, 0.0) + x
-            out = {r: (x / self.orbit_size.get(r, 1) if is_global else x * self.n / self.orbit_size.get(r, 1))
-                   for r, x in acc.items()}
-            del size
+            out = {r: x * mult / self.orbit_size.get(r, 1) for r, x in acc.items()}
             got = self._folded[key] = (tuple(out), tuple(out.values()))
         return got
 
@@ -189,11 +199,8 @@ class Symmetry:
     def expand_streams(self, busy: Mapping[str, float]) -> dict[str, float]:
         out: dict[str, float] = {}
         for s, v in busy.items():
-            if s in self.rank_streams:
-                for m in self.stream_maps:
-                    out[m[s]] = v
-            else:
-                out[s] = v
+            for m in self.stream_maps:
+                out[m.get(s, s)] = v
         return dict(sorted(out.items()))
 
     def expand_records(self, records: Sequence[Any]) -> list[Any]:
@@ -201,24 +208,29 @@ class Symmetry:
         out: list[Any] = []
         rank = self.rank_tasks
         for r in records:
-            if r.id not in rank:
+            is_coll = r.id not in rank
+            if is_coll and self.flow_mult.get(r.id, 1.0) == 1.0:
                 out.append(r)
                 continue
-            for k in range(self.n):
-                if k == 0:
-                    out.append(r)
+            seen = {r.id}
+            out.append(r)
+            for k in range(1, self.n):
+                tid = self.coll_maps[k][r.id] if is_coll else self.task_maps[k][r.id]
+                if tid in seen:
                     continue
-                tid = self.task_maps[k][r.id]
+                seen.add(tid)
                 locs, links = self.loc_maps[k], self.link_maps[k]
                 out.append(r._replace(
                     uid=self.relabel_uid(r.uid, k), id=tid, stream=self.stream_maps[k][r.stream],
                     device=locs.get(r.device, r.device), tags=self.tags.get(tid, r.tags),
-                    gpus=tuple(locs.get(g, g) for g in r.gpus), links=tuple(links.get(ln, ln) for ln in r.links)))
+                        gpus=self.coll_ranks[tid] if is_coll else tuple(locs.get(g, g) for g in r.gpus),
+                    links=self.coll_links[tid] if is_coll else tuple(links.get(ln, ln) for ln in r.links)))
         return out
 
     def relabel_uid(self, uid: str, k: int) -> str:
         base, _, rest = uid.partition("[")
-        return self.task_maps[k].get(base, base) + ("[" + rest if rest else "")
+        new = self.task_maps[k].get(base) or self.coll_maps[k].get(base, base)
+        return new + ("[" + rest if rest else "")
 
     def relabel_tensor(self, inst: str, k: int) -> str:
         base, _, rest = inst.partition("[")
@@ -267,6 +279,7 @@ def _find(plan: Plan, topo: Topology, route: Callable[[str, str], RouteResources
             raise NotSymmetric(f"rank {o[1]} runs a different number of tasks")
     tensors = plan.tensor_map()
     global_ids = frozenset(t.id for t in globals_)
+    streams_of = {t.id: t.stream for t in globals_}
     owner_of_task: dict[str, int] = {}
     for k, o in enumerate(owners):
         for seg in groups[o]:
@@ -283,6 +296,9 @@ def _find(plan: Plan, topo: Topology, route: Callable[[str, str], RouteResources
         for a_seg, b_seg in zip(base, groups[o], strict=True):
             for a, b in zip(a_seg, b_seg, strict=True):
                 _match(a, b, maps[k], streams, owner_of_task, global_ids, k, back)
+        for c0, ck in maps[k].colls.fwd.items():
+            if c0 != ck:
+                maps[k].streams.pair(streams_of[c0], streams_of[ck])
         for tid in maps[k].tensors.back:
             if tensor_owner.setdefault(tid, k) != k:
                 raise NotSymmetric(f"tensor {tid!r} is used by two ranks")
@@ -308,19 +324,34 @@ def _find(plan: Plan, topo: Topology, route: Callable[[str, str], RouteResources
     for a, b in maps[0].locs.fwd.items():
         if a != b:
             raise NotSymmetric("rank 0's own map is not the identity")
-    _check_globals(globals_, maps, owner_of_task, global_ids, all_gpus, tensor_owner)
-    rep, orbit_size = _resources(plan, base, maps, route, capacity, globals_, shared_host, streams)
+    gpu_of = [frozenset(m.locs.fwd[g] for g in gpus0) for m in maps]
+    for t in globals_:  # a collective over every rank that no rank task waits for is its own image
+        if t.id not in maps[0].colls.fwd and set(t.ranks) == all_gpus:
+            for m in maps:
+                m.colls.pair(t.id, t.id)
+    orbits = _check_collectives(plan, globals_, maps, owner_of_task, global_ids, gpu_of, tensor_owner)
+    rep, orbit_size = _resources(plan, base, maps, route, capacity, orbits, shared_host, streams)
     pool_maps, pool_mult = _pools(plan, topo, maps, n, tensors, tensor_owner)
     rank_tensors = frozenset(maps[0].tensors.fwd)
     dropped = frozenset(t for k in range(1, n) for t in maps[k].tensors.back)
+    kept = frozenset(orbits)
+    rings = [(t, ring(route, t.ranks, max(t.bytes, 1.0), t.coll or "")) for o in orbits.values() if len(o) > 1
+             for t in o]
+    kept_streams = frozenset(maps[0].streams.fwd) | {streams_of[c] for c in kept}
     return Symmetry(
-        n=n, rank_tasks=frozenset(maps[0].tasks.fwd), global_tasks=global_ids,
+        n=n, rank_tasks=frozenset(maps[0].tasks.fwd), global_tasks=kept,
         rank_streams=frozenset(maps[0].streams.fwd), rank_tensors=rank_tensors, dropped_tensors=dropped,
         stream_maps=tuple(m.streams.fwd for m in maps), task_maps=tuple(m.tasks.fwd for m in maps),
         tensor_maps=tuple(m.tensors.fwd for m in maps), link_maps=tuple(m.links.fwd for m in maps),
         resource_maps=tuple(m.resources.fwd for m in maps), rep=rep, orbit_size=orbit_size,
         pool_maps=pool_maps, pool_mult=pool_mult, gpus=gpus0, loc_maps=tuple(m.locs.fwd for m in maps),
-        tags={t.id: t.tags for o in owners for seg in groups[o] for t in seg})
+        tags={**{t.id: t.tags for o in owners for seg in groups[o] for t in seg},
+              **{t.id: t.tags for t in globals_}},
+        coll_maps=tuple(m.colls.fwd for m in maps), flow_mult={c: float(len(o)) for c, o in orbits.items()},
+        coll_ranks={t.id: t.ranks for t in globals_}, kept_streams=kept_streams,
+        coll_orbit={c: tuple(t.id for t in o) for c, o in orbits.items()},
+        coll_links={t.id: rg.links for t, rg in rings}, coll_hop_links={
+            t.id: tuple(ln for h in rg.hops for ln in h.links) for t, rg in rings})
 
 
 def _ref(a: Ref, b: Ref, m: _Bijection) -> None:
@@ -339,7 +370,6 @@ def _places(a: tuple[Placement, ...], b: tuple[Placement, ...], m: _RankMaps) ->
 
 def _match(a: TaskSpec, b: TaskSpec, m: _RankMaps, streams: Mapping[str, Any], owner_of_task: Mapping[str, int],
            global_ids: frozenset[str], k: int, back: Sequence[Mapping[str, str]]) -> None:
-    n = len(back)
     same = (a.op, a.flops, a.hbm_bytes, a.bytes, a.alloc_dst, a.free_src, a.params, a.coll)
     if same != (b.op, b.flops, b.hbm_bytes, b.bytes, b.alloc_dst, b.free_src, b.params, b.coll):
         raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} differ")
@@ -368,28 +398,39 @@ def _match(a: TaskSpec, b: TaskSpec, m: _RankMaps, streams: Mapping[str, Any], o
     _places(a.allocs, b.allocs, m)
     _places(a.frees, b.frees, m)
     _places(a.reads, b.reads, m)
-    if _dep_signature(a, 0, owner_of_task, global_ids, back, n) != \
-            _dep_signature(b, k, owner_of_task, global_ids, back, n):
+    ca = [d for d in a.deps if d.id in global_ids]
+    cb = [d for d in b.deps if d.id in global_ids]
+    if len(ca) != len(cb):
+        raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} wait for different collectives")
+    for x, y in zip(ca, cb, strict=True):
+        _ref(x, y, m.colls)
+    if _dep_signature(a, {0}, owner_of_task, global_ids, back) != \
+            _dep_signature(b, {k}, owner_of_task, global_ids, back):
         raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} differ in dependencies")
 
 
-def _dep_signature(t: TaskSpec, own: int, owner_of_task: Mapping[str, int], global_ids: frozenset[str],
-                   back: Sequence[Mapping[str, str]], n: int) -> frozenset[tuple]:
-    """A task's dependencies up to the rank relabelling: a collective; a task of its own rank; or the same
-    task of *every* rank (a barrier: by symmetry they all end together, as its own rank's does). A wait
-    for some other ranks only breaks the symmetry."""
+def _dep_signature(t: TaskSpec, own: set[int], owner_of_task: Mapping[str, int], global_ids: frozenset[str],
+                   back: Sequence[Mapping[str, str]], coll_back: Mapping[str, str] | None = None) -> frozenset[tuple]:
+    """A task's dependencies on rank tasks up to the rank relabelling: a task of its own rank (``own``: the
+    ranks taking part in a collective); or the same task of *every* rank (a barrier: by symmetry they all
+    end together, as its own rank's does). A wait for some other ranks only breaks the symmetry.
+    Collectives count where ``coll_back`` (their rank-0 counterparts) is given."""
+    n = len(back)
     ranks: dict[tuple[str, int, int], set[int]] = defaultdict(set)
     out: set[tuple] = set()
     for d in t.deps:
         if d.id in global_ids:
-            out.add(("global", d.id, d.iters_back, d.steps_back))
+            if coll_back is not None:
+                if d.id not in coll_back:
+                    raise NotSymmetric(f"collective {t.id!r} waits for a collective of other ranks")
+                out.add(("coll", coll_back[d.id], d.iters_back, d.steps_back))
             continue
         j = owner_of_task.get(d.id)
         if j is None:
             raise NotSymmetric(f"task {t.id!r} waits for an unknown task")
         ranks[(back[j][d.id], d.iters_back, d.steps_back)].add(j)
     for key, js in ranks.items():
-        if js == {own}:
+        if js == own:
             out.add(("own", *key))
         elif len(js) == n:
             out.add(("all", *key))
@@ -398,28 +439,86 @@ def _dep_signature(t: TaskSpec, own: int, owner_of_task: Mapping[str, int], glob
     return frozenset(out)
 
 
-def _check_globals(globals_: list[TaskSpec], maps: list[_RankMaps], owner_of_task: Mapping[str, int],
-                   global_ids: frozenset[str], all_gpus: set[str], tensor_owner: Mapping[str, int]) -> None:
+def _check_collectives(plan: Plan, colls: list[TaskSpec], maps: list[_RankMaps], owner_of_task: Mapping[str, int],
+                       global_ids: frozenset[str], gpu_of: list[frozenset[str]],
+                       tensor_owner: Mapping[str, int]) -> dict[str, list[TaskSpec]]:
+    """Every collective is the image of one rank 0 takes part in, among the ranks whose GPUs it spans; the
+    images agree with it (payload, order on their streams, dependencies, placements). Returns each kept
+    collective's orbit (itself and its images in the other groups of ranks)."""
     n = len(maps)
     back = [m.tasks.back for m in maps]
-    for t in globals_:
+    spec = {t.id: t for t in colls}
+    base_of: dict[str, str] = {}
+    for m in maps:
+        for c0, ck in m.colls.fwd.items():
+            if base_of.setdefault(ck, c0) != c0:
+                raise NotSymmetric(f"collective {ck!r} stands for two of rank 0's")
+    members: dict[str, set[int]] = defaultdict(set)
+    for k, m in enumerate(maps):
+        for ck in m.colls.fwd.values():
+            members[ck].add(k)
+    orbits: dict[str, list[TaskSpec]] = defaultdict(list)
+    want: dict[str, tuple] = {}
+    for t in sorted(colls, key=lambda c: base_of.get(c.id, "") != c.id):  # rank 0's own first
+        if t.id not in base_of:
+            raise NotSymmetric(f"no rank waits for collective {t.id!r}")
         if t.tensor is not None:
             raise NotSymmetric(f"collective {t.id!r} copies a tensor")
-        if set(t.ranks) != all_gpus or len(t.ranks) != len(all_gpus):
-            raise NotSymmetric(f"collective {t.id!r} does not span exactly the ranks' GPUs")
-        if any(x[0] == "own" for x in _dep_signature(t, -1, owner_of_task, global_ids, back, n)):
-            raise NotSymmetric(f"collective {t.id!r} does not wait for every rank alike")
-        for items in (t.allocs, t.frees, t.reads):
-            groups: dict[tuple, set[int]] = defaultdict(set)
-            for p in items:
-                j = tensor_owner.get(p.tensor.id)
-                if j is None:
-                    raise NotSymmetric(f"collective {t.id!r} places a tensor no rank uses")
-                m = maps[j]
-                groups[(m.tensors.back[p.tensor.id], p.tensor.iters_back, p.tensor.steps_back,
-                        m.locs.back.get(p.loc))].add(j)
-            if any(len(js) != n for js in groups.values()):
-                raise NotSymmetric(f"collective {t.id!r} places tensors of some ranks only")
+        c0 = spec[base_of[t.id]]
+        mine = members[t.id]
+        gpus = frozenset().union(*(gpu_of[k] for k in mine))
+        if set(t.ranks) != gpus or len(t.ranks) != len(gpus):
+            raise NotSymmetric(f"collective {t.id!r} does not span exactly its ranks' GPUs")
+        if (t.op, t.coll, t.bytes, t.flops, t.params, dict(t.tags)) != \
+                (c0.op, c0.coll, c0.bytes, c0.flops, c0.params, dict(c0.tags)):
+            raise NotSymmetric(f"collectives {c0.id!r} and {t.id!r} differ")
+        sig = (_dep_signature(t, mine, owner_of_task, global_ids, back, maps[min(mine)].colls.back),
+               _placement_signature(t, mine, maps, tensor_owner))
+        if t.id == c0.id:
+            if 0 not in mine:
+                raise NotSymmetric(f"rank 0 waits for collective {t.id!r} but takes no part in it")
+            want[t.id] = sig
+        elif sig != want[c0.id]:
+            raise NotSymmetric(f"collectives {c0.id!r} and {t.id!r} wait for or place different things")
+        orbits[c0.id].append(t)
+    sizes = {len(o) for o in orbits.values()}
+    if any(n % s for s in sizes):
+        raise NotSymmetric("collectives split the ranks unevenly")
+    _check_collective_streams(plan, orbits, maps, spec)
+    return orbits
+
+
+def _placement_signature(t: TaskSpec, members: set[int], maps: list[_RankMaps],
+                         tensor_owner: Mapping[str, int]) -> tuple[frozenset[tuple], ...]:
+    out = []
+    for items in (t.allocs, t.frees, t.reads):
+        groups: dict[tuple, set[int]] = defaultdict(set)
+        for p in items:
+            j = tensor_owner.get(p.tensor.id)
+            if j is None:
+                raise NotSymmetric(f"collective {t.id!r} places a tensor no rank uses")
+            m = maps[j]
+            groups[(m.tensors.back[p.tensor.id], p.tensor.iters_back, p.tensor.steps_back,
+                    m.locs.back.get(p.loc))].add(j)
+        if any(js != members for js in groups.values()):
+            raise NotSymmetric(f"collective {t.id!r} places tensors of other ranks than its own")
+        out.append(frozenset(groups))
+    return tuple(out)
+
+
+def _check_collective_streams(plan: Plan, orbits: Mapping[str, list[TaskSpec]], maps: list[_RankMaps],
+                              spec: Mapping[str, TaskSpec]) -> None:
+    """The kept collectives' streams run them in the order their images' streams run the images."""
+    on: dict[str, list[str]] = defaultdict(list)
+    for seg in plan.segments:
+        for t in seg.tasks:
+            if t.id in spec:
+                on[t.stream].append(t.id)
+    for s0 in {spec[c0].stream for c0 in orbits}:
+        for m in maps:
+            img = [m.colls.fwd.get(c) for c in on[s0]]
+            if img != on.get(m.streams.fwd.get(s0, s0), []):
+                raise NotSymmetric(f"stream {s0!r} runs its collectives in another order than its images")
 
 
 def _flow_routes(t: TaskSpec, device: str, route: Callable[[str, str], RouteResources],
@@ -444,9 +543,8 @@ def _flow_routes(t: TaskSpec, device: str, route: Callable[[str, str], RouteReso
 
 def _resources(plan: Plan, base: list[list[TaskSpec]], maps: list[_RankMaps],
                route: Callable[[str, str], RouteResources], capacity: Mapping[str, float],
-               globals_: list[TaskSpec], shared_host: bool, streams: Mapping[str, Any]
+               orbits: Mapping[str, list[TaskSpec]], shared_host: bool, streams: Mapping[str, Any]
                ) -> tuple[dict[str, str], dict[str, int]]:
-    n = len(maps)
     # the distinct flow shapes of rank 0 and their images in every rank
     shapes: dict[tuple, TaskSpec] = {}
     for seg in base:
@@ -494,13 +592,23 @@ def _resources(plan: Plan, base: list[list[TaskSpec]], maps: list[_RankMaps],
                 for a, b in zip(l0, lk, strict=True):
                     m.links.pair(a, b)
         loads.append(load)
+    # a collective of one group of ranks and its images in the other groups: paired hop by hop
+    for orbit in orbits.values():
+        rings = [ring(route, c.ranks, max(c.bytes, 1.0), c.coll or "") for c in orbit]
+        load = defaultdict(float)
+        for rg in rings:
+            for r in rg.resources:
+                load[r] += 1.0
+            if len(rg.resources) != len(rings[0].resources):
+                raise NotSymmetric(f"collective {orbit[0].id!r}'s images cross different routes")
+            for a, b in zip(rings[0].resources, rg.resources, strict=True):
+                if capacity.get(a) != capacity.get(b):
+                    raise NotSymmetric(f"resources {a!r} and {b!r} differ in capacity")
+                union(a, b)
+        loads.append(load)
     members: dict[str, set[str]] = defaultdict(set)
     for r in list(parent):
         members[find(r)].add(r)
-    for g in globals_:
-        if g.op == "collective" and g.coll is not None:
-            rg = ring(route, g.ranks, max(g.bytes, 1.0), g.coll)
-            loads.append(dict(usage(rg.resources)))
     for load in loads:
         for ms in members.values():
             vals = {load.get(r, 0.0) for r in ms}
@@ -514,7 +622,6 @@ def _resources(plan: Plan, base: list[list[TaskSpec]], maps: list[_RankMaps],
         for r in ms:
             rep[r] = r0
         size[r0] = len(ms)
-    del n
     return rep, size
 
 
