@@ -125,10 +125,10 @@ class Engine:
         self.warmup_repeat = warmup_repeat
         self.hw = hw
         self.topo = topology if topology is not None else build_topology(hw)
-        validate_plan(plan, "plan", self.topo.locations)
         self.sym = symmetry
         if symmetry is not None:  # a verified symmetry: rank 0 and the global tasks stand for every rank
-            plan = symmetry.reduce(plan)
+            plan = symmetry.reduce(plan)  # (the full plan was validated when its symmetry was found)
+        validate_plan(plan, "plan", self.topo.locations)
         self.plan = plan
         self.dtype = plan.workload.config.precision
         self.env = simpy.Environment()
@@ -216,7 +216,7 @@ class Engine:
             link_bytes = sym.expand_links(rank_total, link_bytes)
             by_step = {k: sym.expand_links(rank_by_step.get(k, {}), by_step.get(k, {}))
                        for k in sorted(set(by_step) | set(rank_by_step))}
-            expand_pools(self.mem.pools, sym)
+            expand_pools(self.mem.pools, self.mem.ooms, sym)
             self._expand_stats()
         return RawRun(self.records, self.mem, self.net, link_bytes, by_step, dict(self.step_end),
                       events, time.perf_counter() - wall0, self.topo, leaked, self.warmup_repeat,
@@ -367,6 +367,7 @@ class Engine:
 def plan_symmetry(plan: Plan, hw: HardwareSpec, topology: Topology | None = None) -> Symmetry | str:
     """The verified symmetry of ``plan`` on ``hw`` (``simulator.symmetry``), or why it has none."""
     topo = topology if topology is not None else build_topology(hw)
+    validate_plan(plan, "plan", topo.locations)
     return find_symmetry(plan, topo, RouteTable(topo), machine_capacities(hw, topo), hw.gpu.shares_host)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -11,6 +11,7 @@ from hardware_models import HardwareSpec, Topology
 from simulator.engine import RawRun, TaskRecord
 from simulator.phase import COMPUTE_PHASES
 from simulator.plan import Plan
+from simulator.symmetry import ExpandedRecords
 
 TRANSFER_OPS = ("copy", "collective")
 
@@ -79,7 +80,7 @@ class Result:
     sim: SimInfo
     notes: tuple[str, ...] = ()
     info: Mapping[str, Any] = field(default_factory=dict)
-    records: tuple[TaskRecord, ...] = ()     # timeline of the simulated run (for traces and reports)
+    records: Sequence[TaskRecord] = ()       # timeline of the simulated run, every rank's (traces, reports)
     memory_series: Mapping[str, tuple[tuple[float, str, float], ...]] = field(default_factory=dict)
     link_rate_log: Mapping[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
     window: tuple[float, float] = (0.0, 0.0)  # the measured step in simulated time
@@ -318,7 +319,7 @@ def build_result(plan: Plan, hw: HardwareSpec, raw: RawRun, metrics: StepMetrics
         sim=sim,
         notes=tuple(plan.notes),
         info=dict(plan.info),
-        records=tuple(raw.symmetry.expand_records(raw.records) if raw.symmetry is not None else raw.records),
+        records=ExpandedRecords(raw.symmetry, raw.records) if raw.symmetry is not None else tuple(raw.records),
         memory_series={p: tuple(s.series) for p, s in mem.pools.items()},
         link_rate_log={r: tuple(s.rate_log) for r, s in raw.net.stats.items()},
         window=metrics.window,

@@ -31,7 +31,7 @@ import os
 from dataclasses import replace
 
 from costs import both_ways_bw
-from hardware_models import HardwareSpec, Topology
+from hardware_models import HardwareSpec, Topology, build_topology
 from simulator.engine import RawRun, plan_symmetry, run_plan
 from simulator.plan import Plan
 from simulator.result import (
@@ -226,6 +226,8 @@ def simulate_plan(plan: Plan, hw: HardwareSpec, *, extrapolate: bool = True,
     the others' load on shared resources accounted (``simulator.symmetry``: identical figures, a cost
     independent of the GPU count); ``False`` simulates every rank.
     """
+    if topology is None:  # built once for every run below (a large machine's topology is not free)
+        topology = build_topology(hw)
     sym = plan_symmetry(plan, hw, topology) if symmetric else None
     result = with_hardware_flops(_settled(plan, hw, extrapolate, topology,
                                           sym if isinstance(sym, Symmetry) else None), plan, hw)

@@ -34,9 +34,8 @@ Anything that fails a check is simulated in full; ``sim.method`` says which was 
 
 from __future__ import annotations
 
-import copy
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -282,8 +281,8 @@ def _find(plan: Plan, topo: Topology, route: Callable[[str, str], RouteResources
     streams_of = {t.id: t.stream for t in globals_}
     owner_of_task: dict[str, int] = {}
     for k, o in enumerate(owners):
-        for seg in groups[o]:
-            for t in seg:
+        for seg_tasks in groups[o]:
+            for t in seg_tasks:
                 owner_of_task[t.id] = k
     maps = [_RankMaps() for _ in owners]
     for k, o in enumerate(owners):
@@ -303,15 +302,15 @@ def _find(plan: Plan, topo: Topology, route: Callable[[str, str], RouteResources
             if tensor_owner.setdefault(tid, k) != k:
                 raise NotSymmetric(f"tensor {tid!r} is used by two ranks")
     for k in range(n):
-        for a, b in maps[k].tensors.fwd.items():
-            ta, tb = tensors.get(a), tensors.get(b)
+        for ida, idb in maps[k].tensors.fwd.items():
+            ta, tb = tensors.get(ida), tensors.get(idb)
             if ta is None or tb is None:
-                raise NotSymmetric(f"tensor {a!r} is not declared")
+                raise NotSymmetric(f"tensor {ida!r} is not declared")
             if (ta.bytes, ta.kind, ta.scope, ta.layer, ta.persistent) != (tb.bytes, tb.kind, tb.scope, tb.layer,
                                                                           tb.persistent):
-                raise NotSymmetric(f"tensors {a!r} and {b!r} differ")
+                raise NotSymmetric(f"tensors {ida!r} and {idb!r} differ")
             if (ta.home is None) != (tb.home is None):
-                raise NotSymmetric(f"tensors {a!r} and {b!r} differ in home")
+                raise NotSymmetric(f"tensors {ida!r} and {idb!r} differ in home")
             if ta.home is not None and tb.home is not None:
                 maps[k].locs.pair(ta.home, tb.home)
     gpus0 = frozenset(loc for loc in maps[0].locs.fwd if loc in set(topo.gpu_locations()))
@@ -321,8 +320,8 @@ def _find(plan: Plan, topo: Topology, route: Callable[[str, str], RouteResources
         if k and img & gpus0:
             raise NotSymmetric("ranks share a GPU")
         all_gpus |= img
-    for a, b in maps[0].locs.fwd.items():
-        if a != b:
+    for la, lb in maps[0].locs.fwd.items():
+        if la != lb:
             raise NotSymmetric("rank 0's own map is not the identity")
     gpu_of = [frozenset(m.locs.fwd[g] for g in gpus0) for m in maps]
     for t in globals_:  # a collective over every rank that no rank task waits for is its own image
@@ -330,7 +329,10 @@ def _find(plan: Plan, topo: Topology, route: Callable[[str, str], RouteResources
             for m in maps:
                 m.colls.pair(t.id, t.id)
     orbits = _check_collectives(plan, globals_, maps, owner_of_task, global_ids, gpu_of, tensor_owner)
-    rep, orbit_size = _resources(plan, base, maps, route, capacity, orbits, shared_host, streams)
+    try:  # a collective's alike hops as one role; failing the load check, each hop its own
+        rep, orbit_size = _resources(plan, base, maps, route, capacity, orbits, shared_host, streams, True)
+    except NotSymmetric:  # (the maps it paired are the same either way)
+        rep, orbit_size = _resources(plan, base, maps, route, capacity, orbits, shared_host, streams, False)
     pool_maps, pool_mult = _pools(plan, topo, maps, n, tensors, tensor_owner)
     rank_tensors = frozenset(maps[0].tensors.fwd)
     dropped = frozenset(t for k in range(1, n) for t in maps[k].tensors.back)
@@ -402,8 +404,8 @@ def _match(a: TaskSpec, b: TaskSpec, m: _RankMaps, streams: Mapping[str, Any], o
     cb = [d for d in b.deps if d.id in global_ids]
     if len(ca) != len(cb):
         raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} wait for different collectives")
-    for x, y in zip(ca, cb, strict=True):
-        _ref(x, y, m.colls)
+    for ra, rb in zip(ca, cb, strict=True):
+        _ref(ra, rb, m.colls)
     if _dep_signature(a, {0}, owner_of_task, global_ids, back) != \
             _dep_signature(b, {k}, owner_of_task, global_ids, back):
         raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} differ in dependencies")
@@ -450,8 +452,8 @@ def _check_collectives(plan: Plan, colls: list[TaskSpec], maps: list[_RankMaps],
     spec = {t.id: t for t in colls}
     base_of: dict[str, str] = {}
     for m in maps:
-        for c0, ck in m.colls.fwd.items():
-            if base_of.setdefault(ck, c0) != c0:
+        for base_id, ck in m.colls.fwd.items():
+            if base_of.setdefault(ck, base_id) != base_id:
                 raise NotSymmetric(f"collective {ck!r} stands for two of rank 0's")
     members: dict[str, set[int]] = defaultdict(set)
     for k, m in enumerate(maps):
@@ -543,7 +545,8 @@ def _flow_routes(t: TaskSpec, device: str, route: Callable[[str, str], RouteReso
 
 def _resources(plan: Plan, base: list[list[TaskSpec]], maps: list[_RankMaps],
                route: Callable[[str, str], RouteResources], capacity: Mapping[str, float],
-               orbits: Mapping[str, list[TaskSpec]], shared_host: bool, streams: Mapping[str, Any]
+               orbits: Mapping[str, list[TaskSpec]], shared_host: bool, streams: Mapping[str, Any],
+               merge_hops: bool
                ) -> tuple[dict[str, str], dict[str, int]]:
     # the distinct flow shapes of rank 0 and their images in every rank
     shapes: dict[tuple, TaskSpec] = {}
@@ -605,6 +608,13 @@ def _resources(plan: Plan, base: list[list[TaskSpec]], maps: list[_RankMaps],
                 if capacity.get(a) != capacity.get(b):
                     raise NotSymmetric(f"resources {a!r} and {b!r} differ in capacity")
                 union(a, b)
+            if merge_hops:  # a ring's hops play one role where they are alike (the load check decides)
+                hops = rg.hops
+                for h in hops[1:]:
+                    if len(h.resources) == len(hops[0].resources):
+                        for a, b in zip(hops[0].resources, h.resources, strict=True):
+                            if capacity.get(a) == capacity.get(b):
+                                union(a, b)
         loads.append(load)
     members: dict[str, set[str]] = defaultdict(set)
     for r in list(parent):
@@ -618,10 +628,10 @@ def _resources(plan: Plan, base: list[list[TaskSpec]], maps: list[_RankMaps],
     size: dict[str, int] = {}
     for ms in members.values():
         own = sorted(ms & rank0_res) or sorted(ms)
-        r0 = own[0]
+        first = own[0]
         for r in ms:
-            rep[r] = r0
-        size[r0] = len(ms)
+            rep[r] = first
+        size[first] = len(ms)
     return rep, size
 
 
@@ -662,14 +672,43 @@ def _pools(plan: Plan, topo: Topology, maps: list[_RankMaps], n: int, tensors: M
     return tuple(pool_maps), mult
 
 
-def expand_pools(pools: dict[str, Any], sym: Symmetry) -> None:
-    """Copy each rank-0 per-rank pool's state onto its images (in place)."""
-    for p, m in sym.pool_mult.items():
-        if m >= sym.n:
-            continue
-        for pm in sym.pool_maps[1:]:
+class ExpandedRecords(Sequence[Any]):
+    """Every rank's task records, made from the representative's on first use (a 1024-rank run's
+    timeline is millions of records that most callers never read)."""
+
+    def __init__(self, sym: Symmetry, records: Sequence[Any]):
+        self._sym = sym
+        self._base = records
+        self._all: tuple[Any, ...] | None = None
+
+    def _records(self) -> tuple[Any, ...]:
+        if self._all is None:
+            self._all = tuple(self._sym.expand_records(self._base))
+        return self._all
+
+    def __len__(self) -> int:
+        return len(self._records())
+
+    def __getitem__(self, i):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN204 - Sequence protocol
+        return self._records()[i]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._records())
+
+
+def expand_pools(pools: dict[str, Any], ooms: list[Any], sym: Symmetry) -> None:
+    """Each rank-0 per-rank pool's state is its images' (in place: the very same state, read-only from
+    here on; capacities are equal, verified), and so are its OOM verdicts, relabelled."""
+    private = {p for p, m in sym.pool_mult.items() if m < sym.n}
+    mine = [o for o in ooms if o.pool in private]
+    for k, pm in enumerate(sym.pool_maps):
+        seen: set[str] = set()
+        for p in private:
             q = pm[p]
             if q != p:
-                st = copy.deepcopy(pools[p])
-                st.capacity = pools[q].capacity
-                pools[q] = st
+                pools[q] = pools[p]
+        for o in mine:
+            q = pm[o.pool]
+            if q != o.pool and q not in seen:
+                seen.add(q)
+                ooms.append(replace(o, pool=q, task=sym.relabel_uid(o.task, k), tensor=sym.relabel_tensor(o.tensor, k)))
