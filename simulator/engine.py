@@ -39,6 +39,7 @@ import simpy
 from costs import (
     CPU_ADAM,
     HOST_CORES,
+    Ring,
     RouteResources,
     RouteTable,
     gpu_optimizer_seconds,
@@ -155,6 +156,7 @@ class Engine:
         self.step_end: dict[int, float] = defaultdict(float)
         self.route: RouteTable = RouteTable(self.topo)  # route(src, dst) -> RouteResources, memoised
         self.pricer = plan_pricer(plan, hw, self.dtype)
+        self._rings: dict[tuple, Ring] = {}
 
     # -- execution ------------------------------------------------------------------------------------
     def run(self) -> RawRun:
@@ -308,7 +310,10 @@ class Engine:
             yield self._host_flow(nbytes, rt.resources, s.id)
             return nbytes, rt.links
         if s.op == "collective":
-            rg = ring(self.route, s.ranks, s.bytes, collective_kind(s))
+            key = (s.ranks, s.bytes, s.coll)
+            rg = self._rings.get(key)
+            if rg is None:  # a ring over many ranks is worked out once per shape, not per layer and step
+                rg = self._rings[key] = ring(self.route, s.ranks, s.bytes, collective_kind(s))
             if not rg.hops:
                 return 0.0, ()
             is_rank = self._is_rank(s)

@@ -54,3 +54,43 @@ def test_bench_policy_all_70b_a100x8() -> None:
     wall = time.perf_counter() - t0
     print(f"\nsimulate --policy all --hw a100x8 --model 70b: {wall:.1f} s wall (target < 15 s)")
     assert code == 0
+
+
+def _raw_simpy_seconds(n: int = 1_000_000) -> float:
+    """Wall seconds of ``n`` plain ``env.timeout`` events in raw SimPy, in this process (the yardstick)."""
+    import time
+
+    import simpy
+
+    env = simpy.Environment()
+
+    def proc():  # noqa: ANN202 - a SimPy process
+        for _ in range(n):
+            yield env.timeout(1.0)
+
+    env.process(proc())
+    t0 = time.perf_counter()
+    env.run()
+    return time.perf_counter() - t0
+
+
+@pytest.mark.parametrize("n_gpus", [8, 1024])
+def test_bench_symmetric_gpu_count(n_gpus: int) -> None:
+    """Target (issue 13): a symmetric plan's simulation costs the same whatever the GPU count; a 1024-GPU
+    job at most 4x of 1 M raw SimPy timeouts (plan construction excluded and printed apart)."""
+    import time
+
+    raw = _raw_simpy_seconds()
+    job, _ = make_job("a100x8", "7b", hw_overrides=[f"gpu.count={n_gpus}"])
+    t0 = time.perf_counter()
+    plan = make_plan(job, "zero-offload")
+    plan_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    result = simulate_plan(plan, job.hw)
+    sim_s = time.perf_counter() - t0
+    tasks = sum(len(s.tasks) for s in plan.segments)
+    print(f"\n7b/a100 x{n_gpus}/zero-offload: simulate {sim_s:.2f} s = {sim_s / raw:.2f}x of 1 M raw SimPy timeouts "
+          f"({raw:.2f} s here; target <= 4x); {result.sim.events:,} engine events; {result.sim.reduction or 'no reduction'}"
+          f"; plan construction {plan_s:.2f} s for {tasks:,} tasks (not in the ratio)")
+    assert result.sim.reduction == f"{n_gpus} ranks simulated as 1 class of {n_gpus}"
+    assert result.feasible
