@@ -90,7 +90,8 @@ def test_bench_symmetric_gpu_count(n_gpus: int) -> None:
     sim_s = time.perf_counter() - t0
     tasks = sum(len(s.tasks) for s in plan.segments)
     print(f"\n7b/a100 x{n_gpus}/zero-offload: simulate {sim_s:.2f} s = {sim_s / raw:.2f}x of 1 M raw SimPy timeouts "
-          f"({raw:.2f} s here; target <= 4x); {result.sim.events:,} engine events; {result.sim.reduction or 'no reduction'}"
+          f"({raw:.2f} s here; target <= 4x); {result.sim.events:,} engine events; "
+          f"{result.sim.reduction or 'no reduction'}"
           f"; plan construction {plan_s:.2f} s for {tasks:,} tasks (not in the ratio)")
     assert result.sim.reduction == f"{n_gpus} ranks simulated as 1 class of {n_gpus}"
     assert result.feasible
