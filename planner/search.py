@@ -50,6 +50,7 @@ import hashlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from hardware_models import HardwareInputError, HardwareSpec, Topology, build_topology
 from planner.bounds import plan_bounds
@@ -190,6 +191,7 @@ class _Search:
         self.plan_bound: dict[int, float] = {}
         self.sim_plans: dict[int, Plan] = {}
         self.results: dict[int, Result] = {}
+        self.pool: Workers | None = None  # the worker of bounded_call, started on first use
 
     def over_budget(self) -> bool:
         return self.deadline.expired()
@@ -197,6 +199,25 @@ class _Search:
     def wait_s(self) -> float:
         """How long to wait for a worker before looking at the deadline again."""
         return min(WAIT_STEP_S, self.deadline.left())
+
+    def bounded_call(self, key: int, fn: Callable[..., Any], *args: Any) -> tuple[bool, Any]:
+        """``(True, fn(*args))`` from this search's one worker process, or ``(False, None)`` when the deadline
+        passes first (the worker is stopped; another starts for the next call)."""
+        if self.pool is None:
+            self.pool = Workers(1)
+        self.pool.submit(key, fn, *args)
+        while True:
+            got = self.pool.wait(timeout=self.wait_s())
+            if got:
+                return True, got[0][1]
+            if self.over_budget():
+                self.pool.cancel(key)
+                return False, None
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.stop()
+            self.pool = None
 
     def keep_plan(self, index: int, plan: Plan, bound: float) -> None:
         """Keep a built plan for its simulation, but only the KEEP_PLANS with the lowest bounds (memory)."""
@@ -327,16 +348,12 @@ def _plan_parallel(s: _Search, todo: list[Candidate]) -> None:
 
 def _sim_bounded(s: _Search, c: Candidate) -> tuple[Plan, bool] | None:
     """Simulate one candidate in a worker process, stopped at the deadline (None then)."""
-    with Workers(1) as pool:
-        pool.submit(c.index, _sim_task, s.ready_job(c), c)
-        while True:
-            got = pool.wait(timeout=s.wait_s())
-            if got:
-                sim, plan = got[0][1]
-                s.store_sim(c, sim)
-                return plan, sim.feasible
-            if s.over_budget():
-                return None
+    done, got = s.bounded_call(c.index, _sim_task, s.ready_job(c), c)
+    if not done:
+        return None
+    sim, plan = got
+    s.store_sim(c, sim)
+    return plan, sim.feasible
 
 
 def _plan_here(s: _Search, c: Candidate, i: int, n: int) -> None:
@@ -351,16 +368,10 @@ def _plan_sim_bounded(s: _Search, c: Candidate, i: int, n: int) -> bool:
     """first_feasible under a deadline: plan, bound and simulate ``c`` in a worker process, stopped at the
     deadline (False then; nothing is stored)."""
     cap = s.config.max_candidates
-    may_simulate = cap is None or s.n_sims < cap
-    with Workers(1) as pool:
-        pool.submit(c.index, _plan_sim_task, s.ready_job(c), c, may_simulate)
-        while True:
-            got = pool.wait(timeout=s.wait_s())
-            if got:
-                break
-            if s.over_budget():
-                return False
-    summary, plan = got[0][1]
+    done, got = s.bounded_call(c.index, _plan_sim_task, s.ready_job(c), c, cap is None or s.n_sims < cap)
+    if not done:
+        return False
+    summary, plan = got
     s.store(c, summary)
     s.say(f"[plan {i + 1}/{n}] {c.label()}: {_plan_label(summary)}")
     if summary.sim is not None:
@@ -681,8 +692,11 @@ def search(hw: str | HardwareSpec, model: str | ModelSpec, *, request: JobReques
     cands = list(enumerate_candidates(names, spec.gpu.count, c0.global_batch, micro_batch=req.micro_batch,
                                       checkpointing=req.checkpointing, knobs=knobs))
     s = _Search(spec, m, base, config, cache, progress, t0, limit)
-    _plan_phase(s, cands)
-    survivors = _survivors(s, cands)
-    if not first_feasible and survivors:
-        _best_first(s, survivors)
+    try:
+        _plan_phase(s, cands)
+        survivors = _survivors(s, cands)
+        if not first_feasible and survivors:
+            _best_first(s, survivors)
+    finally:
+        s.close()
     return _outcome(s, cands, assumed, c0.to_dict())

@@ -122,9 +122,9 @@ def run(args: argparse.Namespace) -> int:
         big, nxt = o.largest, o.first_infeasible
         counts = [str(sum(not c.screened for c in o.checks)), str(o.n_screened)]
         if big is None:
-            rows.append([o.policy, "none fits", "-", "-", "-", "-",
-                         f"{o.binding} (already at {nxt.model.n_layers} layers x {nxt.model.hidden})" if nxt else "",
-                         *counts])
+            at = f"{o.binding} (already at {nxt.model.n_layers} layers x {nxt.model.hidden})" if nxt else ""
+            rows.append([o.policy, "? (budget)" if o.cut_short else "none fits", "-", "-", "-", "-",
+                         at or ("not settled (budget)" if o.cut_short else ""), *counts])
             continue
         m = big.model
         above = (f"{o.binding}: {scaler.describe(nxt.n)} ({nxt.model.params() / 1e9:.2f}B)" if nxt
