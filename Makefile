@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 # package that lands later (costs/) is checked from the commit that adds it, and none can be forgotten.
 PACKAGES := $(sort $(patsubst %/__init__.py,%,$(wildcard */__init__.py)))
 
-.PHONY: demo test bench validate lint clean
+.PHONY: demo test bench bench-table validate lint clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -29,8 +29,13 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q
 
+# every benchmark; the speed table of issue 13 (ratios to 1 M raw SimPy timeouts, targets, met / not met) is
+# tests/benchmarks/test_bench_ratios.py, alone with `make bench-table`
 bench: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q -m benchmark -s tests
+
+bench-table: $(VENV)/.installed-dev
+	$(BIN)/python -m pytest -q -m benchmark -s tests/benchmarks/test_bench_ratios.py
 
 validate: $(VENV)/.installed
 	$(BIN)/tiersim validate

@@ -1,10 +1,11 @@
 """Training coverage: which policy can train which model on a machine, and how fast (Tiny-Pipe's matrix).
 
 Each cell (policy, model) is ``planner.search.search`` restricted to that policy: its best plan's
-throughput, or infeasible with the pool that overflows in the most candidates (the binding pool). Cells
-are bounded by ``cell_budget_s`` each, or by ``total_budget_s`` shared out over the cells still to do
-(each gets an equal share of what is left, at least MIN_CELL_S), and by ``max_candidates``; a bounded cell
-first settles feasibility with a first-feasible search, then spends what is left on the best throughput.
+throughput, or infeasible with the pool that overflows in the most candidates (the binding pool). The
+whole matrix is bounded by ``total_budget_s`` (or ``deadline``), a wall-clock promise: each cell still to do
+gets an equal share of what is left (time a cell does not use goes to the next); ``cell_budget_s`` caps
+each cell besides, and ``max_candidates`` each search. A bounded cell searches exactly first and settles
+feasibility with a first-feasible search only when that is cut short (``planner.whatif.best_within``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hardware_models import HardwareSpec
+from planner.deadline import Deadline
 from planner.job import JobRequest, resolve_hardware
 from planner.whatif import Best, Progress, best_within
 from policies import POLICIES
@@ -54,17 +56,16 @@ class CoverageOutcome:
                 "models": [m.name for m in self.models], "rows": [c.to_dict() for c in self.cells]}
 
 
-MIN_CELL_S = 1.0  # a cell whose share of the total budget is smaller still gets this much
-
-
 def coverage(hw: str | HardwareSpec, models: Sequence[str | ModelSpec], *, policies: Sequence[str] | None = None,
              request: JobRequest | None = None, hw_overrides: Sequence[str] = (), objective: str = "tokens_per_s",
              cell_budget_s: float | None = None, total_budget_s: float | None = None,
              max_candidates: int | None = None, progress: Progress | None = None,
-             cache: Any = None, workers: int = 1, knobs: Sequence[str] = ()) -> CoverageOutcome:
+             cache: Any = None, workers: int = 1, knobs: Sequence[str] = (),
+             deadline: Deadline | None = None) -> CoverageOutcome:
     """The policy x model matrix; cells in policy order, then model order (as given). ``knobs``
     (``name=value``) fix knobs of the policies that declare them."""
     t0 = time.perf_counter()
+    limit = deadline.within(total_budget_s) if deadline is not None else Deadline.after(total_budget_s)
     spec = resolve_hardware(hw, hw_overrides)
     specs = [m if isinstance(m, ModelSpec) else load_model(m) for m in models]
     names = list(policies) if policies else list(POLICIES)
@@ -72,14 +73,10 @@ def coverage(hw: str | HardwareSpec, models: Sequence[str | ModelSpec], *, polic
     total = len(names) * len(specs)
     for policy in names:
         for model in specs:
-            budget = cell_budget_s
-            if total_budget_s is not None:
-                share = max(total_budget_s - (time.perf_counter() - t0), 0.0) / (total - len(out.cells))
-                budget = max(share if budget is None else min(budget, share), MIN_CELL_S)
             c0 = time.perf_counter()
             best = best_within(spec, model, policies=[policy], request=request, objective=objective,
-                               budget_s=budget, max_candidates=max_candidates, cache=cache, workers=workers,
-                               knobs=knobs)
+                               max_candidates=max_candidates, cache=cache, workers=workers, knobs=knobs,
+                               deadline=limit.share(total - len(out.cells)).within(cell_budget_s))
             cell = Cell(policy, model, best, time.perf_counter() - c0)
             out.cells.append(cell)
             if progress:

@@ -18,6 +18,11 @@ sound checks a search applies first); its answer ``s`` is then confirmed by a fu
 ``planner.search.search`` restricted to the policy: with ``first_feasible=True`` (it stops at the first
 plan whose simulation fits), or, with a step-time limit, a full search whose fastest plan must meet the
 limit. Checks and screens are memoised per ``n``.
+
+``budget_s`` (or ``deadline``) bounds the whole bisection by wall time, a promise: every check and screen
+runs under it (in worker processes stopped at the deadline), and when it passes the bisection stops with
+what it has proven: the largest size known to fit and the smallest known not to, said in ``cut_short``
+(a check cut by the deadline is never taken for a verdict).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from typing import Any
 
 from hardware_models import HardwareInputError, HardwareSpec, build_topology
 from planner.candidates import enumerate_candidates, memory_frugal
+from planner.deadline import Deadline, run_bounded
 from planner.job import JobRequest, make_job, resolve_hardware
 from planner.search import plan_summary, search
 from planner.whatif import Best, Progress
@@ -153,6 +159,7 @@ class MaxModelOutcome:
     checks: list[Check] = field(default_factory=list)
     n_screened: int = 0  # sizes judged by the cheap screen (no simulation)
     wall_s: float = 0.0
+    cut_short: str | None = None  # the deadline stopped the bisection: largest / first_infeasible bracket it
 
     @property
     def binding(self) -> str | None:
@@ -174,7 +181,8 @@ class MaxModelOutcome:
                 "knobs": self.largest.best.knobs if self.largest else {},
                 "first_infeasible": model_dict(self.first_infeasible), "binding": self.binding,
                 "cap_reached": self.largest is not None and self.first_infeasible is None,
-                "checks": [c.to_dict() for c in self.checks], "n_screened": self.n_screened}
+                "checks": [c.to_dict() for c in self.checks], "n_screened": self.n_screened,
+                "cut_short": self.cut_short}
 
 
 @dataclass(frozen=True)
@@ -221,14 +229,21 @@ def screen_model(hw: HardwareSpec, model: ModelSpec, policy: str, *, request: Jo
     return Screen(n, False, binding, len(cands), time.perf_counter() - t0)
 
 
+def _screen_task(hw: HardwareSpec, model: ModelSpec, policy: str, request: JobRequest | None, n: int,
+                 knobs: tuple[str, ...]) -> Screen:
+    """:func:`screen_model` with positional arguments (run in a worker process under a deadline)."""
+    return screen_model(hw, model, policy, request=request, n=n, knobs=knobs)
+
+
 def check_model(hw: str | HardwareSpec, model: ModelSpec, policy: str, *, request: JobRequest | None = None,
                 max_step_time_s: float | None = None, budget_s: float | None = None,
                 max_candidates: int | None = None, cache: Any = None, workers: int = 1, n: int = 0,
-                knobs: Sequence[str] = ()) -> Check:
+                knobs: Sequence[str] = (), deadline: Deadline | None = None) -> Check:
     """Can ``policy`` train ``model``? Cheapest route first; with a step-time limit, the fastest plan counts."""
     t0 = time.perf_counter()
     outcome = search(hw, model, request=request, policies=[policy], first_feasible=max_step_time_s is None,
-                     budget_s=budget_s, max_candidates=max_candidates, cache=cache, workers=workers, knobs=knobs)
+                     budget_s=budget_s, max_candidates=max_candidates, cache=cache, workers=workers, knobs=knobs,
+                     deadline=deadline)
     best = Best.of(outcome)
     feasible, binding = best.feasible, best.binding
     if feasible and max_step_time_s is not None and (best.step_time_s or 0.0) > max_step_time_s:
@@ -240,7 +255,7 @@ def max_model(hw: str | HardwareSpec, scaler: Scaler, policy: str, *, request: J
               hw_overrides: Sequence[str] = (), max_step_time_s: float | None = None, budget_s: float | None = None,
               max_candidates: int | None = None, progress: Progress | None = None,
               cache: Any = None, workers: int = 1, screen: bool = True,
-              knobs: Sequence[str] = ()) -> MaxModelOutcome:
+              knobs: Sequence[str] = (), deadline: Deadline | None = None) -> MaxModelOutcome:
     """The largest ``n`` (and its model) that ``policy`` trains: feasible, and ``n + 1`` is not.
 
     With ``screen`` (default) the sizes are first bisected on the cheap :func:`screen_model` verdict, whose
@@ -250,6 +265,7 @@ def max_model(hw: str | HardwareSpec, scaler: Scaler, policy: str, *, request: J
     ``param_device=nvme``: the largest model with parameters on NVMe).
     """
     t0 = time.perf_counter()
+    limit = deadline.within(budget_s) if deadline is not None else Deadline.after(budget_s)
     spec = resolve_hardware(hw, hw_overrides)
     checks: dict[int, Check] = {}
     screens: dict[int, Screen] = {}
@@ -260,9 +276,14 @@ def max_model(hw: str | HardwareSpec, scaler: Scaler, policy: str, *, request: J
             nothing = Best(False, None, {}, None, None, None, None, None, sc.binding, sc.n_planned, 0)
             checks[n] = Check(n, scaler.build(n), nothing, False, sc.binding, sc.wall_s, screened=True)
         if n not in checks:
-            checks[n] = check_model(spec, scaler.build(n), policy, request=request, max_step_time_s=max_step_time_s,
-                                    budget_s=budget_s, max_candidates=max_candidates, cache=cache,
-                                    workers=workers, n=n, knobs=knobs)
+            if limit.expired():
+                raise _OutOfTime
+            c = check_model(spec, scaler.build(n), policy, request=request, max_step_time_s=max_step_time_s,
+                            max_candidates=max_candidates, cache=cache, workers=workers, n=n, knobs=knobs,
+                            deadline=limit)
+            if not c.feasible and c.binding == "budget" and limit.expired():
+                raise _OutOfTime  # the deadline cut this check: no verdict
+            checks[n] = c
             if progress:
                 c = checks[n]
                 verdict = "fits" if c.feasible else f"does not fit ({c.binding})"
@@ -272,19 +293,52 @@ def max_model(hw: str | HardwareSpec, scaler: Scaler, policy: str, *, request: J
 
     def may_fit(n: int) -> bool:
         if n not in screens:
-            screens[n] = screen_model(spec, scaler.build(n), policy, request=request, n=n, knobs=knobs)
+            done, sc = run_bounded(limit, _screen_task, spec, scaler.build(n), policy, request, n, tuple(knobs))
+            if not done:
+                raise _OutOfTime
+            screens[n] = sc
             if progress:
                 sc = screens[n]
                 verdict = "passes (to be simulated)" if sc.passes else f"rejected without simulating ({sc.binding})"
                 progress(f"{policy}: screen {scaler.describe(n)}: {verdict} [{sc.wall_s:.1f} s]")
         return screens[n].passes
 
-    lo, hi = _search_sizes(ok, may_fit if screen else None, scaler)
+    cut: str | None = None
+    try:
+        lo, hi = _search_sizes(ok, may_fit if screen else None, scaler)
+    except _OutOfTime:
+        lo, hi, cut = _bracket(checks, screens, scaler)
+        for n in (hi,) if hi is not None and hi not in checks else ():
+            ok(n)  # a screened-out size: recorded from its screen (no search)
     ordered = [checks[n] for n in sorted(checks)]
     return MaxModelOutcome(policy=policy, dimension=scaler.dimension, family=scaler.family,
                            largest=checks[lo] if lo is not None else None,
                            first_infeasible=checks[hi] if hi is not None else None,
-                           checks=ordered, n_screened=len(screens), wall_s=time.perf_counter() - t0)
+                           checks=ordered, n_screened=len(screens), wall_s=time.perf_counter() - t0, cut_short=cut)
+
+
+class _OutOfTime(Exception):
+    """The deadline passed during the bisection (internal: :func:`max_model` answers with what it proved)."""
+
+
+def _bracket(checks: dict[int, Check], screens: dict[int, Screen],
+             scaler: Scaler) -> tuple[int | None, int | None, str]:
+    """What a cut bisection has proven: the largest size known to fit, the smallest above it known not to
+    (a full check or a screen's rejection), and the sentence that says so."""
+    fits = [n for n, c in checks.items() if c.feasible]
+    lo = max(fits) if fits else None
+    above = [n for n, c in checks.items() if not c.feasible and (lo is None or n > lo)]
+    above += [n for n, sc in screens.items() if not sc.passes and (lo is None or n > lo)]
+    hi = min(above) if above else None
+    if lo is not None and hi is not None:
+        where = f"the largest fitting size is from {lo} to {hi - 1} ({scaler.dimension})"
+    elif lo is not None:
+        where = f"{lo} fits ({scaler.dimension}); larger sizes were not settled"
+    elif hi is not None:
+        where = f"no size below {hi} was shown to fit ({scaler.dimension})"
+    else:
+        where = "no size was settled"
+    return lo, hi, f"wall-time budget reached during the bisection: {where}"
 
 
 def _search_sizes(ok: Callable[[int], bool], may_fit: Callable[[int], bool] | None,

@@ -22,10 +22,15 @@ With ``workers > 1`` the simulations run in parallel processes, speculatively in
 outcome is then recomputed by the sequential rule from the results, so it does not depend on the worker
 count (surplus simulations only fill the cache, and are stopped, not waited for, once the sequential rule
 prunes every one still running: a speculative simulation can take many times the winner's; the worker
-processes are the search's own, ``planner.workers``, so stopping one is a public operation). ``budget_s``
-stops planning and simulating once that much wall time has passed and ``max_candidates`` caps the number
-of simulations; the outcome then says it was cut short (``cut_short``) and counts the rest as
-"skipped: budget" / "skipped: max candidates".
+processes are the search's own, ``planner.workers``, so stopping one is a public operation).
+
+``budget_s`` (or a ``deadline``, ``planner.deadline``) is a wall-clock promise: the search returns by then
+with the best of what it evaluated. It looks at the deadline before each plan and each simulation, and
+with a deadline it builds plans and simulates in worker processes (even with ``workers=1``) that it stops
+when the deadline passes, so no single long plan or simulation carries it past. ``max_candidates`` caps
+the number of simulations. A search cut either way says so (``cut_short``) and counts the rest as
+"skipped: budget" / "skipped: max candidates". Without a deadline, and when the deadline is not reached,
+the outcome is the same: the worker path follows the sequential rule.
 ``prune=False`` simulates every candidate that passes the memory bounds (an exhaustive search, for
 checking the pruning). ``first_feasible`` simulates candidates in a memory-frugal order (full checkpointing and small
 micro-batches first) and stops at the first feasible one (for max-model and coverage).
@@ -45,11 +50,13 @@ import hashlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from hardware_models import HardwareInputError, HardwareSpec, Topology, build_topology
 from planner.bounds import plan_bounds
 from planner.cache import EvalCache, code_fingerprint, entry_problem, evaluation_key
 from planner.candidates import Candidate, enumerate_candidates, memory_frugal
+from planner.deadline import WAIT_STEP_S, Deadline
 from planner.job import JobRequest, make_job, make_plan, resolve_hardware
 from planner.pareto import pareto_front
 from planner.search_outcome import Evaluated, SearchOutcome
@@ -140,6 +147,16 @@ def _plan_task(job: Job, cand: Candidate) -> PlanSummary:
     return plan_summary(job, cand, build_topology(job.hw))[0]
 
 
+def _plan_sim_task(job: Job, cand: Candidate, simulate: bool) -> tuple[PlanSummary, Plan | None]:
+    """Plan, bound and (when ``simulate`` and the bounds pass) simulate in a worker process: one step of a
+    first-feasible search under a deadline. The plan comes back when its simulation fits."""
+    summary, plan = plan_summary(job, cand, build_topology(job.hw))
+    if plan is None or not summary.bounded or not simulate:
+        return summary, None
+    r = simulate_plan(plan, job.hw)
+    return summary.with_sim(SimSummary.of(r)), plan if r.feasible else None
+
+
 def _sim_task(job: Job, cand: Candidate) -> tuple[SimSummary, Plan]:
     """Plan and simulate in a worker process; the plan comes back (the search keeps the best one's, which
     is what --plan-out writes: a policy with a time-limited solver may not build the same plan twice)."""
@@ -153,8 +170,9 @@ class _Search:
     candidates it skipped and why, and the plans / results it keeps in memory."""
 
     def __init__(self, hw: HardwareSpec, model: ModelSpec, base: JobRequest, config: SearchConfig,
-                 cache: EvalCache | None, progress: Callable[[str], None] | None, t0: float):
+                 cache: EvalCache | None, progress: Callable[[str], None] | None, t0: float, deadline: Deadline):
         self.hw, self.model, self.base, self.config = hw, model, base, config
+        self.deadline = deadline
         self.cache = cache
         self.progress = progress
         self.t0 = t0
@@ -173,9 +191,33 @@ class _Search:
         self.plan_bound: dict[int, float] = {}
         self.sim_plans: dict[int, Plan] = {}
         self.results: dict[int, Result] = {}
+        self.pool: Workers | None = None  # the worker of bounded_call, started on first use
 
     def over_budget(self) -> bool:
-        return self.config.budget_s is not None and time.perf_counter() - self.t0 > self.config.budget_s
+        return self.deadline.expired()
+
+    def wait_s(self) -> float:
+        """How long to wait for a worker before looking at the deadline again."""
+        return min(WAIT_STEP_S, self.deadline.left())
+
+    def bounded_call(self, key: int, fn: Callable[..., Any], *args: Any) -> tuple[bool, Any]:
+        """``(True, fn(*args))`` from this search's one worker process, or ``(False, None)`` when the deadline
+        passes first (the worker is stopped; another starts for the next call)."""
+        if self.pool is None:
+            self.pool = Workers(1)
+        self.pool.submit(key, fn, *args)
+        while True:
+            got = self.pool.wait(timeout=self.wait_s())
+            if got:
+                return True, got[0][1]
+            if self.over_budget():
+                self.pool.cancel(key)
+                return False, None
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.stop()
+            self.pool = None
 
     def keep_plan(self, index: int, plan: Plan, bound: float) -> None:
         """Keep a built plan for its simulation, but only the KEEP_PLANS with the lowest bounds (memory)."""
@@ -289,7 +331,7 @@ def _plan_parallel(s: _Search, todo: list[Candidate]) -> None:
             pool.submit(c.index, _plan_task, s.ready_job(c), c)
         n = 0
         while pool.pending():
-            for index, summary in pool.wait(timeout=1.0):
+            for index, summary in pool.wait(timeout=s.wait_s()):
                 c = by_index[index]
                 s.store(c, summary)
                 n += 1
@@ -299,9 +341,19 @@ def _plan_parallel(s: _Search, todo: list[Candidate]) -> None:
                 pool.stop()
                 for index in left:
                     s.skipped[index] = "skipped: budget"
-                s.cut.append(f"wall-time budget of {s.config.budget_s:g} s reached while building plans; "
+                s.cut.append(f"wall-time {s.deadline.describe()} reached while building plans; "
                              f"{len(left)} candidates not evaluated")
                 return
+
+
+def _sim_bounded(s: _Search, c: Candidate) -> tuple[Plan, bool] | None:
+    """Simulate one candidate in a worker process, stopped at the deadline (None then)."""
+    done, got = s.bounded_call(c.index, _sim_task, s.ready_job(c), c)
+    if not done:
+        return None
+    sim, plan = got
+    s.store_sim(c, sim)
+    return plan, sim.feasible
 
 
 def _plan_here(s: _Search, c: Candidate, i: int, n: int) -> None:
@@ -310,6 +362,30 @@ def _plan_here(s: _Search, c: Candidate, i: int, n: int) -> None:
     if plan is not None and summary.bounded:
         s.keep_plan(c.index, plan, s.objective.bound(summary))
     s.say(f"[plan {i + 1}/{n}] {c.label()}: {_plan_label(summary)}")
+
+
+def _plan_sim_bounded(s: _Search, c: Candidate, i: int, n: int) -> bool:
+    """first_feasible under a deadline: plan, bound and simulate ``c`` in a worker process, stopped at the
+    deadline (False then; nothing is stored)."""
+    cap = s.config.max_candidates
+    done, got = s.bounded_call(c.index, _plan_sim_task, s.ready_job(c), c, cap is None or s.n_sims < cap)
+    if not done:
+        return False
+    summary, plan = got
+    s.store(c, summary)
+    s.say(f"[plan {i + 1}/{n}] {c.label()}: {_plan_label(summary)}")
+    if summary.sim is not None:
+        s.n_sims += 1
+        if plan is not None:
+            s.sim_plans, s.results = {c.index: plan}, {}
+    return True
+
+
+def _cut_at_deadline(s: _Search, rest: list[Candidate]) -> None:
+    for x in rest:
+        s.skipped[x.index] = "skipped: budget"
+    s.cut_note(f"wall-time {s.deadline.describe()} reached; the work in progress was stopped and "
+               f"{len(rest)} candidates not evaluated")
 
 
 def _first_feasible_step(s: _Search, c: Candidate, rest: list[Candidate]) -> bool:
@@ -322,10 +398,19 @@ def _first_feasible_step(s: _Search, c: Candidate, rest: list[Candidate]) -> boo
             s.skipped[c.index] = "skipped: max candidates"
             s.cut_note(f"simulated the maximum of {s.config.max_candidates} candidates")
             return False
-        plan, r = s.sim_one(c)
+        if s.deadline.bounded:  # a cached plan summary without its simulation: simulate in a worker
+            done = _sim_bounded(s, c)
+            if done is None:
+                _cut_at_deadline(s, [c, *rest])
+                return True
+            plan_or_none, feasible = done
+            if feasible and plan_or_none is not None:
+                s.sim_plans, s.results = {c.index: plan_or_none}, {}
+        else:
+            plan, r = s.sim_one(c)
+            if r.feasible:
+                s.sim_plans, s.results = {c.index: plan}, {c.index: r}
         s.n_sims += 1
-        if r.feasible:
-            s.sim_plans, s.results = {c.index: plan}, {c.index: r}
     sim = s.summaries[c.index].sim
     if sim is not None and sim.feasible:
         for x in rest:
@@ -341,7 +426,7 @@ def _plan_phase(s: _Search, cands: list[Candidate]) -> None:
     first_feasible = s.config.first_feasible
     order = _planning_order(cands, first_feasible)
     todo = _to_plan(s, order)
-    if s.config.parallel and len(todo) > 1:
+    if (s.config.parallel and len(todo) > 1) or (s.deadline.bounded and not first_feasible and todo):
         _plan_parallel(s, todo)
     for i, c in enumerate(order):
         if c.index in s.skipped and (first_feasible or c.index not in s.summaries):
@@ -351,10 +436,15 @@ def _plan_phase(s: _Search, cands: list[Candidate]) -> None:
                 rest = [x for x in order[i:] if x.index not in s.summaries]
                 for x in rest:
                     s.skipped[x.index] = "skipped: budget"
-                s.cut.append(f"wall-time budget of {s.config.budget_s:g} s reached while building plans; "
+                s.cut.append(f"wall-time {s.deadline.describe()} reached while building plans; "
                              f"{len(rest)} candidates not evaluated")
                 break
-            _plan_here(s, c, i, len(order))
+            if first_feasible and s.deadline.bounded:
+                if not _plan_sim_bounded(s, c, i, len(order)):
+                    _cut_at_deadline(s, [x for x in order[i:] if x.index not in s.summaries])
+                    break
+            else:
+                _plan_here(s, c, i, len(order))
         if first_feasible and _first_feasible_step(s, c, order[i + 1:]):
             break
 
@@ -409,7 +499,7 @@ class _Frontier:
         if cap is not None and s.n_sims >= cap:
             reason, note = "skipped: max candidates", f"simulated the maximum of {cap} candidates"
         elif s.over_budget():
-            reason, note = "skipped: budget", "wall-time budget reached while simulating"
+            reason, note = "skipped: budget", f"wall-time {s.deadline.describe()} reached while simulating"
         else:
             return False
         for rest in self.survivors[i:]:
@@ -428,7 +518,7 @@ def _best_first(s: _Search, survivors: list[Candidate]) -> None:
     for c in survivors:  # cached simulations count as done
         if f.simulated(c):
             f.note(c)
-    if s.config.workers > 1:
+    if s.config.workers > 1 or s.deadline.bounded:
         _best_first_parallel(f)
         return
     for i, c in enumerate(survivors):
@@ -479,7 +569,14 @@ def _best_first_parallel(f: _Frontier) -> None:
             running = [by_index[k] for k in pool.running()]
             if not running or (i is None and all(f.prunable(c) for c in running)):
                 return  # what still runs is speculative and the sequential rule prunes it: stopped on exit
-            for index, (sim, plan) in pool.wait():
+            if s.over_budget():  # the promise: stop what runs (on exit) and say so
+                stopped = [c for c in running if not f.prunable(c)]
+                for c in stopped:
+                    s.skipped[c.index] = "skipped: budget"
+                s.cut_note(f"wall-time {s.deadline.describe()} reached while simulating; "
+                           f"{len(stopped)} simulations in progress stopped")
+                return
+            for index, (sim, plan) in pool.wait(timeout=s.wait_s()):
                 c = by_index[index]
                 s.store_sim(c, sim)
                 f.note(c, plan)
@@ -573,11 +670,13 @@ def search(hw: str | HardwareSpec, model: str | ModelSpec, *, request: JobReques
            budget_s: float | None = None, max_candidates: int | None = None, first_feasible: bool = False,
            progress: Callable[[str], None] | None = None, cache: EvalCache | None = None,
            workers: int = 1, keep_best_plan: bool = False, prune: bool = True,
-           knobs: Sequence[str] = ()) -> SearchOutcome:
+           knobs: Sequence[str] = (), deadline: Deadline | None = None) -> SearchOutcome:
     """Search policies x knobs x micro-batch x checkpointing for ``objective``; see the module docstring.
-    ``knobs`` (``name=value``) fix knobs of the policies that declare them (``candidates.fixed_knobs``)."""
+    ``knobs`` (``name=value``) fix knobs of the policies that declare them (``candidates.fixed_knobs``).
+    ``deadline`` (with ``budget_s``, whichever ends first) is the wall-clock promise."""
     t0 = time.perf_counter()
     config = SearchConfig(objective, budget_s, max_candidates, first_feasible, workers, keep_best_plan, prune)
+    limit = deadline.within(budget_s) if deadline is not None else Deadline.after(budget_s)
     spec = resolve_hardware(hw, hw_overrides)
     m = model if isinstance(model, ModelSpec) else load_model(model)
     req = request or JobRequest()
@@ -592,9 +691,12 @@ def search(hw: str | HardwareSpec, model: str | ModelSpec, *, request: JobReques
     names = list(policies) if policies else list(POLICIES)
     cands = list(enumerate_candidates(names, spec.gpu.count, c0.global_batch, micro_batch=req.micro_batch,
                                       checkpointing=req.checkpointing, knobs=knobs))
-    s = _Search(spec, m, base, config, cache, progress, t0)
-    _plan_phase(s, cands)
-    survivors = _survivors(s, cands)
-    if not first_feasible and survivors:
-        _best_first(s, survivors)
+    s = _Search(spec, m, base, config, cache, progress, t0, limit)
+    try:
+        _plan_phase(s, cands)
+        survivors = _survivors(s, cands)
+        if not first_feasible and survivors:
+            _best_first(s, survivors)
+    finally:
+        s.close()
     return _outcome(s, cands, assumed, c0.to_dict())

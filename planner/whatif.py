@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hardware_models import HardwareInputError, HardwareSpec
+from planner.deadline import Deadline
 from planner.job import JobRequest, resolve_hardware
 from planner.search import SearchOutcome, search
 from workloads import ModelSpec, load_model
@@ -176,14 +177,23 @@ def best_within(hw: str | HardwareSpec, model: str | ModelSpec, *, hw_overrides:
                 request: JobRequest | None = None, objective: str = "tokens_per_s",
                 policies: Sequence[str] | None = None, budget_s: float | None = None,
                 max_candidates: int | None = None, cache: Any = None, workers: int = 1,
-                knobs: Sequence[str] = ()) -> Best:
-    """The best plan of a job, as ``plan`` finds it. Unbounded: one full search. Bounded (``budget_s`` or
-    ``max_candidates``): a first-feasible search settles feasibility cheaply (frugal candidates first), and
-    the full search gets the time left for the best throughput; when that one is cut short without a
-    feasible plan, the first feasible plan stands, flagged ``cut_short``."""
+                knobs: Sequence[str] = (), deadline: Deadline | None = None) -> Best:
+    """The best plan of a job, as ``plan`` finds it. Unbounded: one full search.
+
+    Under a wall-clock ``deadline`` (or ``budget_s``; whichever ends first), exact answers first: the full
+    search runs with FULL_SHARE of the time; when it finishes, its answer is the exact one. When it is cut
+    short without a feasible plan, a first-feasible search (frugal candidates first) gets the rest to settle
+    feasibility, and its plan stands, flagged ``cut_short``.
+
+    Bounded by ``max_candidates`` alone: a first-feasible search settles feasibility cheaply, and the full
+    search follows for the best throughput; when that one is cut short without a feasible plan, the first
+    feasible plan stands, flagged ``cut_short``."""
     opts: dict[str, Any] = {"hw_overrides": hw_overrides, "request": request, "policies": policies,
                             "cache": cache, "workers": workers, "max_candidates": max_candidates, "knobs": knobs}
-    if budget_s is None and max_candidates is None:
+    limit = deadline.within(budget_s) if deadline is not None else Deadline.after(budget_s)
+    if limit.bounded:
+        return _exact_first(hw, model, objective, limit, opts)
+    if max_candidates is None:
         return Best.of(search(hw, model, objective=objective, **opts))
     t0 = time.perf_counter()
     first = Best.of(search(hw, model, first_feasible=True, budget_s=budget_s, **opts))
@@ -195,6 +205,21 @@ def best_within(hw: str | HardwareSpec, model: str | ModelSpec, *, hw_overrides:
     full = Best.of(search(hw, model, objective=objective, budget_s=left, **opts))
     if full.feasible:
         return full
+    return replace(first, cut_short=full.cut_short or "the full search found no plan within its bounds")
+
+
+FULL_SHARE = 0.75  # of a bounded job's time, for the exact search (the rest settles feasibility if it is cut)
+
+
+def _exact_first(hw: str | HardwareSpec, model: str | ModelSpec, objective: str, limit: Deadline,
+                 opts: dict[str, Any]) -> Best:
+    """:func:`best_within` under a deadline: the full search first, a first-feasible one in what is left."""
+    full = Best.of(search(hw, model, objective=objective, deadline=limit.within(limit.left() * FULL_SHARE), **opts))
+    if full.feasible or full.binding != "budget" or limit.expired():
+        return full
+    first = Best.of(search(hw, model, first_feasible=True, deadline=limit, **opts))
+    if not first.feasible:
+        return first
     return replace(first, cut_short=full.cut_short or "the full search found no plan within its bounds")
 
 
@@ -263,13 +288,15 @@ def whatif(hw: str | HardwareSpec, model: str | ModelSpec, axes: Sequence[Axis],
            request: JobRequest | None = None, hw_overrides: Sequence[str] = (),
            objective: str = "tokens_per_s", policies: Sequence[str] | None = None, budget_s: float | None = None,
            max_candidates: int | None = None, progress: Progress | None = None, cache: Any = None,
-           workers: int = 1) -> WhatIfOutcome:
+           workers: int = 1, deadline: Deadline | None = None) -> WhatIfOutcome:
     """Plan the base and every scenario of the grid; the sensitivity of each single change.
 
-    ``budget_s`` and ``max_candidates`` bound each scenario (see :func:`best_within`); ``cache`` and
-    ``workers`` are passed to each search.
+    ``budget_s`` (or ``deadline``) bounds the whole what-if by wall time: each machine still to plan gets an
+    equal share of what is left (time a machine does not use goes to the next); ``max_candidates`` bounds
+    each search (see :func:`best_within`); ``cache`` and ``workers`` are passed to each search.
     """
     t0 = time.perf_counter()
+    limit = deadline.within(budget_s) if deadline is not None else Deadline.after(budget_s)
     check_axes(axes)
     spec_model = model if isinstance(model, ModelSpec) else load_model(model)
     base_spec = resolve_hardware(hw, hw_overrides)
@@ -297,8 +324,8 @@ def whatif(hw: str | HardwareSpec, model: str | ModelSpec, axes: Sequence[Axis],
             if progress:
                 progress(f"[{len(done) + 1}/{total}] planning {label} ...")
             done[key] = best_within(hw, spec_model, request=request, hw_overrides=overrides, objective=objective,
-                                    policies=policies, budget_s=budget_s, max_candidates=max_candidates,
-                                    cache=cache, workers=workers)
+                                    policies=policies, max_candidates=max_candidates, cache=cache,
+                                    workers=workers, deadline=limit.share(total - len(done)))
             if progress:
                 b = done[key]
                 what = f"{b.policy} {b.verdict()}" if b.feasible else b.verdict()

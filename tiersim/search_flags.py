@@ -1,5 +1,10 @@
 """The flags and helpers of the commands that run plan searches (``plan``, ``whatif``, ``coverage``,
-``max-model``): search bounds, the evaluation cache, progress, durations and lists of names."""
+``max-model``): search bounds, the evaluation cache, progress, durations and lists of names.
+
+``--budget`` is a wall-clock promise on the whole command (``planner.deadline``): it returns within it
+(plus the moments it takes to stop its workers and print) with the best answer found, and says what was
+cut. Every one of these commands has a default budget (:data:`DEFAULT_BUDGETS`, said in its ``--help``);
+``--budget none`` lifts it."""
 
 from __future__ import annotations
 
@@ -14,15 +19,29 @@ from planner.search import OBJECTIVES
 from tiersim.errors import UsageError
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h)?\s*$")
+NO_BUDGET = ("none", "off", "unbounded")
+
+#: the wall-clock budget of each searching command when --budget is not given
+DEFAULT_BUDGETS = {"plan": "10m", "whatif": "20m", "coverage": "20m", "max-model": "20m"}
 
 
-def add_search_args(p: argparse.ArgumentParser, budget_help: str, objective: bool = True) -> None:
+def budget_help(command: str, what: str) -> str:
+    """The --budget help text of ``command``: the promise, what it bounds and its default."""
+    return (f"wall-clock budget of {what}, e.g. 60s, 5m or 1h: the command returns within it with the best "
+            f"answer found and says what was cut (default {DEFAULT_BUDGETS[command]}; 'none' for no limit)")
+
+
+def add_budget_arg(p: argparse.ArgumentParser, command: str, what: str) -> None:
+    p.add_argument("--budget", default=DEFAULT_BUDGETS[command], metavar="TIME", help=budget_help(command, what))
+
+
+def add_search_args(p: argparse.ArgumentParser, command: str, budget_what: str, objective: bool = True) -> None:
     """Search bounds, cache and output flags of ``whatif``, ``coverage`` and ``max-model``, spelled as for
     ``tiersim plan`` (which declares its own help texts and defaults)."""
     if objective:
         p.add_argument("--objective", default="tokens_per_s", choices=OBJECTIVES,
                        help="what 'best' means (default: tokens_per_s)")
-    p.add_argument("--budget", default=None, metavar="TIME", help=budget_help)
+    add_budget_arg(p, command, budget_what)
     p.add_argument("--max-candidates", type=int, default=None, metavar="N",
                    help="simulate at most N candidates per search")
     p.add_argument("--workers", type=int, default=1, help="processes simulating in parallel (default 1)")
@@ -61,7 +80,7 @@ def parse_duration(text: str, flag: str = "--budget") -> float:
     """A wall time (60s, 90, 2m, 1h) -> seconds, more than zero."""
     m = _DURATION.match(text)
     if not m:
-        raise UsageError(f"{flag} {text!r}: expected a duration such as 60s, 90, 2m or 1h")
+        raise UsageError(f"{flag} {text!r}: expected a duration such as 60s, 90, 2m or 1h (or none for no limit)")
     value = float(m[1]) * {"s": 1, "sec": 1, None: 1, "m": 60, "min": 60, "h": 3600}[m[2]]
     if value <= 0:
         raise UsageError(f"{flag} {text!r}: must be more than zero")
@@ -69,8 +88,10 @@ def parse_duration(text: str, flag: str = "--budget") -> float:
 
 
 def parse_budget(text: str | None, flag: str = "--budget") -> float | None:
-    """:func:`parse_duration` of a flag that may be absent (None stays None)."""
-    return None if text is None else parse_duration(text, flag)
+    """:func:`parse_duration` of a flag that may be absent (None stays None) or say ``none`` (no limit)."""
+    if text is None or text.strip().lower() in NO_BUDGET:
+        return None
+    return parse_duration(text, flag)
 
 
 def split_names(text: str, flag: str, example: str) -> list[str]:

@@ -36,10 +36,16 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--knob", dest="knobs", action="append", default=[], metavar="NAME=VALUE",
                    help="fix a policy knob in every cell of the policies that declare it, e.g. "
                         "--knob optimizer_device=nvme; repeatable")
+    p.add_argument("--cell-budget", default=None, metavar="TIME",
+                   help="also bound each cell's search by wall time, e.g. 30s (default: only its share of --budget)")
     p.add_argument("--total-budget", default=None, metavar="TIME",
-                   help="bound the whole matrix: each cell gets an equal share of the time left (e.g. 10m)")
+                   help="the former name of --budget (the whole matrix); the shorter of the two applies")
     add_workload_flags(p, SEARCH)
-    add_search_args(p, "bound each cell's search by wall time, e.g. 30s")
+    add_search_args(p, "coverage", "the whole matrix (each cell still to do gets an equal share of what is left)")
+
+
+def _shorter(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -55,8 +61,9 @@ def run(args: argparse.Namespace) -> int:
     check_fixed_knobs(policies, args.knobs)
     opts = search_options(args)
     out = coverage(args.hw, models, policies=policies, request=request_from_args(args), hw_overrides=args.sets,
-                   objective=args.objective, cell_budget_s=opts.pop("budget_s"),
-                   total_budget_s=parse_budget(args.total_budget, "--total-budget"), progress=progress_printer(args),
+                   objective=args.objective, cell_budget_s=parse_budget(args.cell_budget, "--cell-budget"),
+                   total_budget_s=_shorter(opts.pop("budget_s"), parse_budget(args.total_budget, "--total-budget")),
+                   progress=progress_printer(args),
                    knobs=args.knobs, **opts)
     rc = EXIT_OK if any(c.best.feasible for c in out.cells) else EXIT_INFEASIBLE
     print(f"tiersim coverage: {out.wall_s:.1f} s wall, {sum(c.best.n_simulated for c in out.cells)} simulated",

@@ -55,8 +55,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="also require a step time at most this long (e.g. 30s); 'time' is then a binding "
                         "constraint (and each check is a full search, slower)")
     add_workload_flags(p, SEARCH)
-    add_search_args(p, "bound each feasibility check's search by wall time, e.g. 20s (a check cut short "
-                       "counts as not feasible, binding 'budget')", objective=False)
+    add_search_args(p, "max-model", "the whole command (each policy still to do gets an equal share of what is "
+                                  "left; a bisection cut there reports the sizes it proved)", objective=False)
 
 
 def _scaler(args: argparse.Namespace):  # -> planner.maxmodel.Scaler
@@ -82,6 +82,7 @@ def _scaler(args: argparse.Namespace):  # -> planner.maxmodel.Scaler
 
 def run(args: argparse.Namespace) -> int:
     from planner.candidates import check_fixed_knobs
+    from planner.deadline import Deadline
     from planner.maxmodel import max_model
     from reports.units import table
 
@@ -98,10 +99,12 @@ def run(args: argparse.Namespace) -> int:
         if limit <= 0:
             raise UsageError(f"--max-step-time {args.max_step_time}: give a positive time like 30s")
     opts = search_options(args)
+    deadline = Deadline.after(opts.pop("budget_s"))
     request = request_from_args(args)
     progress = progress_printer(args)
     outs = [max_model(args.hw, scaler, policy, request=request, hw_overrides=args.sets, max_step_time_s=limit,
-                      progress=progress, knobs=args.knobs, **opts) for policy in policies]
+                      progress=progress, knobs=args.knobs, deadline=deadline.share(len(policies) - i), **opts)
+            for i, policy in enumerate(policies)]
     rc = EXIT_OK if any(o.largest for o in outs) else EXIT_INFEASIBLE
     print("tiersim max-model: " + ", ".join(f"{o.policy} {o.wall_s:.1f} s" for o in outs) + " wall", file=sys.stderr)
     if args.json:
@@ -119,18 +122,21 @@ def run(args: argparse.Namespace) -> int:
         big, nxt = o.largest, o.first_infeasible
         counts = [str(sum(not c.screened for c in o.checks)), str(o.n_screened)]
         if big is None:
-            rows.append([o.policy, "none fits", "-", "-", "-", "-",
-                         f"{o.binding} (already at {nxt.model.n_layers} layers x {nxt.model.hidden})" if nxt else "",
-                         *counts])
+            at = f"{o.binding} (already at {nxt.model.n_layers} layers x {nxt.model.hidden})" if nxt else ""
+            rows.append([o.policy, "? (budget)" if o.cut_short else "none fits", "-", "-", "-", "-",
+                         at or ("not settled (budget)" if o.cut_short else ""), *counts])
             continue
         m = big.model
         above = (f"{o.binding}: {scaler.describe(nxt.n)} ({nxt.model.params() / 1e9:.2f}B)" if nxt
-                 else "cap reached (the largest size tried fits)")
+                 else "not settled (budget)" if o.cut_short else "cap reached (the largest size tried fits)")
         step = "-" if big.best.step_time_s is None else f"{big.best.step_time_s:.2f}"
         rows.append([o.policy, f"{m.params() / 1e9:.2f}B", str(m.n_layers), str(m.hidden),
                      fmt_rate(big.best.tokens_per_s), step, above, *counts])
     print(table(rows, ["policy", "largest", "layers", "hidden", "tokens/s", "step s", "binding one step larger",
                        "searched", "screened"], "lrrrrrlrr"))
+    for o in outs:
+        if o.cut_short:
+            print(f"CUT SHORT ({o.policy}): {o.cut_short}")
     print("searched: sizes checked by a search that simulates; screened: sizes judged by plan-level checks alone "
           "(a policy's verdict and the memory bounds; a rejection there is final)")
     if limit is None:

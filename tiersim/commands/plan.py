@@ -31,7 +31,7 @@ from tiersim.errors import UsageError
 from tiersim.exit_codes import EXIT_INFEASIBLE, EXIT_OK
 from tiersim.job_flags import DEFAULT_HW, DEFAULT_MODEL, PLAN, add_deepspeed_out_flag, add_job_flags, request_from_args
 from tiersim.output_files import check_output_path, write_or_fail
-from tiersim.search_flags import cache_from_args, check_search_bounds, parse_budget, split_names
+from tiersim.search_flags import add_budget_arg, cache_from_args, check_search_bounds, parse_budget, split_names
 from tiersim.signals import stderr_line
 
 
@@ -47,8 +47,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
                         "peak); default tokens_per_s")
     p.add_argument("--top", type=int, default=10, help="rows of the ranked table (default 10)")
     p.add_argument("--policies", default=None, help="comma-separated policies to search (default: all)")
-    p.add_argument("--budget", default=None, help="stop after this wall time, e.g. 60s or 2m (the answer says "
-                                                  "what was skipped)")
+    add_budget_arg(p, "plan", "the search")
     p.add_argument("--max-candidates", type=int, default=None, help="simulate at most N candidates")
     p.add_argument("--plan-out", help="write the winning plan (JSON) here, for simulate --plan and tiersim replay")
     add_deepspeed_out_flag(p)

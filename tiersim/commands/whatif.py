@@ -46,7 +46,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="comma-separated policies to search (default: all)")
     add_workload_flags(p, SEARCH)
     add_deepspeed_flag(p)
-    add_search_args(p, "bound each scenario's search by wall time, e.g. 60s or 2m")
+    add_search_args(p, "whatif", "the whole what-if (each machine still to plan gets an equal share of what is "
+                               "left)")
 
 
 def rate(b: Any) -> str:

@@ -1,0 +1,181 @@
+"""``--budget`` as a wall-clock promise (planner.deadline): the mechanism, driven by a fake clock, and one
+generous real-time check that a search stuck in a long simulation still returns near its deadline."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+
+import planner.maxmodel as maxmodel_mod
+import planner.search as search_mod
+from planner.deadline import Deadline, run_bounded
+from planner.job import JobRequest, resolve_hardware
+from planner.maxmodel import max_model, shape_scaler
+from planner.search import search
+from planner.whatif import Axis, whatif
+from tiersim.cli import main
+from tiersim.search_flags import DEFAULT_BUDGETS, parse_budget
+
+# gpt2 on one A100 squeezed to 4 GB, one policy: a few dozen candidates, each simulated in well under a second
+SMALL = {"hw": "a100", "model": "gpt2", "request": JobRequest(seq_len=512), "hw_overrides": ("gpu.memory=2.73GB",),
+         "policies": ("none",)}
+
+
+class FakeClock:
+    """A clock that moves only when the test says so."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
+def test_deadline_left_expired_and_shares_follow_its_clock() -> None:
+    clock = FakeClock()
+    d = Deadline.after(100.0, clock)
+    assert d.bounded and d.left() == 100.0 and not d.expired()
+    half = d.share(2)
+    assert half.left() == 50.0
+    assert d.within(500.0).left() == 100.0  # a sub-deadline never ends after its parent
+    assert d.share(4, floor_s=80.0).left() == 80.0
+    clock.now += 60.0
+    assert half.expired() and not d.expired() and d.left() == 40.0 and d.elapsed() == 60.0
+    clock.now += 40.0
+    assert d.expired() and d.left() == 0.0 and d.share(3).expired()
+    free = Deadline.never()
+    assert not free.bounded and free.left() == math.inf and not free.share(5).bounded
+    assert free.within(3.0).bounded
+    with pytest.raises(ValueError, match="more than zero"):
+        Deadline.after(0.0)
+
+
+def _square(x: int) -> int:
+    return x * x
+
+
+def _sleep(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds
+
+
+def test_run_bounded_answers_or_stops_at_the_deadline() -> None:
+    assert run_bounded(Deadline.never(), _square, 7) == (True, 49)  # no deadline: in this process
+    clock = FakeClock()
+    assert run_bounded(Deadline.after(5.0, clock), _square, 8) == (True, 64)  # in a worker, the clock frozen
+    gone = Deadline.after(5.0, clock)
+    clock.now += 10.0
+    assert run_bounded(gone, _square, 9) == (False, None)  # expired before it starts: nothing runs
+
+
+def test_a_deadline_that_is_not_reached_gives_the_unbounded_answer() -> None:
+    free = search(**SMALL)  # type: ignore[arg-type]
+    bounded = search(**SMALL, deadline=Deadline.after(10.0, FakeClock()))  # type: ignore[arg-type]
+    assert free.cut_short is None and bounded.cut_short is None
+    assert bounded.to_dict() == free.to_dict()  # worker processes, the same sequential rule
+
+
+def test_a_deadline_reached_after_planning_stops_before_simulating(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = FakeClock()
+    real = search_mod._survivors
+
+    def survivors_then_time_is_up(s, cands):  # noqa: ANN001, ANN202
+        clock.now += 1e6
+        return real(s, cands)
+
+    monkeypatch.setattr(search_mod, "_survivors", survivors_then_time_is_up)
+    out = search(**SMALL, deadline=Deadline.after(60.0, clock))  # type: ignore[arg-type]
+    assert out.best is None and out.n_simulated == 0
+    assert out.cut_short is not None and "wall-time budget of 60 s reached while simulating" in out.cut_short
+    assert out.rejected.get("skipped: budget", 0) >= 1
+
+
+def test_an_expired_deadline_builds_and_simulates_nothing() -> None:
+    clock = FakeClock()
+    d = Deadline.after(1.0, clock)
+    clock.now += 2.0
+    out = search(**SMALL, deadline=d)  # type: ignore[arg-type]
+    assert out.best is None and out.n_simulated == 0
+    assert out.rejected.get("skipped: budget", 0) >= 1 and "wall-time budget" in (out.cut_short or "")
+
+
+def test_a_cut_bisection_reports_what_it_proved(monkeypatch: pytest.MonkeyPatch) -> None:
+    hw = resolve_hardware("a100", ["gpu.memory=8GB"])
+    scaler = shape_scaler("gpt", 1024)
+    request = JobRequest(global_batch=2, seq_len=512)
+    full = max_model(hw, scaler, "none", request=request, screen=False)
+    assert full.largest is not None and full.cut_short is None
+    clock = FakeClock()
+    real = maxmodel_mod.check_model
+    calls: list[int] = []
+
+    def two_checks_then_time_is_up(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        calls.append(kwargs["n"])
+        if len(calls) == 2:
+            clock.now += 1e6
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(maxmodel_mod, "check_model", two_checks_then_time_is_up)
+    cut = max_model(hw, scaler, "none", request=request, screen=False, deadline=Deadline.after(60.0, clock))
+    assert len(calls) == 2 and cut.cut_short is not None and "bisection" in cut.cut_short
+    # what it reports is proven: a size that fits is at most the true answer, one that does not is above it
+    if cut.largest is not None:
+        assert cut.largest.feasible and cut.largest.n <= full.largest.n
+    if cut.first_infeasible is not None:
+        assert not cut.first_infeasible.feasible and cut.first_infeasible.n > full.largest.n
+    assert cut.to_dict()["cut_short"] == cut.cut_short
+
+
+def test_whatif_shares_one_deadline_and_says_what_it_could_not_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = FakeClock()
+    real = search_mod.search
+    searches: list[int] = []
+
+    def one_search_then_time_is_up(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        out = real(*args, **kwargs)
+        searches.append(1)
+        clock.now += 1e6
+        return out
+
+    import planner.whatif as whatif_mod
+
+    monkeypatch.setattr(whatif_mod, "search", one_search_then_time_is_up)
+    out = whatif("a100", "gpt2", [Axis("pcie.gen", ("5",))], request=JobRequest(seq_len=512),
+                 hw_overrides=["gpu.memory=2.73GB"], policies=["none"], deadline=Deadline.after(60.0, clock))
+    assert out.base.feasible and out.base.cut_short is None  # the base was planned whole
+    (scenario,) = out.scenarios
+    assert not scenario.best.feasible and scenario.best.binding == "budget"  # said, never passed off as a pool
+
+
+def _slow_simulation(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+    time.sleep(120.0)
+    raise AssertionError("the deadline should have stopped this simulation")
+
+
+def test_a_long_simulation_does_not_carry_the_search_past_its_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one real-time check, generous for a loaded 2-core machine: a 120 s simulation, a 2 s budget."""
+    monkeypatch.setattr(search_mod, "simulate_plan", _slow_simulation)  # inherited by the forked workers
+    t0 = time.perf_counter()
+    out = search(**SMALL, budget_s=2.0)  # type: ignore[arg-type]
+    wall = time.perf_counter() - t0
+    assert wall < 30.0, wall
+    assert out.best is None and out.cut_short is not None and "wall-time budget of 2 s" in out.cut_short
+
+
+def test_every_searching_command_has_a_default_budget_said_in_its_help(capsys: pytest.CaptureFixture[str]) -> None:
+    for command, default in DEFAULT_BUDGETS.items():
+        try:
+            main([command, "--help"])
+        except SystemExit as e:  # argparse's own exit, where the CLI does not catch it
+            assert e.code == 0
+        text = " ".join(capsys.readouterr().out.split())
+        assert f"(default {default}; 'none' for no limit)" in text, command
+        assert parse_budget(default) is not None
+    assert parse_budget("none") is None and parse_budget("2m") == 120.0
