@@ -96,12 +96,16 @@ def spec_dict(cal: Calibration, base: Mapping[str, Any] | None = None, base_name
     else:
         measured("gpu.memory", cal.gpu_memory_method)
     for k in cal.peak_flops:
-        measured(f"gpu.peak_flops.{k}", f"best torch.mm {k} rate on {cal.device} over square sizes, reached at "
+        measured(f"gpu.peak_flops.{k}", f"best {k} linear-layer rate on {cal.device} as the runner computes it "
+                                        f"(F.linear of fp32 operands under {k} autocast, replay.precision) over "
+                                        f"square sizes, reached at "
                                         f"{cal.peak_at.get(k, 0):.2e} FLOP/op, {reps}; used as the peak")
     measured("gpu.hbm_bw", f"{cal.hbm_method}, {reps}")
-    measured("gpu.gemm_efficiency", f"torch.mm {dtype} FLOP/s over square sizes "
-                                    f"{curve[0][0]:.0e}..{curve[-1][0]:.0e} FLOP/op, {reps}, "
-                                    f"as a fraction of the measured peak")
+    measured("gpu.gemm_efficiency", f"{dtype} linear-layer FLOP/s as the runner computes it (replay.precision) "
+                                    f"over square sizes {curve[0][0]:.0e}..{curve[-1][0]:.0e} FLOP/op, {reps}, "
+                                    f"as a fraction of the measured {dtype} peak; the curve, gpu.op_overhead and "
+                                    f"gpu.elementwise_bw are {dtype}'s (calibrate --precision {dtype}): plans "
+                                    f"in another precision are priced on this curve at their own peak")
     measured("gpu.launch_overhead", f"median time of a synchronised 8x8 torch.mm on {cal.device}")
     if cal.op_overhead_s is not None:
         gpu["op_overhead"] = float(cal.op_overhead_s)
@@ -201,7 +205,8 @@ def spec_dict(cal: Calibration, base: Mapping[str, Any] | None = None, base_name
     out: dict[str, Any] = {
         "name": "calibrated-" + (re.sub(r"[^A-Za-z0-9_.-]+", "-", cal.host).strip("-") or "host"),
         "description": (f"measured by tiersim calibrate on {cal.host} at {cal.date}: {cal.gpu_model}, "
-                        f"{cal.cores} cores, {dram / 2**30:.1f} GiB DRAM; disk {d.directory} ({d.method})"
+                        f"{cal.cores} cores, {dram / 2**30:.1f} GiB DRAM; disk {d.directory} ({d.method}); "
+                        f"per-operator figures measured in {dtype}"
                         + ("; CPU-only: the gpu0 pool is a budget of host memory" if cpu_only else "")),
         "unified_memory": False,
         "gpu": gpu,

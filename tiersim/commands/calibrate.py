@@ -1,12 +1,13 @@
-"""``tiersim calibrate -o local.yaml [--dir D] [--base PRESET] [--json]``: measure this machine (torch) and
-write a hardware description the simulator loads (``simulate --hw local.yaml ...``).
+"""``tiersim calibrate -o local.yaml [--dir D] [--base PRESET] [--precision bf16] [--json]``: measure this
+machine (torch) and write a hardware description the simulator loads (``simulate --hw local.yaml ...``).
 
-Measured: GEMM FLOP/s over op sizes (-> gpu.peak_flops, gpu.gemm_efficiency), copy bandwidth between the
-runner's pools gpu0 <-> cpu (-> pcie), a large copy on the device (-> gpu.hbm_bw) and in host memory
-(-> host.dram_bw), sequential disk read/write of `--dir` with the page cache avoided (-> nvme), the
-torch.optim.Adam rate (-> host.optimizer_params_per_s), DRAM size and cores, and the per-operator figures
-that price a layer operator by operator (-> gpu.op_overhead from the replay's decoder block at tiny size,
-gpu.elementwise_bw derived from one probe block; CPU-only: gpu.shares_host). Progress goes to stderr;
+Measured: GEMM FLOP/s over op sizes as the replay computes a linear layer in ``--precision`` (autocast over
+fp32 weights, ``replay.precision``; -> gpu.peak_flops of every dtype, gpu.gemm_efficiency of that precision),
+copy bandwidth between the runner's pools gpu0 <-> cpu (-> pcie), a large copy on the device (-> gpu.hbm_bw)
+and in host memory (-> host.dram_bw), sequential disk read/write of `--dir` with the page cache avoided (->
+nvme), the torch.optim.Adam rate (-> host.optimizer_params_per_s), DRAM size and cores, and the per-operator
+figures that price a layer operator by operator (-> gpu.op_overhead from the replay's decoder block at tiny
+size, gpu.elementwise_bw derived from one probe block; CPU-only: gpu.shares_host). Progress goes to stderr;
 stdout gets a summary, or with ``--json`` one JSON object ``{"output", "measurements", "spec"}``.
 Every figure's citation is in the file's ``sources``. Exit codes: 0 written, 2 bad input (one line).
 """
@@ -36,6 +37,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dir", default=None, help="directory whose disk is measured (default: a temporary one)")
     p.add_argument("--base", default=None,
                    help="preset whose unmeasured fields (prices of links this machine lacks) are kept")
+    p.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp32"),
+                   help="training precision whose GEMM curve and per-operator figures are measured, as the replay "
+                        "computes it (default bf16, simulate's default; every dtype's peak is measured)")
     p.add_argument("--json", action="store_true", help="also print the measurements as one JSON object")
 
 
@@ -102,7 +106,12 @@ def run(args: argparse.Namespace, sizes: Any = None) -> int:
     from replay.calibrate_spec import spec_dict
 
     _progress("measuring this machine (progress on stderr)")
-    cal = calibrate(args.dir, sizes, progress=_progress)
+    from replay.errors import ReplayError
+
+    try:
+        cal = calibrate(args.dir, sizes, progress=_progress, precision=getattr(args, "precision", "bf16"))
+    except ReplayError as e:
+        raise UsageError(str(e)) from None
     data = spec_dict(cal, base.to_dict() if base is not None else None, args.base)
     spec = write_spec(args.output, data)
     _progress(f"done in {cal.wall_s:.1f} s; wrote {args.output}")
