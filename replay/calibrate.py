@@ -71,13 +71,21 @@ class CalibrationSizes:
     gpu_adam_params: int = 64_000_000  # CUDA: enough that a fused step is bandwidth-bound, not launch-bound
     elementwise_bytes: tuple[int, ...] = (2**18, 2**20, 2**22)  # operand sizes of the element-wise chain
     repeats: int = 5
+    ranks_allreduce_bytes: int = 64 * 2**20  # calibrate --ranks (replay.calibrate_ranks)
+    ranks_gemm_n: int = 1024
+    ranks_copy_bytes: int = 64 * 2**20
+
+    def ranks_kwargs(self) -> dict[str, int]:
+        return {"allreduce_bytes": self.ranks_allreduce_bytes, "gemm_n": self.ranks_gemm_n,
+                "copy_bytes": self.ranks_copy_bytes, "repeats": self.repeats}
 
     @classmethod
     def tiny(cls) -> CalibrationSizes:
         """Sizes for tests: a second or two in all."""
         return cls(gemm_flops=(1e5, 1e6, 1e7), gpu_gemm_flops=(1e6, 1e8), gemm_peak_points=1, gemm_min_time_s=0.005,
                    copy_bytes=2**20, disk_bytes=4 * 2**20, disk_chunk=2**20, adam_params=20_000,
-                   gpu_adam_params=20_000, elementwise_bytes=(2**16,), repeats=3)
+                   gpu_adam_params=20_000, elementwise_bytes=(2**16,), repeats=3, ranks_allreduce_bytes=2**20,
+                   ranks_gemm_n=128, ranks_copy_bytes=2**20)
 
 
 @dataclass(frozen=True)

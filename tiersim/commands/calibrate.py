@@ -29,7 +29,9 @@ from tiersim.errors import UsageError
 from tiersim.exit_codes import EXIT_OK
 from tiersim.output_files import check_output_path, write_or_fail
 
-__all__ = ["COMMAND", "add_args", "check_calibrate_args", "run", "write_spec"]
+__all__ = ["COMMAND", "MAX_RANKS", "add_args", "check_calibrate_args", "run", "write_spec"]
+
+MAX_RANKS = 8  # processes on one host; more would only measure oversubscription
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -40,6 +42,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp32"),
                    help="training precision whose GEMM curve and per-operator figures are measured, as the replay "
                         "computes it (default bf16, simulate's default; every dtype's peak is measured)")
+    p.add_argument("--ranks", type=int, default=1,
+                   help="CPU-only: measure what N ranks (one process each, gloo) share -- cores, the all-reduce "
+                        "rate, copies -- and write an N-GPU spec that prices N-rank plans (default 1)")
     p.add_argument("--json", action="store_true", help="also print the measurements as one JSON object")
 
 
@@ -60,6 +65,9 @@ def check_calibrate_args(args: argparse.Namespace) -> HardwareSpec | None:
             raise UsageError(f"calibrate: --dir {args.dir}: not a directory; create it first")
         if not os.access(args.dir, os.W_OK):
             raise UsageError(f"calibrate: --dir {args.dir}: not writable; pick a directory you can write")
+    ranks = getattr(args, "ranks", 1)
+    if isinstance(ranks, bool) or not isinstance(ranks, int) or not 1 <= ranks <= MAX_RANKS:
+        raise UsageError(f"calibrate --ranks {ranks}: give 1 to {MAX_RANKS} (processes on this machine)")
     return load_hardware(args.base) if args.base else None
 
 
@@ -108,15 +116,35 @@ def run(args: argparse.Namespace, sizes: Any = None) -> int:
     _progress("measuring this machine (progress on stderr)")
     from replay.errors import ReplayError
 
+    precision = getattr(args, "precision", "bf16")
+    n_ranks = getattr(args, "ranks", 1)
     try:
-        cal = calibrate(args.dir, sizes, progress=_progress, precision=getattr(args, "precision", "bf16"))
+        cal = calibrate(args.dir, sizes, progress=_progress, precision=precision)
     except ReplayError as e:
         raise UsageError(str(e)) from None
-    data = spec_dict(cal, base.to_dict() if base is not None else None, args.base)
+    ranks = None
+    if n_ranks > 1:
+        if cal.device != "cpu":
+            raise UsageError(f"calibrate --ranks {n_ranks}: measures CPU-only ranks (processes sharing this host); "
+                             f"this machine has {cal.gpu_count} CUDA device(s): calibrate without --ranks")
+        from replay.calibrate_ranks import measure_ranks
+
+        _progress(f"{n_ranks} ranks: gloo all_reduce, compute and copies with every rank at once")
+        from replay.calibrate import CalibrationSizes
+
+        try:
+            ranks = measure_ranks(n_ranks, precision, **(sizes or CalibrationSizes()).ranks_kwargs())
+        except RuntimeError as e:
+            raise UsageError(str(e)) from None
+        _progress(f"{n_ranks} ranks: all_reduce {ranks.collective_bw / 1e9:.2f} GB/s per direction, latency "
+                  f"{ranks.collective_latency_s * 1e6:.0f} us; each rank computes at {ranks.compute_share:.2f} of "
+                  f"its solo rate; copies {ranks.copy_shared_total / 1e9:.2f} GB/s in all")
+    data = spec_dict(cal, base.to_dict() if base is not None else None, args.base, ranks)
     spec = write_spec(args.output, data)
     _progress(f"done in {cal.wall_s:.1f} s; wrote {args.output}")
     if args.json:
         print(json.dumps(versioned({"output": str(args.output), "measurements": cal.to_dict(),
+                                    "ranks": ranks.to_dict() if ranks is not None else None,
                                     "spec": spec.to_dict()}), indent=1))
         return EXIT_OK
     g, h, pc, nv = spec.gpu, spec.host, spec.pcie, spec.nvme
