@@ -71,6 +71,32 @@ Findings (2-core CPU-only VM shared with other jobs, see ``CAUSES`` below; print
   tasks now carry a ``layers`` tag (param-upload, the pack's gradient offload and Adam) and the
   runner moves and updates each layer of the pack (it used to stop with 'gradients of layer 0 are not on
   cpu where this optimizer step runs', so a larger budget was used); tinypipe-small now replays at 40%.
+- Fixed (precision, issue 12 item 3): the runner computed in fp32 whatever the plan said, while a bf16 plan
+  was priced at the measured bf16 GEMM rate: the issue's default gpt2 workflow measured +388% on a machine
+  where bf16 ran at 444 GFLOP/s and fp32 at 100 (the ratio is the error). The runner now autocasts to the
+  plan's dtype over fp32 masters (``replay.precision``), and ``calibrate --precision`` measures every
+  dtype's rate, and its curve and per-operator figures, through that same path (``F.linear`` of fp32
+  operands under autocast). Each precision of the matrix is calibrated in that precision.
+- Found (this machine has no native bf16: AMD EPYC without avx512_bf16/AMX): one thread, 2026-12-03 ~14:28,
+  load 3: ``torch.mm`` 1024^3 fp32 18 GFLOP/s, bf16 0.4, fp16 0.4; the runner's path (autocast ``F.linear``
+  1024x768->3072) fp32 11.9, bf16 2.5, fp16 3.6 GFLOP/s. A bf16 replay here is priced and runs at those
+  rates (calibrate, load 12: bf16 peak 1.5, fp32 4.9 GFLOP/s), so the default gpt2 workflow (8 micro-steps
+  of seq 1024, ~8.7 TFLOP per step) takes about an hour per step and was not replayed here; the held-out
+  gpt2 rows use one micro-step.
+- Found, not fixed (16-bit operators beside the matmuls): ``calibrate`` derives ``gpu.elementwise_bw`` from
+  a probe block: what its matmuls (on the square-GEMM curve) and operator overheads do not explain is
+  charged to its element-wise bytes. In bf16 on this CPU the probe took 4030 ms vs 1772 ms of matmuls, and
+  the 2.2 s rest over 24.2 MB gave 10.8 MB/s (load 12): that rest is mostly the bf16 attention kernel (priced
+  on the GEMM curve as a matmul), the per-call casts of fp32 weights under autocast (weight-sized, not
+  activation-sized) and bf16 element-wise kernels, not activation bytes. Priced at that rate, gpt2's head
+  (624 MB of fp32 logit traffic per forward at vocab 50257, seq 1024) costs 58 s where its whole forward
+  measured 11 s (fp32 path, load 11), and a gpt2 block forward is priced 9.2 s vs 1.8 s measured. The
+  simulator has one element-wise rate per spec and no attention rate of its own (``costs/compute.py``,
+  ``workloads/ops.py``: other owners); separating the attention kernel's rate and the weight casts is what
+  would fix it.
+- Found (attention at seq 1024, fp32, load 11): the causal SDPA forward of gpt2 (12 heads x 64, 3.2 GFLOP
+  counted at causal factor 1.0) ran 477 ms, 6.8 GFLOP/s on the counted FLOPs vs 9.7 GFLOP/s for a linear
+  of the block; forward + backward 1.26 s (2.6x the forward, priced 3x).
 - Runner limitations met (not fixed): synergyscale with chunks/streams > 1 ('input of layer 1 is not
   there') or a layer's optimizer split between CPU and GPU ('updates layer 9 on cpu, but another ... on
   gpu0') cannot be replayed, so its knobs are pinned (auto=false, streams=1, chunks=1, cpu_fraction=1).
@@ -174,7 +200,8 @@ FULL_CASES: tuple[Case, ...] = (
 )
 
 # Held out (issue 12 item 4): never tuned to. The model presets at their default workload (gpt2: seq 1024,
-# bf16, micro-batch 1 = global batch), GPT- and LLaMA-style models of hidden 256..2048, seq 128..1024, vocab
+# bf16, micro-batch 1; one micro-step per step where simulate's default global batch is 8, so that a CPU
+# replays it in minutes: the per-micro-step work is the default's), GPT- and LLaMA-style models of hidden 256..2048, seq 128..1024, vocab
 # 1k..50k, every policy, fp32 / bf16 / fp16; a few layers each so that a step takes seconds on a CPU.
 GPT2 = ModelDims("gpt2", 12, 768, 12, 50257, 3072, mlp="gelu", preset="gpt2")
 
