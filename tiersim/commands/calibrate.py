@@ -143,9 +143,10 @@ def run(args: argparse.Namespace, sizes: Any = None) -> int:
     spec = write_spec(args.output, data)
     _progress(f"done in {cal.wall_s:.1f} s; wrote {args.output}")
     if args.json:
-        print(json.dumps(versioned({"output": str(args.output), "measurements": cal.to_dict(),
-                                    "ranks": ranks.to_dict() if ranks is not None else None,
-                                    "spec": spec.to_dict()}), indent=1))
+        obj: dict[str, Any] = {"output": str(args.output), "measurements": cal.to_dict(), "spec": spec.to_dict()}
+        if ranks is not None:  # --ranks N > 1: what the N ranks measured together
+            obj["ranks"] = ranks.to_dict()
+        print(json.dumps(versioned(obj), indent=1))
         return EXIT_OK
     g, h, pc, nv = spec.gpu, spec.host, spec.pcie, spec.nvme
     peaks = ", ".join(f"{k} {fmt_flops(v)}" for k, v in g.peak_flops.items())
