@@ -109,3 +109,10 @@ def test_a_16_bit_case_and_a_2_rank_case_run_as_rows(tmp_path: Path) -> None:
     assert s["ran"] == sum(math.isfinite(r.step_error) for r in rows) and s["max_target"] == 0.35
     text = validation.report(rows, hw, 1.0, [("tuned", rows[:1], 0.30), ("heldout", rows[1:], 0.35)])
     assert "## tuned: 1 plans" in text and "## heldout: 1 plans" in text and "load average" in text
+
+
+@pytest.mark.parametrize("argv", [["--only", "no-such-case"], ["--steps", "1"], ["--set", "nope"]])
+def test_bad_validation_arguments_exit_2(argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        validation.main(argv)
+    assert e.value.code == 2
