@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from replay.precision import TORCH_DTYPES, Precision
 from replay.threads import cpu_op_threads
 
 __all__ = [
@@ -70,13 +71,21 @@ class CalibrationSizes:
     gpu_adam_params: int = 64_000_000  # CUDA: enough that a fused step is bandwidth-bound, not launch-bound
     elementwise_bytes: tuple[int, ...] = (2**18, 2**20, 2**22)  # operand sizes of the element-wise chain
     repeats: int = 5
+    ranks_allreduce_bytes: int = 64 * 2**20  # calibrate --ranks (replay.calibrate_ranks)
+    ranks_gemm_n: int = 1024
+    ranks_copy_bytes: int = 64 * 2**20
+
+    def ranks_kwargs(self) -> dict[str, int]:
+        return {"allreduce_bytes": self.ranks_allreduce_bytes, "gemm_n": self.ranks_gemm_n,
+                "copy_bytes": self.ranks_copy_bytes, "repeats": self.repeats}
 
     @classmethod
     def tiny(cls) -> CalibrationSizes:
         """Sizes for tests: a second or two in all."""
         return cls(gemm_flops=(1e5, 1e6, 1e7), gpu_gemm_flops=(1e6, 1e8), gemm_peak_points=1, gemm_min_time_s=0.005,
                    copy_bytes=2**20, disk_bytes=4 * 2**20, disk_chunk=2**20, adam_params=20_000,
-                   gpu_adam_params=20_000, elementwise_bytes=(2**16,), repeats=3)
+                   gpu_adam_params=20_000, elementwise_bytes=(2**16,), repeats=3, ranks_allreduce_bytes=2**20,
+                   ranks_gemm_n=128, ranks_copy_bytes=2**20)
 
 
 @dataclass(frozen=True)
@@ -164,10 +173,14 @@ def _median_time(fn: Callable[[], object], device: torch.device, repeats: int, m
 
 def measure_gemm(device: torch.device, dtype: torch.dtype, flops: Sequence[float], repeats: int = 5,
                  min_time_s: float = 0.1) -> list[tuple[float, float]]:
-    """(FLOPs of one square matmul, FLOP/s) for n x n @ n x n with 2 n^3 close to each of `flops`.
+    """(FLOPs of one square product, FLOP/s) for n x n by n x n with 2 n^3 close to each of `flops`, computed
+    as the runner computes a linear layer in `dtype` (``replay.precision.linear_rate_op``: ``F.linear`` of fp32
+    operands under the precision's autocast, the 16-bit casts included), so the rate a plan is priced at is
+    the rate its replay gets. Small ops are timed in batches (one timed call lasts >= ~2 ms) and divided;
+    median of repeats."""
+    from replay.precision import linear_rate_op
 
-    Small ops are timed in batches (so that one timed call lasts >= ~2 ms) and divided; median of repeats.
-    """
+    name = {v: k for k, v in TORCH_DTYPES.items()}[dtype]
     out: list[tuple[float, float]] = []
     seen: set[int] = set()
     for target in flops:
@@ -175,14 +188,12 @@ def measure_gemm(device: torch.device, dtype: torch.dtype, flops: Sequence[float
         if n in seen:
             continue
         seen.add(n)
-        a = torch.randn(n, n, device=device).to(dtype)
-        b = torch.randn(n, n, device=device).to(dtype)
-        c = torch.empty(n, n, device=device, dtype=dtype)
+        op = linear_rate_op(device, name, n, n, n)
         one = 2.0 * n**3
 
-        def run(a: torch.Tensor = a, b: torch.Tensor = b, c: torch.Tensor = c, k: int = 1) -> None:
+        def run(op: Callable[[], object] = op, k: int = 1) -> None:
             for _ in range(k):
-                torch.mm(a, b, out=c)
+                op()
 
         probe = _median_time(run, device, 1)
         batch = max(1, min(10_000, math.ceil(2e-3 / max(probe, 1e-9))))
@@ -198,11 +209,12 @@ def measure_small_op(device: torch.device, repeats: int = 50) -> float:
     return _median_time(lambda: torch.mm(a, b), device, repeats)
 
 
-def measure_op_overhead(device: torch.device, repeats: int = 20) -> tuple[float, str]:
+def measure_op_overhead(device: torch.device, repeats: int = 20, precision: str = "fp32") -> tuple[float, str]:
     """Seconds per operator of eager PyTorch as the replay runs a layer: the replay's LLaMA-style block
     (``replay.model.Block``) at tiny dimensions (its matmuls and element-wise work are a few hundred
-    FLOPs), forward with autograd recording then backward, divided by its operator count
-    (``workloads.ops.layer_ops`` fwd + bwd, the same inventory the simulator prices)."""
+    FLOPs), forward with autograd recording (under the runner's autocast for `precision`) then backward,
+    divided by its operator count (``workloads.ops.layer_ops`` fwd + bwd, the same inventory the simulator
+    prices)."""
     from replay.model import Block, Dims
     from workloads import ModelSpec, WorkloadConfig
     from workloads.ops import layer_ops
@@ -214,15 +226,19 @@ def measure_op_overhead(device: torch.device, repeats: int = 20) -> tuple[float,
     x = torch.randn(1, 4, 16, device=device, requires_grad=True)
     params = list(block.parameters())
 
+    prec = Precision(precision, device.type)
+
     def step() -> None:
         with torch.enable_grad():
-            y = block(x)
+            with prec.autocast():
+                y = block(x)
             torch.autograd.grad(y, [x, *params], torch.ones_like(y))
 
     n_ops = layer_ops(m, cfg, 1, "fwd").n_ops + layer_ops(m, cfg, 1, "bwd").n_ops
     dt = _median_time(step, device, max(repeats, 20), 0.05)
     return dt / n_ops, (f"median time of the replay's decoder block (replay.model.Block, hidden 16, 4 tokens) "
-                        f"forward + backward on {device.type} / its {n_ops} operators (workloads.ops)")
+                        f"forward ({precision} as the runner computes it, replay.precision) + backward on "
+                        f"{device.type} / its {n_ops} operators (workloads.ops)")
 
 
 def measure_elementwise(device: torch.device, sizes: Sequence[int], repeats: int = 5) -> tuple[float, str]:
@@ -270,15 +286,16 @@ def measure_layer_elementwise(device: torch.device, dtype: str, gemm_curve: Sequ
     m = ModelSpec(name="probe", family="llama", n_layers=1, hidden=h, n_heads=heads, n_kv_heads=heads, ffn=f,
                   vocab=256, max_pos=4 * s, tied_embeddings=False, mlp="swiglu", norm="rmsnorm", bias=False,
                   learned_pos=False)
-    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
-    cfg = WorkloadConfig(micro_batch=1, seq_len=s, precision=dtype if dtype in ("fp32", "bf16", "fp16") else "fp32")
-    block = Block(Dims.from_model(m)).to(device=device, dtype=torch_dtype)
-    x = torch.randn(1, s, h, device=device, dtype=torch_dtype, requires_grad=True)
+    cfg = WorkloadConfig(micro_batch=1, seq_len=s, precision=dtype)
+    block = Block(Dims.from_model(m)).to(device=device)  # fp32 weights under autocast: the runner's path
+    x = torch.randn(1, s, h, device=device, requires_grad=True)
     params = list(block.parameters())
+    prec = Precision(dtype, device.type)
 
     def step() -> None:
         with torch.enable_grad():
-            y = block(x)
+            with prec.autocast():
+                y = block(x)
             torch.autograd.grad(y, [x, *params], torch.ones_like(y))
 
     t = _median_time(step, device, max(repeats, 10), 0.2)
@@ -287,7 +304,8 @@ def measure_layer_elementwise(device: torch.device, dtype: str, gemm_curve: Sequ
     t_mm = sum(fl / (peak * eff(fl)) for o in ops for fl in o.matmul_flops if fl > 0)
     t_fixed = sum(o.n_ops for o in ops) * op_overhead_s
     moved = sum(o.elementwise_bytes for o in ops)
-    how = (f"derived: the replay's decoder block (hidden {h}, {heads} heads, ffn {f}, {s} tokens, {dtype}) forward + "
+    how = (f"derived: the replay's decoder block (hidden {h}, {heads} heads, ffn {f}, {s} tokens, {dtype} as the "
+           f"runner computes it) forward + "
            f"backward on {device.type}, {t * 1e3:.2f} ms (median), minus its matmuls on the measured GEMM curve "
            f"({t_mm * 1e3:.2f} ms) and its operators' fixed cost ({t_fixed * 1e3:.2f} ms); the rest carries its "
            f"{moved / 1e6:.1f} MB of element-wise bytes (workloads.ops)")
@@ -541,7 +559,7 @@ def host_info() -> dict[str, Any]:
 
 def _gemm_all(device: torch.device, dtypes: Sequence[torch.dtype], flops: Sequence[float], sizes: CalibrationSizes,
               progress: Progress) -> tuple[list[tuple[float, float]], dict[str, float], dict[str, float]]:
-    names = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+    names = {v: k for k, v in TORCH_DTYPES.items()}
     curve: list[tuple[float, float]] = []
     peaks: dict[str, float] = {}
     at: dict[str, float] = {}
@@ -563,18 +581,26 @@ def _gemm_all(device: torch.device, dtypes: Sequence[torch.dtype], flops: Sequen
 
 
 def calibrate(directory: str | os.PathLike[str] | None = None, sizes: CalibrationSizes | None = None,
-              progress: Progress = _quiet, device: str | None = None) -> Calibration:
+              progress: Progress = _quiet, device: str | None = None, precision: str = "bf16") -> Calibration:
     """Measure this machine. `directory`: whose disk is measured (default: a temporary directory).
+    `precision`: the training precision whose GEMM efficiency curve and per-operator figures are measured
+    (every dtype's peak is measured; all through the runner's code path, ``replay.precision``).
 
     On a CPU-only machine torch runs one thread per op while measuring, as the replay does (``replay.threads``).
     """
+    Precision(precision)  # a ReplayError naming the precision the runner cannot compute
     cuda = torch.cuda.is_available() if device is None else device == "cuda"
     with cpu_op_threads(torch.device("cuda" if cuda else "cpu")):
-        return _calibrate(directory, sizes or CalibrationSizes(), progress, device)
+        return _calibrate(directory, sizes or CalibrationSizes(), progress, device, precision)
+
+
+def _dtype_order(precision: str) -> tuple[torch.dtype, ...]:
+    """`precision` first (its whole curve is measured), then the others (their peaks)."""
+    return (TORCH_DTYPES[precision], *(d for k, d in TORCH_DTYPES.items() if k != precision))
 
 
 def _calibrate(directory: str | os.PathLike[str] | None, sizes: CalibrationSizes, progress: Progress,
-               device: str | None) -> Calibration:
+               device: str | None, precision: str) -> Calibration:
     t_start = time.perf_counter()
     host = host_info()
     cuda = torch.cuda.is_available() if device is None else device == "cuda"
@@ -587,8 +613,7 @@ def _calibrate(directory: str | os.PathLike[str] | None, sizes: CalibrationSizes
         props = torch.cuda.get_device_properties(dev)
         gpu_model, gpu_count = str(props.name), torch.cuda.device_count()
         gpu_memory, mem_method = float(props.total_memory), "torch.cuda.get_device_properties().total_memory"
-        curve, peaks, at = _gemm_all(dev, (torch.bfloat16, torch.float16, torch.float32), sizes.gpu_gemm_flops,
-                                      sizes, progress)
+        curve, peaks, at = _gemm_all(dev, _dtype_order(precision), sizes.gpu_gemm_flops, sizes, progress)
         n = sizes.copy_bytes // 4
         host_a = torch.empty(n, pin_memory=True)
         host_b = torch.empty(n, pin_memory=True)
@@ -613,8 +638,7 @@ def _calibrate(directory: str | os.PathLike[str] | None, sizes: CalibrationSizes
         gpu_model, gpu_count = f"CPU as GPU ({host['cpu_model']})", 1
         gpu_memory = host["dram"] / 4
         mem_method = "no GPU: a budget of a quarter of host DRAM (override with --set gpu.memory=...)"
-        curve, peaks, at = _gemm_all(dev, (torch.float32, torch.bfloat16, torch.float16), sizes.gemm_flops,
-                                      sizes, progress)
+        curve, peaks, at = _gemm_all(dev, _dtype_order(precision), sizes.gemm_flops, sizes, progress)
         n = sizes.copy_bytes // 4
         a, b = torch.empty(n), torch.empty(n)
         a.fill_(1.0)
@@ -632,12 +656,17 @@ def _calibrate(directory: str | os.PathLike[str] | None, sizes: CalibrationSizes
         latency = _median_time(lambda: small_b.copy_(small_a), dev, 50)
         del a, b
         notes.append("no GPU: gpu.memory is a budget (a quarter of DRAM) that shares the same DRAM as host.dram")
+    if precision not in peaks:
+        from replay.errors import ReplayError
+
+        raise ReplayError(f"calibrate --precision {precision}: this {dev.type} device cannot multiply in {precision} "
+                          "(see the progress lines); calibrate with --precision fp32")
     progress(f"copies: H2D {h2d / 1e9:.2f} GB/s, D2H {d2h / 1e9:.2f} GB/s, both at once {duplex / 1e9:.2f} GB/s")
 
     launch = measure_small_op(dev)
     progress(f"eager operators on {dev.type}: per-operator overhead, element-wise bandwidth")
-    op_overhead, op_method = measure_op_overhead(dev, sizes.repeats)
-    gemm_dtype = "bf16" if cuda else "fp32"
+    op_overhead, op_method = measure_op_overhead(dev, sizes.repeats, precision)
+    gemm_dtype = precision
     layer_bw, ew_method = None, f"no {gemm_dtype} GEMM curve to derive it from"
     if curve and gemm_dtype in peaks:
         layer_bw, ew_method = measure_layer_elementwise(dev, gemm_dtype, curve, peaks[gemm_dtype], op_overhead,
@@ -678,7 +707,7 @@ def _calibrate(directory: str | os.PathLike[str] | None, sizes: CalibrationSizes
         host=host["host"], date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), device=dev.type,
         gpu_model=gpu_model, gpu_count=gpu_count, gpu_memory=gpu_memory, gpu_memory_method=mem_method,
         cpu_model=host["cpu_model"], cores=int(host["cores"]), dram=host["dram"],
-        gemm_dtype="bf16" if cuda else "fp32", gemm_curve=curve, peak_flops=peaks, peak_at=at,
+        gemm_dtype=gemm_dtype, gemm_curve=curve, peak_flops=peaks, peak_at=at,
         h2d_bw=h2d, d2h_bw=d2h, duplex_bw=duplex, copy_method=copy_method, copy_latency_s=latency,
         hbm_bw=hbm_bw, hbm_method=hbm_method, dram_bw=dram_bw, launch_overhead_s=launch,
         optimizer_params_per_s=opt_rate, optimizer_variant=variant, gpu_optimizer_params_per_s=gpu_opt_rate,

@@ -22,6 +22,7 @@ from hardware_models import PCIE_X16_PER_DIRECTION
 
 if TYPE_CHECKING:
     from replay.calibrate import Calibration
+    from replay.calibrate_ranks import RanksCalibration
 
 __all__ = ["pcie_fields", "spec_dict"]
 
@@ -46,11 +47,16 @@ def _get(d: Mapping[str, Any] | None, path: str) -> Any:
     return cur
 
 
-def spec_dict(cal: Calibration, base: Mapping[str, Any] | None = None, base_name: str | None = None) -> dict[str, Any]:
+def spec_dict(cal: Calibration, base: Mapping[str, Any] | None = None, base_name: str | None = None,
+              ranks: RanksCalibration | None = None) -> dict[str, Any]:
     """The hardware description of the calibrated machine (loads with `spec_from_dict`).
 
     `base`: a preset's `to_dict()` whose unmeasured fields (fragmentation, RAID efficiencies, NVLink,
     latencies that cannot be measured here, ...) are kept instead of the assumptions.
+    `ranks` (``calibrate --ranks N`` on a CPU-only machine): N "GPUs", each rank's peaks at the share of its
+    solo rate it measured while every rank computed, the gloo all-reduce rate and latency as the GPU <-> GPU
+    link (``nvlink``: the fabric the simulator prices collectives over), and the ranks' copies behind one
+    shared uplink (``pcie.gpus_per_switch`` = N: their memcpys share the host's memory bus).
     """
     stamp = f"tiersim calibrate on {cal.host} at {cal.date}"
     sources: dict[str, str] = {}
@@ -96,12 +102,16 @@ def spec_dict(cal: Calibration, base: Mapping[str, Any] | None = None, base_name
     else:
         measured("gpu.memory", cal.gpu_memory_method)
     for k in cal.peak_flops:
-        measured(f"gpu.peak_flops.{k}", f"best torch.mm {k} rate on {cal.device} over square sizes, reached at "
+        measured(f"gpu.peak_flops.{k}", f"best {k} linear-layer rate on {cal.device} as the runner computes it "
+                                        f"(F.linear of fp32 operands under {k} autocast, replay.precision) over "
+                                        f"square sizes, reached at "
                                         f"{cal.peak_at.get(k, 0):.2e} FLOP/op, {reps}; used as the peak")
     measured("gpu.hbm_bw", f"{cal.hbm_method}, {reps}")
-    measured("gpu.gemm_efficiency", f"torch.mm {dtype} FLOP/s over square sizes "
-                                    f"{curve[0][0]:.0e}..{curve[-1][0]:.0e} FLOP/op, {reps}, "
-                                    f"as a fraction of the measured peak")
+    measured("gpu.gemm_efficiency", f"{dtype} linear-layer FLOP/s as the runner computes it (replay.precision) "
+                                    f"over square sizes {curve[0][0]:.0e}..{curve[-1][0]:.0e} FLOP/op, {reps}, "
+                                    f"as a fraction of the measured {dtype} peak; the curve, gpu.op_overhead and "
+                                    f"gpu.elementwise_bw are {dtype}'s (calibrate --precision {dtype}): plans "
+                                    f"in another precision are priced on this curve at their own peak")
     measured("gpu.launch_overhead", f"median time of a synchronised 8x8 torch.mm on {cal.device}")
     if cal.op_overhead_s is not None:
         gpu["op_overhead"] = float(cal.op_overhead_s)
@@ -201,7 +211,8 @@ def spec_dict(cal: Calibration, base: Mapping[str, Any] | None = None, base_name
     out: dict[str, Any] = {
         "name": "calibrated-" + (re.sub(r"[^A-Za-z0-9_.-]+", "-", cal.host).strip("-") or "host"),
         "description": (f"measured by tiersim calibrate on {cal.host} at {cal.date}: {cal.gpu_model}, "
-                        f"{cal.cores} cores, {dram / 2**30:.1f} GiB DRAM; disk {d.directory} ({d.method})"
+                        f"{cal.cores} cores, {dram / 2**30:.1f} GiB DRAM; disk {d.directory} ({d.method}); "
+                        f"per-operator figures measured in {dtype}"
                         + ("; CPU-only: the gpu0 pool is a budget of host memory" if cpu_only else "")),
         "unified_memory": False,
         "gpu": gpu,
@@ -214,5 +225,39 @@ def spec_dict(cal: Calibration, base: Mapping[str, Any] | None = None, base_name
         out["nvlink"] = dict(nvlink)
         for key in nvlink:
             kept(f"nvlink.{key}", nvlink[key], "")
+    if ranks is not None and cpu_only:
+        _apply_ranks(out, sources, ranks, stamp, dram)
     out["sources"] = sources
     return out
+
+
+def _apply_ranks(out: dict[str, Any], sources: dict[str, str], rc: RanksCalibration, stamp: str,
+                 dram: float) -> None:
+    """Write what ``rc.ranks`` ranks share into the CPU-only spec `out` (see :func:`spec_dict`)."""
+    n = rc.ranks
+    gpu, pcie = out["gpu"], out["pcie"]
+    how = f"measured: {stamp} ({rc.method}"
+    gpu["count"] = n
+    sources["gpu.count"] = f"{how}): one CPU 'GPU' per rank"
+    gpu["memory"] = dram / (2 * n)
+    sources["gpu.memory"] = (f"assumed: {stamp}: no GPU, each rank's gpu pool is host memory; a budget of "
+                             f"1/{2 * n} of host DRAM per rank (change with --set gpu.memory=SIZE)")
+    share = rc.compute_share
+    for k, v in list(gpu["peak_flops"].items()):
+        gpu["peak_flops"][k] = v * share
+        sources[f"gpu.peak_flops.{k}"] = (
+            f"derived: {sources.get(f'gpu.peak_flops.{k}', k)}; x {share:.3f}, the share of its solo rate one rank "
+            f"computed at while all {n} ranks computed ({rc.precision} linear layer as the runner computes it: "
+            f"{rc.gemm_shared / 1e9:.3g} vs {rc.gemm_alone / 1e9:.3g} GFLOP/s; {how}))")
+    out["nvlink"] = {"per_direction_bw": float(rc.collective_bw), "latency": float(rc.collective_latency_s)}
+    sources["nvlink.per_direction_bw"] = (
+        f"{how}): torch.distributed gloo all_reduce of {rc.allreduce_bytes / 2**20:.0f} MiB fp32 in "
+        f"{rc.allreduce_s * 1e3:.2f} ms (median), a ring's 2 (n-1)/n x bytes per rank / (time - its latency); "
+        f"the CPU-only ranks' collective fabric, written as the GPU <-> GPU link the simulator prices "
+        f"collectives over")
+    sources["nvlink.latency"] = (f"{how}): a 4-byte gloo all_reduce / its 2 (n-1) ring steps")
+    pcie["gpus_per_switch"] = n
+    sources["pcie.gpus_per_switch"] = (
+        f"{how}): the {n} ranks' gpu <-> cpu copies are host memcpys over one memory bus, written as one shared "
+        f"uplink; all ranks copying at once moved {rc.copy_shared_total / 1e9:.3g} GB/s in all, one alone "
+        f"{rc.copy_alone / 1e9:.3g} GB/s")

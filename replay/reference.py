@@ -6,7 +6,10 @@ Delayed parameter update (DPU, ZeRO-Offload's ``delayed_update``): step ``s`` co
 with the master weights after update ``s-2`` (``M_{max(s-1, 0)}``, where ``M_{k+1} = Adam(M_k, g_k)``),
 which is what a plan whose forward of step ``s`` waits for the upload of step ``s-2`` computes.
 
-Tolerance (``RTOL``): both sides run the same fp32 kernels on the same inputs; they differ at most in
+Precision: the reference computes in the replay's (``batching.precision``, ``replay.precision``): the
+same autocast and the same fp16 loss scale; its tolerance is ``replay.precision.tolerance``.
+
+Tolerance (``RTOL``, fp32): both sides run the same fp32 kernels on the same inputs; they differ at most in
 how a few sums are ordered (a layer-by-layer autograd versus one graph), a few ulps (fp32 eps 1.2e-7)
 per operation, which Adam's normalisation can amplify over a few steps. 1e-5 relative leaves ~100x
 margin above that, while every real mistake is orders of magnitude larger: a missed or doubled
@@ -25,10 +28,11 @@ from torch.func import functional_call
 
 from replay.data import batch
 from replay.model import Dims, build_layers
+from replay.precision import RTOL_FP32, Precision
 from replay.store import ADAM, Batching
 from replay.threads import cpu_op_threads
 
-RTOL = 1e-5
+RTOL = RTOL_FP32  # fp32; bf16 / fp16 replays: replay.precision.tolerance
 
 
 def train_reference(dims: Dims, batching: Batching, steps: int, accum: dict[int, int], *, delayed: bool,
@@ -42,6 +46,7 @@ def train_reference(dims: Dims, batching: Batching, steps: int, accum: dict[int,
 def _train_reference(dims: Dims, batching: Batching, steps: int, accum: dict[int, int], *, delayed: bool,
                      device: torch.device) -> tuple[dict[tuple[int, int], float], list[dict[str, Tensor]]]:
     layers = [m.to(device) for m in build_layers(dims, batching.seed)]
+    prec = Precision(batching.precision, device.type)
     params = [p for m in layers for p in m.parameters()]
     opt = torch.optim.Adam(params, **ADAM)  # type: ignore[arg-type]
     losses: dict[tuple[int, int], float] = {}
@@ -55,22 +60,26 @@ def _train_reference(dims: Dims, batching: Batching, steps: int, accum: dict[int
         for mi in range(n_micro):
             tokens, targets = batch(batching.seed, s, mi, batching.micro_batch, batching.seq_len, dims.vocab)
             tokens, targets = tokens.to(device), targets.to(device)
-            if delayed:
-                x = functional_call(layers[0], used[0], (tokens,))
-                for i in range(1, len(layers) - 1):
-                    x = functional_call(layers[i], used[i], (x,))
-                loss = functional_call(layers[-1], used[-1], (x, targets, used[0]["wte"] if dims.tied else None))
-            else:
-                x = layers[0](tokens)
-                for m in layers[1:-1]:
-                    x = m(x)
-                loss = layers[-1](x, targets, layers[0].wte if dims.tied else None)
+            with prec.autocast():
+                if delayed:
+                    x = functional_call(layers[0], used[0], (tokens,))
+                    for i in range(1, len(layers) - 1):
+                        x = functional_call(layers[i], used[i], (x,))
+                    loss = functional_call(layers[-1], used[-1], (x, targets, used[0]["wte"] if dims.tied else None))
+                else:
+                    x = layers[0](tokens)
+                    for m in layers[1:-1]:
+                        x = m(x)
+                    loss = layers[-1](x, targets, layers[0].wte if dims.tied else None)
             losses[(s, mi)] = float(loss.detach())
-            (loss / n_micro).backward()
+            (loss * prec.loss_scale / n_micro).backward()
         if delayed:
             for m, d in zip(layers, used, strict=True):
                 for n, p in m.named_parameters():
                     p.grad = d[n].grad
+        for i, m in enumerate(layers):
+            grads = {n: p.grad for n, p in m.named_parameters() if p.grad is not None}
+            prec.unscale(grads, f"reference: layer {i}, step {s}")
         opt.step()
         opt.zero_grad(set_to_none=True)
         if delayed:

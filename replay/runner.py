@@ -17,9 +17,9 @@ Recorded: per-task start/end (``simulator.engine.TaskRecord``, so the simulator'
 writer apply unchanged), bytes per pool over time, bytes per link (routed over the plan's topology),
 real bytes moved, step ends, losses and final weights.
 
-The replay computes in fp32 whatever the plan's precision (bytes are still counted as the plan states
-them), so that it can be compared with an fp32 reference; dropout is off. On CUDA every plan stream gets
-its own CUDA stream and a task ends when its kernels have finished (a synchronisation per task).
+The replay computes in the plan's precision (``replay.precision``: bf16/fp16 autocast over fp32 master
+weights, a static loss scale for fp16; bytes are counted as the plan states them); dropout is off. On CUDA
+every plan stream gets its own CUDA stream and a task ends when its kernels have finished (a synchronisation per task).
 """
 
 from __future__ import annotations
@@ -160,7 +160,7 @@ class Runner:
         self.seed = seed
         self.nvme_dir = nvme_dir
         config = plan.workload.config
-        self.batching = Batching(seed, config.micro_batch, config.seq_len)
+        self.batching = Batching(seed, config.micro_batch, config.seq_len, config.precision)  # replay.precision
         self.streams = plan.stream_map()
         self.tensors = plan.tensor_map()
         self._scan()

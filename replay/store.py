@@ -32,6 +32,7 @@ from replay.data import batch
 from replay.errors import ReplayError
 from replay.model import Dims
 from replay.pools import Held, Pools
+from replay.precision import Precision
 
 LR = 1e-3
 KEEP_VERSIONS = 3  # parameter versions kept per layer besides those in use (a delayed update lags by 2)
@@ -61,6 +62,7 @@ class Batching:
     seed: int
     micro_batch: int
     seq_len: int
+    precision: str = "fp32"  # the plan's; layers compute in it (replay.precision)
 
 
 class Store:
@@ -72,6 +74,7 @@ class Store:
         self.master_loc = master_loc
         self.pools = pools
         self.batching = batching
+        self.precision = Precision(batching.precision, pools.device.type)
         self.lock = threading.Lock()
         self.versions: list[dict[int, dict[str, Tensor]]] = []
         self.latest: list[int] = []
@@ -109,8 +112,10 @@ class Store:
             s, m, _ = key
             _, targets = batch(self.batching.seed, s, m, self.batching.micro_batch, self.batching.seq_len,
                                self.dims.vocab)
-            return functional_call(self.layers[i], params, (x, targets.to(x.device), wte))
-        return functional_call(self.layers[i], params, (x,))
+            with self.precision.autocast():
+                return functional_call(self.layers[i], params, (x, targets.to(x.device), wte))
+        with self.precision.autocast():
+            return functional_call(self.layers[i], params, (x,))
 
     def _graph(self, i: int, saved: Saved, key: tuple[int, int, int]) -> Graph:
         params = {n: p.detach().requires_grad_(True) for n, p in self.versions[i][saved.version].items()}
@@ -178,7 +183,8 @@ class Store:
         saved = self._saved(uid, key, pop=True)
         g = saved.graph if saved.graph is not None else self._graph(i, saved, key)
         if i == self.head:
-            grad_out = torch.full_like(g.out, 1.0 / accum)  # what (loss / accum).backward() feeds in
+            # what (loss * scale / accum).backward() feeds in (scale: replay.precision, fp16 only)
+            grad_out = torch.full_like(g.out, self.precision.loss_scale / accum)
         else:
             with self.lock:
                 got = self.upstream.pop(key, None)
@@ -231,6 +237,8 @@ class Store:
             opt = self.optim[i]
             if opt is None:
                 continue
+            if total is not None:
+                self.precision.unscale(total, f"task {uid!r}: layer {i}, step {step}")
             if loc == self.compute_loc:
                 self._release_alias(i)
             for n, p in self.master[i].items():

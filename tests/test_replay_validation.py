@@ -71,3 +71,48 @@ def test_a_case_applies_its_policys_replay_knobs_and_its_own_win() -> None:
     case = Case("s", "synergyscale", SMALL, ("chunks=2",))
     assert case.all_knobs == (*pinned, "chunks=2")
     assert Case("n", "none", SMALL).all_knobs == ()
+
+
+def test_heldout_matrix_covers_issue_12() -> None:
+    """At least 24 held-out cases: the gpt2 preset at its default workload, GPT- and LLaMA-style models over the
+    issue's ranges, every policy, 16-bit precisions; none of them is a tuned case."""
+    from replay.validation import FULL_CASES, HELDOUT_CASES, TWO_RANK_CASES
+
+    cases = HELDOUT_CASES
+    assert len(cases) >= 24
+    assert {c.policy for c in cases} == {c.policy for c in FULL_CASES}
+    gpt2 = [c for c in cases if c.model.preset == "gpt2"]
+    assert gpt2 and all(c.seq_len == 1024 and c.precision == "bf16" and c.micro_batch == 1 for c in gpt2)
+    custom = [c for c in cases if c.model.preset is None]
+    assert {c.model.mlp for c in custom} == {"gelu", "swiglu"}
+    assert min(c.model.hidden for c in custom) == 256 and max(c.model.hidden for c in custom) == 2048
+    assert min(c.seq_len for c in cases) == 128 and max(c.seq_len for c in cases) == 1024
+    assert min(c.model.vocab for c in cases) <= 1024 and max(c.model.vocab for c in cases) >= 50_000
+    assert {"fp32", "bf16", "fp16"} <= {c.precision for c in cases}
+    tuned = {(c.model, c.seq_len) for c in FULL_CASES}
+    assert not tuned & {(c.model, c.seq_len) for c in cases}
+    assert len({c.name for c in cases}) == len(cases)
+    assert TWO_RANK_CASES and all(c.gpus == 2 for c in TWO_RANK_CASES)
+
+
+def test_a_16_bit_case_and_a_2_rank_case_run_as_rows(tmp_path: Path) -> None:
+    """A bf16 case is planned, simulated on the bf16-calibrated spec and replayed in bf16; a 2-rank case is a
+    row too (replayed where the runner runs several ranks, else with the reason), reported in its own set."""
+    from replay.validation import TINY, Case
+
+    bf16 = Case("tiny-bf16", "zero-offload", TINY, seq_len=32, micro_batch=1, global_batch=2, precision="bf16")
+    two = Case("tiny-2r", "none", TINY, seq_len=32, micro_batch=1, global_batch=2, offload=False, gpus=2)
+    rows, hw, _ = validation.run([bf16, two], quick=True, steps=2, cache_dir=str(tmp_path))
+    assert rows[0].case.precision == "bf16" and math.isfinite(rows[0].step_error) and rows[0].sim_step > 0
+    assert math.isfinite(rows[1].step_error) or rows[1].note
+    s = validation.summary(rows, validation.HELDOUT_MAX_TARGET)
+    assert s["ran"] == sum(math.isfinite(r.step_error) for r in rows) and s["max_target"] == 0.35
+    text = validation.report(rows, hw, 1.0, [("tuned", rows[:1], 0.30), ("heldout", rows[1:], 0.35)])
+    assert "## tuned: 1 plans" in text and "## heldout: 1 plans" in text and "load average" in text
+
+
+@pytest.mark.parametrize("argv", [["--only", "no-such-case"], ["--steps", "1"], ["--set", "nope"]])
+def test_bad_validation_arguments_exit_2(argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        validation.main(argv)
+    assert e.value.code == 2

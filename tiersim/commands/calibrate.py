@@ -1,12 +1,13 @@
-"""``tiersim calibrate -o local.yaml [--dir D] [--base PRESET] [--json]``: measure this machine (torch) and
-write a hardware description the simulator loads (``simulate --hw local.yaml ...``).
+"""``tiersim calibrate -o local.yaml [--dir D] [--base PRESET] [--precision bf16] [--json]``: measure this
+machine (torch) and write a hardware description the simulator loads (``simulate --hw local.yaml ...``).
 
-Measured: GEMM FLOP/s over op sizes (-> gpu.peak_flops, gpu.gemm_efficiency), copy bandwidth between the
-runner's pools gpu0 <-> cpu (-> pcie), a large copy on the device (-> gpu.hbm_bw) and in host memory
-(-> host.dram_bw), sequential disk read/write of `--dir` with the page cache avoided (-> nvme), the
-torch.optim.Adam rate (-> host.optimizer_params_per_s), DRAM size and cores, and the per-operator figures
-that price a layer operator by operator (-> gpu.op_overhead from the replay's decoder block at tiny size,
-gpu.elementwise_bw derived from one probe block; CPU-only: gpu.shares_host). Progress goes to stderr;
+Measured: GEMM FLOP/s over op sizes as the replay computes a linear layer in ``--precision`` (autocast over
+fp32 weights, ``replay.precision``; -> gpu.peak_flops of every dtype, gpu.gemm_efficiency of that precision),
+copy bandwidth between the runner's pools gpu0 <-> cpu (-> pcie), a large copy on the device (-> gpu.hbm_bw)
+and in host memory (-> host.dram_bw), sequential disk read/write of `--dir` with the page cache avoided (->
+nvme), the torch.optim.Adam rate (-> host.optimizer_params_per_s), DRAM size and cores, and the per-operator
+figures that price a layer operator by operator (-> gpu.op_overhead from the replay's decoder block at tiny
+size, gpu.elementwise_bw derived from one probe block; CPU-only: gpu.shares_host). Progress goes to stderr;
 stdout gets a summary, or with ``--json`` one JSON object ``{"output", "measurements", "spec"}``.
 Every figure's citation is in the file's ``sources``. Exit codes: 0 written, 2 bad input (one line).
 """
@@ -28,7 +29,9 @@ from tiersim.errors import UsageError
 from tiersim.exit_codes import EXIT_OK
 from tiersim.output_files import check_output_path, write_or_fail
 
-__all__ = ["COMMAND", "add_args", "check_calibrate_args", "run", "write_spec"]
+__all__ = ["COMMAND", "MAX_RANKS", "add_args", "check_calibrate_args", "run", "write_spec"]
+
+MAX_RANKS = 8  # processes on one host; more would only measure oversubscription
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -36,6 +39,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dir", default=None, help="directory whose disk is measured (default: a temporary one)")
     p.add_argument("--base", default=None,
                    help="preset whose unmeasured fields (prices of links this machine lacks) are kept")
+    p.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp32"),
+                   help="training precision whose GEMM curve and per-operator figures are measured, as the replay "
+                        "computes it (default bf16, simulate's default; every dtype's peak is measured)")
+    p.add_argument("--ranks", type=int, default=1,
+                   help="CPU-only: measure what N ranks (one process each, gloo) share -- cores, the all-reduce "
+                        "rate, copies -- and write an N-GPU spec that prices N-rank plans (default 1)")
     p.add_argument("--json", action="store_true", help="also print the measurements as one JSON object")
 
 
@@ -56,6 +65,9 @@ def check_calibrate_args(args: argparse.Namespace) -> HardwareSpec | None:
             raise UsageError(f"calibrate: --dir {args.dir}: not a directory; create it first")
         if not os.access(args.dir, os.W_OK):
             raise UsageError(f"calibrate: --dir {args.dir}: not writable; pick a directory you can write")
+    ranks = getattr(args, "ranks", 1)
+    if isinstance(ranks, bool) or not isinstance(ranks, int) or not 1 <= ranks <= MAX_RANKS:
+        raise UsageError(f"calibrate --ranks {ranks}: give 1 to {MAX_RANKS} (processes on this machine)")
     return load_hardware(args.base) if args.base else None
 
 
@@ -102,13 +114,39 @@ def run(args: argparse.Namespace, sizes: Any = None) -> int:
     from replay.calibrate_spec import spec_dict
 
     _progress("measuring this machine (progress on stderr)")
-    cal = calibrate(args.dir, sizes, progress=_progress)
-    data = spec_dict(cal, base.to_dict() if base is not None else None, args.base)
+    from replay.errors import ReplayError
+
+    precision = getattr(args, "precision", "bf16")
+    n_ranks = getattr(args, "ranks", 1)
+    try:
+        cal = calibrate(args.dir, sizes, progress=_progress, precision=precision)
+    except ReplayError as e:
+        raise UsageError(str(e)) from None
+    ranks = None
+    if n_ranks > 1:
+        if cal.device != "cpu":
+            raise UsageError(f"calibrate --ranks {n_ranks}: measures CPU-only ranks (processes sharing this host); "
+                             f"this machine has {cal.gpu_count} CUDA device(s): calibrate without --ranks")
+        from replay.calibrate_ranks import measure_ranks
+
+        _progress(f"{n_ranks} ranks: gloo all_reduce, compute and copies with every rank at once")
+        from replay.calibrate import CalibrationSizes
+
+        try:
+            ranks = measure_ranks(n_ranks, precision, **(sizes or CalibrationSizes()).ranks_kwargs())
+        except RuntimeError as e:
+            raise UsageError(str(e)) from None
+        _progress(f"{n_ranks} ranks: all_reduce {ranks.collective_bw / 1e9:.2f} GB/s per direction, latency "
+                  f"{ranks.collective_latency_s * 1e6:.0f} us; each rank computes at {ranks.compute_share:.2f} of "
+                  f"its solo rate; copies {ranks.copy_shared_total / 1e9:.2f} GB/s in all")
+    data = spec_dict(cal, base.to_dict() if base is not None else None, args.base, ranks)
     spec = write_spec(args.output, data)
     _progress(f"done in {cal.wall_s:.1f} s; wrote {args.output}")
     if args.json:
-        print(json.dumps(versioned({"output": str(args.output), "measurements": cal.to_dict(),
-                                    "spec": spec.to_dict()}), indent=1))
+        obj: dict[str, Any] = {"output": str(args.output), "measurements": cal.to_dict(), "spec": spec.to_dict()}
+        if ranks is not None:  # --ranks N > 1: what the N ranks measured together
+            obj["ranks"] = ranks.to_dict()
+        print(json.dumps(versioned(obj), indent=1))
         return EXIT_OK
     g, h, pc, nv = spec.gpu, spec.host, spec.pcie, spec.nvme
     peaks = ", ".join(f"{k} {fmt_flops(v)}" for k, v in g.peak_flops.items())

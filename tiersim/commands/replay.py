@@ -89,8 +89,11 @@ def run(args: argparse.Namespace) -> int:
         delayed = bool(plan.knobs.get("delayed_update", False))
         ref_losses, ref_weights = train_reference(runner.dims, runner.batching, plan.steps, dict(runner.accum),
                                                   delayed=delayed, device=runner.device)
+        from replay.precision import tolerance
+
         d["verify"] = compare(meas.losses, meas.weights, ref_losses, ref_weights,
-                              "delayed-update" if delayed else "plain").to_dict()
+                              "delayed-update" if delayed else "plain",
+                              rtol=tolerance(runner.batching.precision)).to_dict()
     if args.trace:
         from reports import write_trace
 

@@ -1,0 +1,142 @@
+"""What N ranks on this machine share, for ``tiersim calibrate --ranks N`` (issue 12 item 2).
+
+A multi-rank replay on a CPU-only machine runs one process per rank (``torch.distributed``, gloo). The ranks
+share the host: its cores (each rank's "GPU" compute runs one intra-op thread, ``replay.threads``, beside its
+copy and optimizer threads), its memory bandwidth (every gpu <-> cpu copy is a host memcpy) and the gloo
+collectives between them. Measured here with N real processes, as the replay runs them:
+
+- **collective**: ``dist.all_reduce`` (gloo) of a large fp32 buffer, median of repeats after a barrier; a ring
+  all-reduce over N ranks sends ``2 (N - 1) / N`` of the bytes per rank (``costs.collective``), so the rate per
+  direction is that over the time. Its latency: a 4-byte all-reduce / its ``2 (N - 1)`` ring steps;
+- **compute while the others compute**: every rank times the same linear layer as the runner computes it
+  (``replay.precision.linear_rate_op``) at once; the ratio of that rate to one rank alone scales the peaks;
+- **copies while the others copy**: every rank copies a buffer between two host tensors at once; the total
+  over all ranks is what their copies share.
+
+Each function takes its sizes as parameters so that tests run in seconds; nothing runs at import time.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from replay.precision import linear_rate_op
+from replay.threads import CPU_OP_THREADS
+
+__all__ = ["RanksCalibration", "measure_ranks"]
+
+
+@dataclass(frozen=True)
+class RanksCalibration:
+    """What ``ranks`` processes on this host measured together (bytes, seconds, FLOP/s, bytes/s)."""
+
+    ranks: int
+    allreduce_bytes: int
+    allreduce_s: float           # median seconds of one all_reduce of allreduce_bytes
+    collective_bw: float         # bytes/s per direction per rank (ring: 2 (n-1)/n x bytes / time)
+    collective_latency_s: float  # per ring step, from a 4-byte all_reduce
+    gemm_alone: float            # FLOP/s of one rank's linear layer with the others idle
+    gemm_shared: float           # FLOP/s of one rank's linear layer while every rank computes (median over ranks)
+    copy_alone: float            # bytes/s of one rank's host copy, the others idle
+    copy_shared_total: float     # bytes/s of all ranks' copies at once, summed
+    precision: str
+    method: str
+
+    @property
+    def compute_share(self) -> float:
+        """The fraction of its solo rate one rank computes at while every rank computes (<= 1)."""
+        return min(1.0, self.gemm_shared / self.gemm_alone) if self.gemm_alone > 0 else 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _median_s(fn: Any, repeats: int, barrier: bool = True) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        if barrier:
+            dist.barrier()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _rank_main(rank: int, n: int, rdzv: str, sizes: dict[str, int], precision: str, out: Any) -> None:
+    torch.set_num_threads(CPU_OP_THREADS)  # as the runner's ranks compute (replay.threads)
+    dist.init_process_group("gloo", init_method=f"file://{rdzv}", rank=rank, world_size=n)
+    try:
+        reps = sizes["repeats"]
+        buf = torch.ones(sizes["allreduce_bytes"] // 4)
+        t_ar = _median_s(lambda: dist.all_reduce(buf), reps)
+        tiny = torch.ones(1)
+        t_small = _median_s(lambda: dist.all_reduce(tiny), max(reps, 10))
+        k = sizes["gemm_n"]
+        op = linear_rate_op(torch.device("cpu"), precision, k, k, k)
+        flops = 2.0 * k**3
+        alone = flops / _median_s(op, reps, barrier=False) if rank == 0 else 0.0  # the others wait below
+        dist.barrier()
+        shared = flops / _median_s(op, reps)
+        a = torch.ones(sizes["copy_bytes"] // 4)
+        b = torch.empty_like(a)
+        copy_alone = a.numel() * 4 / _median_s(lambda: b.copy_(a), reps, barrier=False) if rank == 0 else 0.0
+        dist.barrier()
+        copy_shared = a.numel() * 4 / _median_s(lambda: b.copy_(a), reps)
+        gathered: list[Any] = [None] * n
+        dist.all_gather_object(gathered, (t_ar, t_small, alone, shared, copy_alone, copy_shared))
+        if rank == 0:
+            out.put(gathered)
+    finally:
+        dist.destroy_process_group()
+
+
+def measure_ranks(ranks: int = 2, precision: str = "fp32", allreduce_bytes: int = 64 * 2**20,
+                  gemm_n: int = 1024, copy_bytes: int = 64 * 2**20, repeats: int = 5,
+                  timeout_s: float = 600.0) -> RanksCalibration:
+    """Run ``ranks`` local processes (spawned, gloo, a file rendezvous in a private temporary folder) and
+    measure what they share; RuntimeError when a rank fails or they do not finish within ``timeout_s``."""
+    if ranks < 2:
+        raise ValueError(f"ranks must be >= 2 to measure what ranks share, got {ranks}")
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    sizes = {"allreduce_bytes": allreduce_bytes, "gemm_n": gemm_n, "copy_bytes": copy_bytes, "repeats": repeats}
+    with tempfile.TemporaryDirectory(prefix="tiersim-ranks-") as tmp:
+        rdzv = str(Path(tmp) / "rendezvous")
+        procs = [ctx.Process(target=_rank_main, args=(r, ranks, rdzv, sizes, precision, out), daemon=True)
+                 for r in range(ranks)]
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + timeout_s
+        try:
+            got = out.get(timeout=timeout_s)
+        except Exception as e:  # noqa: BLE001 - queue.Empty: a rank died or hung
+            raise RuntimeError(f"calibrate --ranks {ranks}: the ranks did not report within {timeout_s:.0f} s "
+                               f"(exit codes {[p.exitcode for p in procs]})") from e
+        finally:
+            for p in procs:
+                p.join(max(0.0, deadline - time.monotonic()))
+                if p.is_alive():
+                    p.terminate()
+    t_ar = statistics.median(g[0] for g in got)
+    t_small = statistics.median(g[1] for g in got)
+    steps = 2 * (ranks - 1)
+    per_rank = allreduce_bytes * steps / ranks
+    latency = t_small / steps
+    return RanksCalibration(
+        ranks=ranks, allreduce_bytes=allreduce_bytes, allreduce_s=t_ar,
+        collective_bw=per_rank / max(t_ar - steps * latency, 1e-9), collective_latency_s=latency,
+        gemm_alone=got[0][2], gemm_shared=statistics.median(g[3] for g in got), copy_alone=got[0][4],
+        copy_shared_total=sum(g[5] for g in got), precision=precision,
+        method=(f"{ranks} local processes (torch.multiprocessing spawn, torch.distributed gloo, "
+                f"{CPU_OP_THREADS} intra-op thread each as the runner's ranks; pid {os.getpid()} launched them)"))

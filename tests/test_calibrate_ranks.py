@@ -1,0 +1,98 @@
+"""``tiersim calibrate --ranks 2``: what two CPU-only ranks share, written into a spec that prices 2-rank plans."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+import replay.calibrate as rc  # noqa: E402
+from hardware_models import load_hardware, spec_from_dict  # noqa: E402
+from replay.calibrate_ranks import RanksCalibration  # noqa: E402
+from replay.calibrate_spec import spec_dict  # noqa: E402
+from tiersim.cli import main, simulate_main  # noqa: E402
+
+
+def _run(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        mp.setattr(rc, "CalibrationSizes", rc.CalibrationSizes.tiny)
+        code = main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+def _fake_cal() -> rc.Calibration:
+    disk = rc.DiskResult(read_bw=3e9, write_bw=2e9, method="O_DIRECT", capacity_free=10**12, directory="/d",
+                         file_bytes=2**28)
+    return rc.Calibration(
+        host="box", date="2026-01-01T00:00:00Z", device="cpu", gpu_model="CPU as GPU", gpu_count=1, gpu_memory=16e9,
+        gpu_memory_method="budget", cpu_model="cpu", cores=2, dram=64e9, gemm_dtype="bf16",
+        gemm_curve=[(1e6, 1e9), (1e9, 1e10)], peak_flops={"bf16": 1e10, "fp32": 2e10},
+        peak_at={"bf16": 1e9, "fp32": 1e9}, h2d_bw=5e9, d2h_bw=5e9, duplex_bw=8e9, copy_method="memcpy",
+        copy_latency_s=1e-6, hbm_bw=10e9, hbm_method="memcpy", dram_bw=10e9, launch_overhead_s=5e-6,
+        optimizer_params_per_s=1e8, optimizer_variant="fused", gpu_optimizer_params_per_s=1e8, disk=disk)
+
+
+RANKS = RanksCalibration(ranks=2, allreduce_bytes=2**20, allreduce_s=2e-3, collective_bw=0.6e9,
+                         collective_latency_s=50e-6, gemm_alone=2e10, gemm_shared=1.5e10, copy_alone=5e9,
+                         copy_shared_total=7e9, precision="bf16", method="2 local processes")
+
+
+def test_spec_prices_what_two_ranks_share() -> None:
+    one = spec_from_dict(spec_dict(_fake_cal()))
+    two = spec_from_dict(spec_dict(_fake_cal(), ranks=RANKS))
+    assert one.gpu.count == 1 and one.nvlink is None
+    assert two.gpu.count == 2 and two.nvlink is not None
+    assert two.nvlink.per_direction_bw == pytest.approx(0.6e9) and two.nvlink.latency_s == pytest.approx(50e-6)
+    for k, v in one.gpu.peak_flops.items():  # each rank computes at the measured share of its solo rate
+        assert two.gpu.peak_flops[k] == pytest.approx(v * 0.75)
+    assert two.pcie.gpus_per_switch == 2
+    assert two.missing_sources() == ()
+    assert "gloo all_reduce" in two.sources["nvlink.per_direction_bw"]
+    assert RANKS.compute_share == pytest.approx(0.75)
+    assert replace(RANKS, gemm_shared=3e10).compute_share == 1.0  # never faster than alone
+
+
+def test_calibrate_ranks_2_writes_a_spec_a_2_rank_plan_is_priced_on(tmp_path: Path) -> None:
+    out = tmp_path / "two.yaml"
+    code, stdout, stderr = _run(["calibrate", "-o", str(out), "--dir", str(tmp_path), "--ranks", "2",
+                                 "--precision", "fp32", "--json"])
+    assert code == 0, stderr
+    data = json.loads(stdout)
+    r = data["ranks"]
+    assert r["ranks"] == 2 and r["collective_bw"] > 0 and r["gemm_shared"] > 0 and r["copy_shared_total"] > 0
+    spec = load_hardware(out)
+    assert spec.gpu.count == 2 and spec.nvlink is not None and spec.missing_sources() == ()
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = simulate_main(["--hw", str(out), "--model", "gpt2", "--seq-len", "128", "--global-batch", "2",
+                              "--precision", "fp32", "--policy", "none", "--json"])
+    assert code == 0
+    result = json.loads(buf.getvalue())
+    moved = {k: v for k, v in _find(result, "link_bytes").items() if "nvlink" in k and v > 0}
+    assert moved, "the 2-rank plan's gradient all-reduce crosses the measured collective link"
+
+
+def _find(d: Any, key: str) -> dict[str, float]:
+    """The first mapping named ``key`` anywhere in a JSON object."""
+    if isinstance(d, dict):
+        if key in d and isinstance(d[key], dict):
+            return d[key]
+        for v in d.values():
+            got = _find(v, key)
+            if got:
+                return got
+    return {}
+
+
+@pytest.mark.parametrize("bad", ["0", "9", "x"])
+def test_bad_ranks_is_one_line_and_exit_2(tmp_path: Path, bad: str) -> None:
+    code, _, err = _run(["calibrate", "-o", str(tmp_path / "x.yaml"), "--ranks", bad])
+    assert code == 2 and "--ranks" in err and "Traceback" not in err
