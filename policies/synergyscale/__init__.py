@@ -151,9 +151,9 @@ def refine(job: Job, knobs: Knobs, plan: Plan, step_seconds: StepSeconds) -> Pla
 
 POLICY = PolicyInfo(NAME, "hierarchical offloading over peer GPUs, CPU and NVMe with multi-stream chunking and "
                           "an automatic parameter search", Knobs, plan, __doc__ or "",
-                    search_grid=lambda n: {"auto": (True,), "offload_activations": (False, True)}, refine=refine,
-                    # the runner replays one compute stream of whole-layer tasks, and each layer's optimizer in
-                    # one place: chunks/streams > 1 and a CPU/GPU-split optimizer are beyond it today
-                    replay_knobs=("auto=false", "streams=1", "chunks=1", "cpu_fraction=1"))
+                    search_grid=lambda n: {"auto": (True,), "offload_activations": (False, True)}, refine=refine)
+# every plan replays: a chunked layer's tasks carry ``chunk``/``chunks`` (the runner computes the layer whole in its
+# last chunk, which waits for the others), GPU Adam names its ``layers`` (the host tiers' are CPU Adam's), and the
+# NVMe tier's read into host staging is a ``param-swap-in``
 
 __all__ = ["NAME", "POLICY", "Knobs", "plan", "refine"]

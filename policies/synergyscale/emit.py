@@ -63,7 +63,6 @@ class _Emitter:
         if self.nvme_layers:
             b.stream("nvme.rd", "nvme", "io")
             b.stream("nvme.wr", "nvme", "io")
-            b.stream("cpu.stage", "cpu", "copy")
         tsum = functools.partial(self.ctx.tier_sum, self.tiers)
         div = n if n > 1 else 1
         per_gpu = {("p16", "param16"): tsum("gpu", "param_bytes") + tsum("peer", "param_bytes") / n}
@@ -122,8 +121,8 @@ class _Emitter:
         gates_all = [d for g in gpus for d in self.window(ui, g)]
         rd, ups = None, {}
         if tier == "nvme":  # into a host staging buffer first
-            rd = kit.swap(b, f"rd{name}", "nvme.rd", Phase.PARAM_UPLOAD, "nvme", "cpu", cb, gates_all + pre_all,
-                          layer=i, use=use, allocs=[(f"s{name}", "cpu")], extra=where)
+            rd = kit.swap(b, f"rd{name}", "nvme.rd", Phase.PARAM_SWAP_IN, "nvme", "cpu", cb,
+                          gates_all + pre_all + [f"rsv{name}.{gpus[0]}"], layer=i, use=use, extra=where)
         if tier != "peer":  # into the chunk buffer reserved on the compute stream (``reserve``)
             self.ready[u] = ups = {g: kit.upload(b, f"up{name}.{g}", g, cb / self.n if self.ctx.sliced else cb,
                                                  ([rd] if rd else self.window(ui, g) + pre_rank[g])
@@ -134,9 +133,6 @@ class _Emitter:
                                layer=i, use=use, allocs=[(f"p{name}.{g}", g) for g in gpus if tier == "peer"],
                                phase=Phase.PARAM_UPLOAD, extra=where)
             self.ready[u] = dict.fromkeys(gpus, t)
-        if rd:
-            b.task(f"fs{name}", "free", "cpu.stage", list(ups.values()), frees=[(f"s{name}", "cpu")],
-                   tags=kit.tags(Phase.PARAM_UPLOAD, layer=i, use=use, extra=where))
 
     def reserve(self, uis: range | list[int], g: str, stream: str) -> None:
         """On ``stream`` here: the chunk buffers on GPU g of the uploads of units ``uis`` (``kit``: peaks that do
@@ -144,8 +140,18 @@ class _Emitter:
         for ui in uis:
             if 0 <= ui < len(self.units) and self.tiers[self.units[ui][1]] != "peer":
                 p, i, k = self.units[ui]
-                kit.reserve(self.b, f"rsv{p}{i}_{k}.{g}", g, [(f"p{p}{i}_{k}.{g}", g)], layer=i, rank=None,
+                staged = [(f"s{p}{i}_{k}", "cpu")] if self.tiers[i] == "nvme" and g == self.gpus[0] else []
+                kit.reserve(self.b, f"rsv{p}{i}_{k}.{g}", g, [(f"p{p}{i}_{k}.{g}", g), *staged], layer=i, rank=None,
                             use=kit.use_of(p), stream=stream, extra={"chunk": k, "tier": self.tiers[i]})
+
+    def unstage(self, p: str, i: int, k: int, g: str, stream: str) -> None:
+        """Before the compute of NVMe unit (p, i, k) on the first GPU: its host staging buffer (reserved with the
+        first GPU's chunk buffer) released once every GPU's upload has read it."""
+        if self.tiers[i] == "nvme" and g == self.gpus[0]:
+            name = f"{p}{i}_{k}"
+            kit.release(self.b, f"fs{name}", g, [(f"s{name}", "cpu")], layer=i, rank=None, stream=stream,
+                        deps=[f"up{name}.{x}" for x in self.gpus], phase=Phase.BUFFER_RELEASE,
+                        use=kit.use_of(p), extra={"chunk": k, "tier": "nvme"})
 
     def consumed(self, p: str, i: int, k: int, g: str, stream: str) -> None:
         """Unit (p, i, k) computed on ``stream``: the buffer ``buffers`` units later is reserved after it."""
@@ -176,9 +182,10 @@ class _Emitter:
             deps = [self.ready[("f", i, k)][g]] + self.after(g, st)
             if k == c - 1:
                 deps += [f"fw{i}_{j}.{g}" for j in range(k) if self.cs(g, j) != st]
+            self.unstage("f", i, k, g, st)
             kit.forward(self.b, i, ly, g, r, deps, share=c, hbm_bytes=chunk_hbm(ly.fwd_hbm_bytes, ly.output_bytes, c),
                         tid=f"fw{i}_{k}.{g}", stream=st, allocs=[(f"act{i}.{g}", g)] if k == 0 else [],
-                        frees=[(f"pf{i}_{k}.{g}", g)], extra={"chunk": k})
+                        frees=[(f"pf{i}_{k}.{g}", g)], extra={"chunk": k, "chunks": c})
             self.consumed("f", i, k, g, st)
         self.prev[g] = (f"fw{i}_{c - 1}.{g}", self.cs(g, c - 1))
         if self.ch.offload_activations:
@@ -218,9 +225,10 @@ class _Emitter:
             st = self.cs(g, k)
             deps = [self.ready[("b", i, k)][g]] + self.after(g, st) + ([f"ai{i}.{g}"] if self.ch.offload_activations
                                                                       else [])
+            self.unstage("b", i, k, g, st)
             if ly.recompute_flops > 0:
                 kit.recompute(b, i, ly, g, r, deps, share=c, hbm_bytes=chunk_hbm(ly.fwd_hbm_bytes, ly.output_bytes, c),
-                              tid=f"rc{i}_{k}.{g}", stream=st, extra={"chunk": k})
+                              tid=f"rc{i}_{k}.{g}", stream=st, extra={"chunk": k, "chunks": c})
                 deps = []
             if k == c - 1:
                 deps += [f"bw{i}_{j}.{g}" for j in range(k) if self.cs(g, j) != st]
@@ -229,7 +237,7 @@ class _Emitter:
             kit.backward(b, i, ly, g, r, deps, share=c, hbm_bytes=chunk_hbm(ly.bwd_hbm_bytes, ly.output_bytes, c),
                          tid=f"bw{i}_{k}.{g}", stream=st, allocs=[(f"gb{i}.{g}", g)] if k == 0 else [],
                          frees=[(f"pb{i}_{k}.{g}", g)] + ([(f"act{i}.{g}", g)] if k == c - 1 else []),
-                         extra={"chunk": k})
+                         extra={"chunk": k, "chunks": c})
             self.consumed("b", i, k, g, st)
         self.prev[g] = (f"bw{i}_{c - 1}.{g}", self.cs(g, c - 1))
 
@@ -260,9 +268,10 @@ class _Emitter:
         gpu_params = self.ctx.gpu_adam_params(self.tiers)
         if gpu_params <= 0:
             return
-        for r, g in enumerate(gpus):
+        on_gpu = [i for i, t in enumerate(self.tiers) if t in ("gpu", "peer")]
+        for r, g in enumerate(gpus):  # ``layers``: the layers it updates (the host tiers' are CPU Adam's)
             kit.gpu_step(b, f"gopt.{g}", self.cs(g, 0), [self.last_red] if self.last_red else [self.prev[g][0]],
-                         gpu_params, rank=r, extra={"tier": "gpu+peer"})
+                         gpu_params, rank=r, extra={"tier": "gpu+peer", "layers": on_gpu})
         if self.n > 1 and self.ctx.tier_sum(self.tiers, "gpu") > 0:
             kit.all_gather(b, "agg", "dp.param", gpus, self.ctx.tier_sum(self.tiers, "gpu", "param_bytes"),
                            [f"gopt.{g}" for g in gpus])
