@@ -39,9 +39,13 @@ Our reading (every point an assumption; the full text was not available to us):
   curve and pay a launch overhead and a copy latency each, which is what makes too many chunks bad.
   Resident (gpu-tier) layers are not split: there is nothing to overlap.
 - Prefetch window: ``buffers`` = round(prefetch x chunks) chunk buffers per GPU; the fetch of a unit
-  starts when the buffer ``buffers`` units back is freed (across micro-steps too). Gradient buckets are
-  bounded the same way: a layer's backward waits until the bucket 3 layers back is reduced / offloaded
-  (unbounded when every layer is resident and all buckets fit, as in plain data parallelism).
+  starts when the buffer ``buffers`` units back is freed (across micro-steps too), into a buffer reserved
+  on the compute stream right after that unit's compute (for the first ``buffers`` units: at the
+  micro-step's start). Gradient buckets are bounded the same way: a layer's backward waits until the
+  bucket 3 layers back is reduced / offloaded (unbounded when every layer is resident and all buckets fit,
+  as in plain data parallelism); when some layer lives on the host the buckets are held until released on
+  the compute stream (before the backward 3 layers later, the last after the last backward), so the GPU's
+  peak does not depend on copy speed (``kit``).
 - With every layer resident the plan is exactly ``none`` at ZeRO stage 2 (stage 0 on one GPU); on
   several GPUs that is faster than ``none``'s default stage 0 (GPU Adam over 1/n of the states).
 - Automatic selection (``auto``): a staged search over order x GPU/peer split x chunks x prefetch (the
