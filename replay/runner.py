@@ -364,7 +364,8 @@ class Runner:
         if s.op == "compute":
             if device != self.gpu:
                 raise ReplayError(f"task {t.uid!r}: computes on {device!r}, which is not the plan's GPU")
-            if layer is None:
+            chunks = s.tags.get("chunks")  # a layer split in chunks (synergyscale) runs whole in its last chunk
+            if layer is None or chunks is not None and s.tags.get("chunk") != chunks - 1:
                 return 0.0, ()
             key = (t.step, t.iteration, layer)
             if phase == Phase.FWD:

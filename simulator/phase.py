@@ -38,6 +38,8 @@ class Phase(StrEnum):
     GRAD_ACCUMULATE = "grad-accumulate"          #: a gradient bucket folded into the resident gradient buffer
     GRAD_RELEASE = "grad-release"                #: a gradient buffer released once its copy or reduction is done
     GRAD_SWAP_OUT = "grad-swap-out"              #: gradients written from CPU memory to NVMe
+    BUFFER_RESERVE = "buffer-reserve"            #: a buffer a copy will fill, allocated in its GPU's compute order
+    BUFFER_RELEASE = "buffer-release"            #: a staging buffer released in its stream's order once its copy ended
     TIED_GRAD_SYNC = "tied-grad-sync"            #: tied embedding/head gradients summed (``on: cpu`` when on the host)
     OPTIMIZER = "optimizer"                      #: an optimizer step (on a GPU or the CPU)
     OPTIMIZER_SWAP_IN = "optimizer-swap-in"      #: optimizer states read from NVMe for the CPU optimizer
@@ -67,6 +69,7 @@ _GROUP: dict[Phase, str] = {
     Phase.PARAM_SWAP_IN: "nvme", Phase.PARAM_SWAP_OUT: "nvme", Phase.GRAD_SWAP_OUT: "nvme",
     Phase.OPTIMIZER_SWAP_IN: "nvme", Phase.OPTIMIZER_SWAP_OUT: "nvme",
     Phase.ACTIVATION_STASH: "memory", Phase.GRAD_ACCUMULATE: "memory", Phase.GRAD_RELEASE: "memory",
+    Phase.BUFFER_RESERVE: "memory", Phase.BUFFER_RELEASE: "memory",
     Phase.OPTIMIZER: "optimizer",
 }
 

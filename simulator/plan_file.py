@@ -111,11 +111,15 @@ def text_list(d: Any, key: str, where: str) -> tuple[str, ...]:
 
 
 def tags_of(d: Any, where: str) -> dict[str, Any]:
-    """A task's tags: text keys, plain values; ``layer`` and ``rank`` whole numbers."""
+    """A task's tags: text keys, plain values; ``layer`` and ``rank`` whole numbers, ``layers`` a list of them."""
     tags = d.get("tags", {})
     if not isinstance(tags, dict):
         raise PlanError(f"{where}: field 'tags' must be a mapping of tag: value, got {_short(tags)}")
     for key, value in tags.items():
+        if key == "layers" and isinstance(value, list):  # a pack of layers (tinypipe, synergyscale's GPU Adam)
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+                raise PlanError(f"{where}: tag 'layers' must be a list of whole numbers, got {_short(value)}")
+            continue
         if not isinstance(value, _SCALAR):
             raise PlanError(f"{where}: tag '{key}' must be a plain value, got {_short(value)}")
         if key in _WHOLE_TAGS:

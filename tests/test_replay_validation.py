@@ -66,10 +66,11 @@ def test_a_case_applies_its_policys_replay_knobs_and_its_own_win() -> None:
     from policies import get_policy
     from replay.validation import SMALL, Case
 
-    pinned = get_policy("synergyscale").replay_knobs
-    assert "chunks=1" in pinned
-    case = Case("s", "synergyscale", SMALL, ("chunks=2",))
-    assert case.all_knobs == (*pinned, "chunks=2")
+    pinned = get_policy("zero-infinity").replay_knobs
+    assert "tile_factor=1" in pinned
+    case = Case("z", "zero-infinity", SMALL, ("tile_factor=2",))
+    assert case.all_knobs == (*pinned, "tile_factor=2")
+    assert get_policy("synergyscale").replay_knobs == ()  # chunks, streams and split optimizers replay
     assert Case("n", "none", SMALL).all_knobs == ()
 
 

@@ -32,6 +32,16 @@ mechanisms of many tasks and the dependency rules that schedule them.
   (B = ``buckets_in_flight``, each policy's own; DeepSpeed double-buffers its ipg bucket: B = 2): a layer's
   backward waits until the bucket B back (backward order, across micro-steps) has drained, so a slow link stalls
   the backward instead of piling gradients up.
+- Peaks that do not depend on timing: a copy on another stream allocates or frees GPU memory when it runs, so
+  the GPU's peak would depend on how fast copies are against compute (the simulator with fast copies and the
+  torch runner with slow ones see different peaks for one plan). Where a policy asks for it, the GPU buffers of
+  copies are allocated and freed by tasks on the GPU's compute stream instead: a prefetched layer's buffer is
+  allocated (``reserve``) at the point of the compute order where its prefetch may start (what the framework
+  does: the compute thread allocates the buffer when it issues the prefetch), and a gradient bucket is released
+  (``release``) just before the backward B buckets later, after its copy has drained (DeepSpeed's gradient
+  buffers are reused, not freed: the ``bucket_gate`` bound, held); the last B buckets of a micro-step are
+  released after its last backward (``bucket_release``). The GPU pool then changes only in the compute
+  order, which the plan fixes: every timing gives one peak.
 - Data/tensor-parallel micro-step (``emit_microstep``: none, zero-offload): per GPU the forward of every layer on a
   1/tp slice (saving its activations, or only its input under full checkpointing), then in reverse recomputation
   and backward, each ended by its TP sync; ZeRO-3 all-gathers each layer before its forward and again before its
@@ -204,6 +214,14 @@ def release(b: PlanBuilder, tid: str, g: str, frees: Places, *, layer: int | Non
                   tags=tags(phase, layer=layer, rank=rank, use=use, extra=extra))
 
 
+def reserve(b: PlanBuilder, tid: str, g: str, allocs: Places, deps: Sequence[str] = (), *, layer: int | None,
+            rank: int | None, use: str | None = None, stream: str | None = None, extra: Extra = None) -> str:
+    """An alloc on GPU g's compute stream of buffers that a copy on another stream will fill (module docstring:
+    peaks that do not depend on timing)."""
+    return b.task(tid, "alloc", stream or f"{g}.compute", deps, allocs=allocs,
+                  tags=tags(Phase.BUFFER_RESERVE, layer=layer, rank=rank, use=use, extra=extra))
+
+
 def gpu_step(b: PlanBuilder, tid: str, stream: str, deps: Sequence[str], params: float, *, rank: int | None,
              layer: int | None = None, extra: Extra = None) -> str:
     """An optimizer step over ``params`` parameters on a GPU's compute ``stream``."""
@@ -294,24 +312,31 @@ def sliced_fetch(b: PlanBuilder, gpus: Sequence[str], i: int, ph: str, slice_byt
                  deps_of: Callable[[int, str], list[str]], *, sfx: str = "", src: str = "cpu",
                  gather_deps: Sequence[str] = (), stream: str = "dp.param", gather_use: bool = True,
                  frees_of: Callable[[int], Places] | None = None,
-                 reads_of: Callable[[int], Places] | None = None) -> dict[str, str]:
+                 reads_of: Callable[[int], Places] | None = None, reserved: bool = False) -> dict[str, str]:
     """Layer i's parameters to every GPU for use ``ph`` (``f`` / ``b``): each rank r uploads its slice
     (``up{ph}{i}{sfx}.{g}``, ``slice_bytes`` from ``src``, after ``deps_of(r, g)``) into ``ps{ph}{i}.{g}``;
     with more than one rank an all-gather (``ag{ph}{i}{sfx}``, ``full_bytes``, after the uploads and
     ``gather_deps``) assembles ``pg{ph}{i}.{g}`` and frees the slices; one rank uploads straight into
-    ``pg{ph}{i}.{g}``. Returns GPU -> the task its use waits for."""
+    ``pg{ph}{i}.{g}`` (``fetch_buffer``). ``reserved``: the caller allocated the uploads' buffers
+    (``reserve``, one of ``deps_of``). Returns GPU -> the task its use waits for."""
     n = len(gpus)
-    full, part = f"pg{ph}{i}", f"ps{ph}{i}"
+    full = f"pg{ph}{i}"
     ready = {g: upload(b, f"up{ph}{i}{sfx}.{g}", g, slice_bytes, deps_of(r, g), layer=i, rank=r, src=src,
-                       use=use_of(ph), allocs=[(f"{part if n > 1 else full}.{g}", g)],
+                       use=use_of(ph), allocs=[] if reserved else [(fetch_buffer(i, ph, g, n), g)],
                        frees=frees_of(r) if frees_of else (), reads=reads_of(r) if reads_of else ())
              for r, g in enumerate(gpus)}
     if n > 1:
         t = all_gather(b, f"ag{ph}{i}{sfx}", stream, gpus, full_bytes, [*ready.values(), *gather_deps], layer=i,
                        use=use_of(ph) if gather_use else None, allocs=[(f"{full}.{g}", g) for g in gpus],
-                       frees=[(f"{part}.{g}", g) for g in gpus])
+                       frees=[(fetch_buffer(i, ph, g, n), g) for g in gpus])
         ready = dict.fromkeys(gpus, t)
     return ready
+
+
+def fetch_buffer(i: int, ph: str, g: str, n: int) -> str:
+    """The GPU buffer a ``sliced_fetch`` upload fills on GPU g: the slice ``ps{ph}{i}.{g}`` (n > 1 ranks), else
+    the whole layer ``pg{ph}{i}.{g}``."""
+    return f"ps{ph}{i}.{g}" if n > 1 else f"pg{ph}{i}.{g}"
 
 
 def gather_layer(b: PlanBuilder, lay: Layout, i: int, phase: str, nbytes: float,
@@ -366,6 +391,18 @@ def bucket_gate(order: Sequence[int], i: int, buckets_in_flight: int, drained: C
     q = len(order) - B + j
     before = (previous or (lambda o: drained(o) + "@1"))(order[q]) if q >= 0 else None
     return [before] if before else []
+
+
+def bucket_release(order: Sequence[int], i: int | None, buckets_in_flight: int) -> list[int]:
+    """The layers whose gradient buckets are released on the compute stream just before layer i's backward (the
+    one ``buckets_in_flight`` back in ``order``, backward order), or with i = None after the micro-step's last
+    backward (the last ``buckets_in_flight``). Each release waits for its bucket's copy: the gate of
+    ``bucket_gate``, with the bucket held until then (module docstring)."""
+    B = max(buckets_in_flight, 1)
+    if i is None:
+        return list(order[max(len(order) - B, 0):])
+    j = list(order).index(i)
+    return [order[j - B]] if j >= B else []
 
 
 def read_ahead(k: int, window: int, written: str) -> list[str]:

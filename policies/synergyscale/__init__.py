@@ -39,9 +39,13 @@ Our reading (every point an assumption; the full text was not available to us):
   curve and pay a launch overhead and a copy latency each, which is what makes too many chunks bad.
   Resident (gpu-tier) layers are not split: there is nothing to overlap.
 - Prefetch window: ``buffers`` = round(prefetch x chunks) chunk buffers per GPU; the fetch of a unit
-  starts when the buffer ``buffers`` units back is freed (across micro-steps too). Gradient buckets are
-  bounded the same way: a layer's backward waits until the bucket 3 layers back is reduced / offloaded
-  (unbounded when every layer is resident and all buckets fit, as in plain data parallelism).
+  starts when the buffer ``buffers`` units back is freed (across micro-steps too), into a buffer reserved
+  on the compute stream right after that unit's compute (for the first ``buffers`` units: at the
+  micro-step's start). Gradient buckets are bounded the same way: a layer's backward waits until the
+  bucket 3 layers back is reduced / offloaded (unbounded when every layer is resident and all buckets fit,
+  as in plain data parallelism); when some layer lives on the host the buckets are held until released on
+  the compute stream (before the backward 3 layers later, the last after the last backward), so the GPU's
+  peak does not depend on copy speed (``kit``).
 - With every layer resident the plan is exactly ``none`` at ZeRO stage 2 (stage 0 on one GPU); on
   several GPUs that is faster than ``none``'s default stage 0 (GPU Adam over 1/n of the states).
 - Automatic selection (``auto``): a staged search over order x GPU/peer split x chunks x prefetch (the
@@ -151,9 +155,9 @@ def refine(job: Job, knobs: Knobs, plan: Plan, step_seconds: StepSeconds) -> Pla
 
 POLICY = PolicyInfo(NAME, "hierarchical offloading over peer GPUs, CPU and NVMe with multi-stream chunking and "
                           "an automatic parameter search", Knobs, plan, __doc__ or "",
-                    search_grid=lambda n: {"auto": (True,), "offload_activations": (False, True)}, refine=refine,
-                    # the runner replays one compute stream of whole-layer tasks, and each layer's optimizer in
-                    # one place: chunks/streams > 1 and a CPU/GPU-split optimizer are beyond it today
-                    replay_knobs=("auto=false", "streams=1", "chunks=1", "cpu_fraction=1"))
+                    search_grid=lambda n: {"auto": (True,), "offload_activations": (False, True)}, refine=refine)
+# every plan replays: a chunked layer's tasks carry ``chunk``/``chunks`` (the runner computes the layer whole in its
+# last chunk, which waits for the others), GPU Adam names its ``layers`` (the host tiers' are CPU Adam's), and the
+# NVMe tier's read into host staging is a ``param-swap-in``
 
 __all__ = ["NAME", "POLICY", "Knobs", "plan", "refine"]

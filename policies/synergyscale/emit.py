@@ -31,6 +31,8 @@ class _Emitter:
         self.b = PlanBuilder(NAME, knobs, ctx.job)
         self.prev: dict[str, tuple[str, str]] = {}  # gpu -> (task that completes the previous layer, its stream)
         self.units: list[Unit] = ch.units()
+        self.unit_index = {u: ui for ui, u in enumerate(self.units)}
+        self.held = bool(self.host_layers)  # buckets held until released on the compute stream (``release``)
         self.ready: dict[Unit, dict[str, str]] = {}  # fetch unit -> gpu -> task after which the chunk is there
         self.blay = [i for i in reversed(range(len(self.L))) if self.bucket(i)]
         self.last_red: str | None = None
@@ -61,7 +63,6 @@ class _Emitter:
         if self.nvme_layers:
             b.stream("nvme.rd", "nvme", "io")
             b.stream("nvme.wr", "nvme", "io")
-            b.stream("cpu.stage", "cpu", "copy")
         tsum = functools.partial(self.ctx.tier_sum, self.tiers)
         div = n if n > 1 else 1
         per_gpu = {("p16", "param16"): tsum("gpu", "param_bytes") + tsum("peer", "param_bytes") / n}
@@ -120,20 +121,58 @@ class _Emitter:
         gates_all = [d for g in gpus for d in self.window(ui, g)]
         rd, ups = None, {}
         if tier == "nvme":  # into a host staging buffer first
-            rd = kit.swap(b, f"rd{name}", "nvme.rd", Phase.PARAM_UPLOAD, "nvme", "cpu", cb, gates_all + pre_all,
-                          layer=i, use=use, allocs=[(f"s{name}", "cpu")], extra=where)
-        if tier != "peer":
+            rd = kit.swap(b, f"rd{name}", "nvme.rd", Phase.PARAM_SWAP_IN, "nvme", "cpu", cb,
+                          gates_all + pre_all + [f"rsv{name}.{gpus[0]}"], layer=i, use=use, extra=where)
+        if tier != "peer":  # into the chunk buffer reserved on the compute stream (``reserve``)
             self.ready[u] = ups = {g: kit.upload(b, f"up{name}.{g}", g, cb / self.n if self.ctx.sliced else cb,
-                                                 [rd] if rd else self.window(ui, g) + pre_rank[g], layer=i, rank=None,
-                                                 use=use, allocs=[(f"p{name}.{g}", g)], extra=where) for g in gpus}
+                                                 ([rd] if rd else self.window(ui, g) + pre_rank[g])
+                                                 + [f"rsv{name}.{g}"], layer=i, rank=None, use=use, extra=where)
+                                   for g in gpus}
         if tier == "peer" or self.ctx.sliced:  # peers: an all-gather of the chunk's shards
             t = kit.all_gather(b, f"ag{name}", "dp.param", gpus, cb, list(ups.values()) or gates_all + pre_all,
                                layer=i, use=use, allocs=[(f"p{name}.{g}", g) for g in gpus if tier == "peer"],
                                phase=Phase.PARAM_UPLOAD, extra=where)
             self.ready[u] = dict.fromkeys(gpus, t)
-        if rd:
-            b.task(f"fs{name}", "free", "cpu.stage", list(ups.values()), frees=[(f"s{name}", "cpu")],
-                   tags=kit.tags(Phase.PARAM_UPLOAD, layer=i, use=use, extra=where))
+
+    def reserve(self, uis: range | list[int], g: str, stream: str) -> None:
+        """On ``stream`` here: the chunk buffers on GPU g of the uploads of units ``uis`` (``kit``: peaks that do
+        not depend on timing; an upload waits for its buffer, reserved once its prefetch window opened)."""
+        for ui in uis:
+            if 0 <= ui < len(self.units) and self.tiers[self.units[ui][1]] != "peer":
+                p, i, k = self.units[ui]
+                staged = [(f"s{p}{i}_{k}", "cpu")] if self.tiers[i] == "nvme" and g == self.gpus[0] else []
+                kit.reserve(self.b, f"rsv{p}{i}_{k}.{g}", g, [(f"p{p}{i}_{k}.{g}", g), *staged], layer=i, rank=None,
+                            use=kit.use_of(p), stream=stream, extra={"chunk": k, "tier": self.tiers[i]})
+
+    def unstage(self, p: str, i: int, k: int, g: str, stream: str) -> None:
+        """Before the compute of NVMe unit (p, i, k) on the first GPU: its host staging buffer (reserved with the
+        first GPU's chunk buffer) released once every GPU's upload has read it."""
+        if self.tiers[i] == "nvme" and g == self.gpus[0]:
+            name = f"{p}{i}_{k}"
+            kit.release(self.b, f"fs{name}", g, [(f"s{name}", "cpu")], layer=i, rank=None, stream=stream,
+                        deps=[f"up{name}.{x}" for x in self.gpus], phase=Phase.BUFFER_RELEASE,
+                        use=kit.use_of(p), extra={"chunk": k, "tier": "nvme"})
+
+    def consumed(self, p: str, i: int, k: int, g: str, stream: str) -> None:
+        """Unit (p, i, k) computed on ``stream``: the buffer ``buffers`` units later is reserved after it."""
+        self.reserve([self.unit_index[(p, i, k)] + self.D], g, stream)
+
+    def drained(self, o: int, g: str) -> str:
+        """The task after which layer o's bucket on GPU g has been copied to the host or reduced."""
+        return f"gd{o}.{g}" if self.tiers[o] in HOST else f"red{o}"
+
+    def release(self, i: int | None, g: str, stream: str) -> list[str]:
+        """Held buckets (some layer's gradients go to the host): on ``stream`` here, the gradient buckets
+        ``kit.bucket_release`` releases before layer i's backward (None: after the last), each once drained.
+        Otherwise (every layer on the GPUs: data parallelism as ``none`` at ZeRO-2, whose reductions free
+        their buckets and whose next micro-step does not wait for them) returns the gate of layer i's
+        backward, ``kit.bucket_gate``."""
+        if not self.held:
+            return [] if i is None else kit.bucket_gate(self.blay, i, self.ch.buckets, lambda o: self.drained(o, g))
+        for o in kit.bucket_release(self.blay, i, self.ch.buckets):
+            kit.release(self.b, f"gfree{o}.{g}", g, [(f"gb{o}.{g}", g)], layer=o, rank=None, stream=stream,
+                        deps=[self.drained(o, g)])
+        return []
 
     # -- forward and backward ------------------------------------------------------------------------
     def forward_chunks(self, i: int, r: int, g: str) -> None:
@@ -143,9 +182,11 @@ class _Emitter:
             deps = [self.ready[("f", i, k)][g]] + self.after(g, st)
             if k == c - 1:
                 deps += [f"fw{i}_{j}.{g}" for j in range(k) if self.cs(g, j) != st]
+            self.unstage("f", i, k, g, st)
             kit.forward(self.b, i, ly, g, r, deps, share=c, hbm_bytes=chunk_hbm(ly.fwd_hbm_bytes, ly.output_bytes, c),
                         tid=f"fw{i}_{k}.{g}", stream=st, allocs=[(f"act{i}.{g}", g)] if k == 0 else [],
-                        frees=[(f"pf{i}_{k}.{g}", g)], extra={"chunk": k})
+                        frees=[(f"pf{i}_{k}.{g}", g)], extra={"chunk": k, "chunks": c})
+            self.consumed("f", i, k, g, st)
         self.prev[g] = (f"fw{i}_{c - 1}.{g}", self.cs(g, c - 1))
         if self.ch.offload_activations:
             kit.move_activation(self.b, f"ao{i}.{g}", f"{g}.d2h", f"act{i}.{g}", g, "cpu", [self.prev[g][0]],
@@ -154,6 +195,8 @@ class _Emitter:
     def forward(self) -> None:
         first_gpu = next((i for i, t in enumerate(self.tiers) if t == "gpu"), None)
         gpu_ready = {g: (["agg^1"] if self.n > 1 else [f"gopt.{g}^1"]) for g in self.gpus}
+        for g in self.gpus:  # the buffers whose window opened in the previous micro-step: at this one's start
+            self.reserve(range(self.D), g, self.cs(g, 0))
         for i, ly in enumerate(self.L):
             for r, g in enumerate(self.gpus):
                 if self.fetched[i]:
@@ -164,20 +207,15 @@ class _Emitter:
                 self.prev[g] = (kit.forward(self.b, i, ly, g, r, deps, tid=f"fw{i}.{g}", stream=st,
                                             allocs=[(f"act{i}.{g}", g)]), st)
 
-    def bucket_gate(self, i: int, g: str) -> list[str]:
-        """The task freeing the gradient bucket B layers back (bounded buckets in flight)."""
-        if not self.bucket(i):
-            return []
-        return kit.bucket_gate(self.blay, i, self.ch.buckets,
-                               lambda o: f"gd{o}.{g}" if self.tiers[o] in HOST else f"red{o}")
-
     def backward_resident(self, i: int, r: int, g: str) -> None:
         ly, st = self.L[i], self.cs(g, 0)
         deps = self.after(g, st)
         if ly.recompute_flops > 0:
             kit.recompute(self.b, i, ly, g, r, deps, tid=f"rc{i}.{g}", stream=st)
             deps = []
-        self.prev[g] = (kit.backward(self.b, i, ly, g, r, deps + self.bucket_gate(i, g), tid=f"bw{i}.{g}", stream=st,
+        if self.bucket(i):  # the bucket B layers back, released (its gate)
+            deps += self.release(i, g, st)
+        self.prev[g] = (kit.backward(self.b, i, ly, g, r, deps, tid=f"bw{i}.{g}", stream=st,
                                      allocs=[(f"gb{i}.{g}", g)] if self.bucket(i) else [],
                                      frees=[(f"act{i}.{g}", g)]), st)
 
@@ -187,18 +225,20 @@ class _Emitter:
             st = self.cs(g, k)
             deps = [self.ready[("b", i, k)][g]] + self.after(g, st) + ([f"ai{i}.{g}"] if self.ch.offload_activations
                                                                       else [])
+            self.unstage("b", i, k, g, st)
             if ly.recompute_flops > 0:
                 kit.recompute(b, i, ly, g, r, deps, share=c, hbm_bytes=chunk_hbm(ly.fwd_hbm_bytes, ly.output_bytes, c),
-                              tid=f"rc{i}_{k}.{g}", stream=st, extra={"chunk": k})
+                              tid=f"rc{i}_{k}.{g}", stream=st, extra={"chunk": k, "chunks": c})
                 deps = []
             if k == c - 1:
                 deps += [f"bw{i}_{j}.{g}" for j in range(k) if self.cs(g, j) != st]
-            if k == 0:
-                deps += self.bucket_gate(i, g)
+            if k == 0 and self.bucket(i):  # the bucket B layers back, released (its gate)
+                deps += self.release(i, g, st)
             kit.backward(b, i, ly, g, r, deps, share=c, hbm_bytes=chunk_hbm(ly.bwd_hbm_bytes, ly.output_bytes, c),
                          tid=f"bw{i}_{k}.{g}", stream=st, allocs=[(f"gb{i}.{g}", g)] if k == 0 else [],
                          frees=[(f"pb{i}_{k}.{g}", g)] + ([(f"act{i}.{g}", g)] if k == c - 1 else []),
-                         extra={"chunk": k})
+                         extra={"chunk": k, "chunks": c})
+            self.consumed("b", i, k, g, st)
         self.prev[g] = (f"bw{i}_{c - 1}.{g}", self.cs(g, c - 1))
 
     def backward(self) -> None:
@@ -210,13 +250,16 @@ class _Emitter:
             ly, host = self.L[i], self.tiers[i] in HOST
             done = {g: self.prev[g][0] for g in self.gpus}
             red = None
-            if self.n > 1:
+            if self.n > 1:  # held buckets are released on the compute stream (``release``)
                 red = self.last_red = kit.reduce(self.b, f"red{i}", "dp.grad", self.gpus, ly.grad_bytes,
                                                  list(done.values()), layer=i,
-                                                 frees=[] if host else [(f"gb{i}.{g}", g) for g in self.gpus])
+                                                 frees=[] if host or self.held else [(f"gb{i}.{g}", g) for g in
+                                                                                     self.gpus])
             for r, g in enumerate(self.gpus if host else []):
                 kit.offload(self.b, f"gd{i}.{g}", g, self.ctx.grad_part(i), [red or done[g]], layer=i, rank=r,
-                            frees=[(f"gb{i}.{g}", g)])
+                            reads=[(f"gb{i}.{g}", g)])
+        for g in self.gpus:  # the last buckets, after the last backward
+            self.release(None, g, self.cs(g, 0))
 
     # -- optimizer -----------------------------------------------------------------------------------
     def gpu_optimizer(self) -> None:
@@ -225,9 +268,10 @@ class _Emitter:
         gpu_params = self.ctx.gpu_adam_params(self.tiers)
         if gpu_params <= 0:
             return
-        for r, g in enumerate(gpus):
+        on_gpu = [i for i, t in enumerate(self.tiers) if t in ("gpu", "peer")]
+        for r, g in enumerate(gpus):  # ``layers``: the layers it updates (the host tiers' are CPU Adam's)
             kit.gpu_step(b, f"gopt.{g}", self.cs(g, 0), [self.last_red] if self.last_red else [self.prev[g][0]],
-                         gpu_params, rank=r, extra={"tier": "gpu+peer"})
+                         gpu_params, rank=r, extra={"tier": "gpu+peer", "layers": on_gpu})
         if self.n > 1 and self.ctx.tier_sum(self.tiers, "gpu") > 0:
             kit.all_gather(b, "agg", "dp.param", gpus, self.ctx.tier_sum(self.tiers, "gpu", "param_bytes"),
                            [f"gopt.{g}" for g in gpus])

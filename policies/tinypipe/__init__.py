@@ -22,11 +22,14 @@ Our reading, as planned here:
   Adam; gradients accumulate on the GPU and go down once per step, layer by layer, then the updated
   16-bit weights are uploaded); else ``swap`` (where it needs less GPU memory than ``resident``; with one
   or two layers the swap buffers can outweigh the stage): the stage's 16-bit weights live in DRAM and are fetched
-  pack by pack into freshly allocated GPU buffers, ``prefetch_packs`` packs ahead of the one computing,
-  in the forward and again in the backward (in a forward-backward pair of 1F1B the last pack stays for
-  the backward); a pack is resident from its fetch start to its last use; each backward pack's gradient
-  goes down to DRAM (the CPU accumulates micro-batches, cost not modelled), at most two gradient packs
-  live; CPU Adam per pack after the last micro-batch writes the 16-bit weights in place in DRAM.
+  pack by pack into GPU buffers, ``prefetch_packs`` packs ahead of the one computing, in the forward and
+  again in the backward (in a forward-backward pair of 1F1B the last pack stays for the backward); a pack's
+  buffer is reserved on the compute stream where its fetch may start (after the last use of the pack
+  ``prefetch_packs + 1`` fetches back, or at the op's start) until its last use; each backward pack's
+  gradient goes down to DRAM (the CPU accumulates micro-batches, cost not modelled), at most two gradient
+  packs live, each released on the compute stream once its copy ended (before the backward two packs
+  later, or at the op's end), so the GPU's peak does not depend on copy speed (``kit``); CPU Adam per
+  pack after the last micro-batch writes the 16-bit weights in place in DRAM.
 - Holistic packing: an exact search (``policies/tinypipe/packing.py``) picks the stage boundaries and the
   packs together, minimising the peak GPU memory of the worst stage subject to every stage's estimated
   time per micro-batch being within ``balance_tolerance`` of the best balanced partition's bottleneck;

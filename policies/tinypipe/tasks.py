@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from policies import kit
 from policies.tinypipe.emit import Dep, Ev, Key, Recorder
 from policies.tinypipe.packing import StagePlan
-from policies.tinypipe.pipeline import Pipeline
+from policies.tinypipe.pipeline import BOUNCE_BUFFERS, Pipeline
 from simulator.phase import Phase
+
+GRAD_PACKS_HELD = 2  # gradient packs a swapping stage's GPU holds before a backward waits for the oldest's copy
 
 
 @dataclass
@@ -41,7 +43,6 @@ class StageRun:
         self.fetches = 0                      # the stage's fetches so far (residency ends keyed ("res", r, s, j))
         self.stack: list[int] = []            # live explicit activation micro-batches (LIFO relabelling)
         self.carry: Fetched | None = None     # the pack a forward keeps for the backward right after it
-        self.last_b_d2h: Ev | None = None
         self.fresh_done: set[int] = set()     # layers (resident, gpu) or packs (swap) already refreshed
 
     def run(self) -> None:
@@ -52,6 +53,8 @@ class StageRun:
             self.scope = "iteration" if self.rep else "step"
             self.extra = {"stage": self.s} if self.rep else {"stage": self.s, "mb": op.mb}
             self.sink = self.rec.at(op.seg, op.it)
+            if self.swap:
+                self.plan_fetches(op.kind)
             if op.kind == "F":
                 nxt = ops[n + 1] if n + 1 < len(ops) else None
                 self.forward(nxt is not None and nxt.kind == "B" and nxt.seg == op.seg and nxt.it == op.it)
@@ -69,15 +72,44 @@ class StageRun:
             return [f"ag{unit}.s{s}^1"] if pipe.dp > 1 else [f"up{unit}.{pipe.gpu(0, s)}^1"]
         return [f"adam{unit}.{pipe.gpu(r, s)}^1" for r in range(pipe.dp)] if self.swap else []
 
+    def plan_fetches(self, kind: str) -> None:
+        """The fetches the current op will make (fetch index -> pack), and the reservation of the buffers of those
+        whose prefetch window opened before the op: here, at the op's start on the compute stream."""
+        packs = list(range(len(self.st.packs)))
+        if kind == "B":
+            packs = packs[::-1][1 if self.carry is not None else 0:]
+        self.op_fetches = {self.fetches + k: p for k, p in enumerate(packs)}
+        self.reserved: dict[int, Ev] = {}
+        for j in self.op_fetches:
+            if j - self.pipe.prefetch - 1 < self.fetches:
+                self.reserve(j)
+
+    def reserve(self, j: int) -> None:
+        """Fetch j's buffer allocated here on the compute stream (``kit``: peaks that do not depend on timing)."""
+        if j not in self.op_fetches or j in self.reserved:
+            return
+        p = self.op_fetches[j]
+        u, t = self.st.packs[p]
+        buf = self.rec.tensor(f"buf{p}.{self.g}{self.sfx}", self.pipe.pack_bytes(u, t), "param16", self.scope, u)
+        kit.reserve(self.sink, f"rsv{p}.{self.g}{self.sfx}", self.g, [(buf, self.g)], layer=None, rank=self.r,
+                    extra={**self.extra, "pack": p})
+        self.reserved[j] = self.sink.ev()
+
+    def resident_until(self, j: int, last: Ev) -> None:
+        """Fetch j's pack is no longer needed after ``last``: the fetch ``prefetch`` later may start then, so its
+        buffer is reserved right after ``last`` when it belongs to this op."""
+        self.rec.keyed[("res", self.r, self.s, j)] = last
+        self.reserve(j + self.pipe.prefetch + 1)
+
     def fetch(self, p: int, use: str) -> Fetched:
-        """Upload pack p into a fresh buffer, ``prefetch`` fetches ahead of the pack computing."""
+        """Upload pack p into its reserved buffer, ``prefetch`` fetches ahead of the pack computing."""
         u, t = self.st.packs[p]
         nbytes = self.pipe.pack_bytes(u, t)
-        buf = self.rec.tensor(f"buf{p}.{self.g}{self.sfx}", nbytes, "param16", self.scope, u)
+        buf = f"buf{p}.{self.g}{self.sfx}"
         j, pf = self.fetches, self.pipe.prefetch
         deps: list[Dep] = [("res", self.r, self.s, j - pf - 1)] if j > pf else []
-        kit.upload(self.sink, f"ld{p}.{self.g}{self.sfx}", self.g, nbytes, deps + self._refresh(p), layer=None,
-                   rank=self.r, use=use, allocs=[(buf, self.g)], reads=[(f"home.s{self.s}.p{p}", "cpu")],
+        kit.upload(self.sink, f"ld{p}.{self.g}{self.sfx}", self.g, nbytes, deps + self._refresh(p) + [self.reserved[j]],
+                   layer=None, rank=self.r, use=use, reads=[(f"home.s{self.s}.p{p}", "cpu")],
                    extra={**self.extra, "pack": p, "layers": list(range(u, t + 1))})
         self.fetches += 1
         return Fetched(buf, j, self.sink.ev())
@@ -114,7 +146,8 @@ class StageRun:
                 if keep:
                     self.carry = Fetched(f.buf, f.j, None)
                 else:
-                    self.rec.keyed[("res", self.r, s, f.j)] = last  # type: ignore[assignment]
+                    assert last is not None
+                    self.resident_until(f.j, last)
         if not gpipe and not self.rep:
             self.stack.append(self.op.mb)
         if s < self.pipe.S - 1:
@@ -129,8 +162,8 @@ class StageRun:
         last: Ev | None = None
         for pos, p in enumerate(reversed(range(len(self.st.packs)))):
             last = self.backward_pack(p, pos, recv, ".t" if self.rep else f".m{amb}", d2hs)
-        if d2hs:
-            self.last_b_d2h = d2hs[-1]
+        for pos in range(max(len(d2hs) - GRAD_PACKS_HELD, 0), len(d2hs)):  # the op's last gradient packs
+            self.release_grads(pos, d2hs)
         if s > 0:
             self.send("b", last, s - 1, self.st.first - 1, Phase.SEND_GRAD)
 
@@ -148,28 +181,37 @@ class StageRun:
             deps: list[Dep] = list(recv) if x == self.st.last else []
             if f is not None and f.task is not None and top:
                 deps.append(f.task)
-            gate: list[Dep] = []
-            if gb is not None and top:   # at most two gradient packs live: this one waits for the copy two back
-                gate = [d2hs[pos - 2]] if pos >= 2 else [self.last_b_d2h] if pos == 0 and self.last_b_d2h else []
+            if gb is not None and top and pos >= GRAD_PACKS_HELD:   # at most two gradient packs live
+                self.release_grads(pos - GRAD_PACKS_HELD, d2hs)
             frees = [] if self.pipe.gpipe else [(f"a{x}.{self.g}{acts}", self.g)]
             if f is not None and x == u:
                 frees.append((f.buf, self.g))
             if lay.recompute_flops > 0:   # the recomputation takes the data dependencies, the backward the gate
                 kit.recompute(self.sink, x, lay, self.g, self.r, deps, tid=f"r{x}.{self.g}{self.sfx}", extra=self.extra)
                 deps = []
-            kit.backward(self.sink, x, lay, self.g, self.r, deps + gate, tid=f"b{x}.{self.g}{self.sfx}",
+            kit.backward(self.sink, x, lay, self.g, self.r, deps, tid=f"b{x}.{self.g}{self.sfx}",
                          allocs=[(gb, self.g)] if gb is not None and top else [], frees=frees, extra=self.extra)
             self.final_bwd[(self.r, self.s, x)] = last = self.sink.ev()
         assert last is not None
         if f is not None and gb is not None:
-            self.rec.keyed[("res", self.r, self.s, f.j)] = last
+            self.resident_until(f.j, last)
             after: list[Dep] = [last]
             kit.offload(self.sink, f"dn{p}.{self.g}{self.sfx}", self.g, self.pipe.pack_bytes(u, t), after,
-                        layer=None, rank=self.r, frees=[(gb, self.g)],
+                        layer=None, rank=self.r, reads=[(gb, self.g)],
                         extra={**self.extra, "pack": p, "layers": list(range(u, t + 1))})
             self.final_d2h[(self.r, self.s, p)] = dn = self.sink.ev()
             d2hs.append(dn)
         return last
+
+
+    def release_grads(self, pos: int, d2hs: list[Ev]) -> None:
+        """The gradient pack of the op's ``pos``-th backward pack released on the compute stream once its copy down
+        has ended: before the backward ``GRAD_PACKS_HELD`` packs later (its gate), or at the op's end."""
+        p = len(self.st.packs) - 1 - pos
+        gb = f"gb{p}.{self.g}{self.sfx}"
+        deps: list[Dep] = [d2hs[pos]]
+        kit.release(self.sink, f"gfree{p}.{self.g}{self.sfx}", self.g, [(gb, self.g)], layer=None, rank=self.r,
+                    deps=deps, extra={**self.extra, "pack": p})
 
 
 class OptimizerSegment:
@@ -252,24 +294,40 @@ class OptimizerSegment:
                 rs = self.sink.ev()
             for r in range(dp):
                 deps: list[Dep] = [rs] if rs else [self.final_bwd[(r, s, x)], *self.tied_dep(r, s, range(x, x + 1))]
-                ups[r].append(self.cpu_update(st, r, x, deps, ups[r][n - 2] if n >= 2 else None))
+                if n >= BOUNCE_BUFFERS:
+                    self.release_bounce(st, r, x + BOUNCE_BUFFERS, ups[r][n - BOUNCE_BUFFERS])
+                ups[r].append(self.cpu_update(st, r, x, deps))
             if dp > 1:
                 kit.all_gather(self.sink, f"ag{x}.s{s}", f"dp{s}", gpus, wb, [ups[r][n] for r in range(dp)], layer=x,
                                extra={"stage": s})
+        for r in range(dp):  # the last bounce buffers, once their uploads have ended
+            for n, x in list(enumerate(reversed(range(st.first, st.last + 1))))[-BOUNCE_BUFFERS:]:
+                self.release_bounce(st, r, x, ups[r][n])
 
-    def cpu_update(self, st: StagePlan, r: int, x: int, deps: list[Dep], gate: Ev | None) -> Ev:
-        """Rank r's share of layer x: gradient down, CPU Adam into a bounce buffer (``gate``: the upload that frees
-        the buffer two layers back), the 16-bit share up. Returns the upload."""
+    def release_bounce(self, st: StagePlan, r: int, x: int, up: Ev) -> None:
+        """Rank r's bounce buffer of layer x released on its CPU Adam stream once the upload ``up`` has read it:
+        CPU Adam of the layer ``BOUNCE_BUFFERS`` later waits for it (at most that many buffers), and the buffer is
+        freed at one point of the Adam stream's order whatever the copy's speed (``kit``: peaks that do not depend
+        on timing)."""
+        g = self.pipe.gpu(r, st.index)
+        deps: list[Dep] = [up]
+        kit.release(self.sink, f"bfree{x}.{g}", g, [(f"bounce{x}.{g}", "cpu")], layer=x, rank=r, deps=deps,
+                    phase=Phase.BUFFER_RELEASE, stream=f"cpu.adam{self.pipe.rank(r, st.index)}",
+                    extra={"stage": st.index})
+
+    def cpu_update(self, st: StagePlan, r: int, x: int, deps: list[Dep]) -> Ev:
+        """Rank r's share of layer x: gradient down, CPU Adam into a bounce buffer (after the release of the one
+        ``BOUNCE_BUFFERS`` layers back, ``release_bounce``), the 16-bit share up. Returns the upload."""
         pipe, s = self.pipe, st.index
         g, dp, wb = pipe.gpu(r, s), pipe.dp, pipe.layer_bytes(x)
         kit.offload(self.sink, f"dn{x}.{g}", g, wb / dp, deps, layer=x, rank=r, extra={"stage": s})
         dn = self.sink.ev()
         bounce = self.rec.tensor(f"bounce{x}.{g}", wb / dp, "buffer", "step", x)
         # kit.cpu_adam's task, plus the bounce buffer it writes the 16-bit update into (kit.cpu_adam takes no allocs)
-        ad: Dep = self.sink.add(f"adam{x}.{g}", "optimizer", f"cpu.adam{pipe.rank(r, s)}", [dn, gate] if gate else [dn],
+        ad: Dep = self.sink.add(f"adam{x}.{g}", "optimizer", f"cpu.adam{pipe.rank(r, s)}", [dn],
                                 params=pipe.layer_params(s, x) / dp, allocs=[(bounce, "cpu")],
                                 tags=kit.tags(Phase.OPTIMIZER, layer=x, rank=r, extra={"stage": s}))
-        kit.upload(self.sink, f"up{x}.{g}", g, wb / dp, [ad], layer=x, rank=r, frees=[(bounce, "cpu")],
+        kit.upload(self.sink, f"up{x}.{g}", g, wb / dp, [ad], layer=x, rank=r, reads=[(bounce, "cpu")],
                    extra={"stage": s})
         return self.sink.ev()
 

@@ -22,18 +22,22 @@ Our reading and assumptions (see docs/reference/policies.md):
   of the compute of use ``u - d - 1`` (on every rank, for a collective), plus the in-order streams: NVMe->CPU reads with
   ``d = nvme_prefetch``, CPU->GPU copies with ``cpu_prefetch``, all-gathers with ``gather_prefetch``; d = 0 is
   fetch-on-demand. Uses of the next micro-step are prefetched during the end of the current one (distances reach back at
-  most one micro-step). Staging memory is allocated when a fetch starts and freed when its consumer ends: the pinned CPU
-  slice (NVMe path) at the NVMe read until its CPU->GPU copy ends, the GPU slice until the all-gather ends, the gathered
-  layer until its compute ends. DeepSpeed pins ``offload_param`` buffer_count x buffer_size (5 x 1e8 elements) per rank
+  most one micro-step). Staging memory: the pinned CPU slice (NVMe path) from the NVMe read until its CPU->GPU copy
+  ends; the GPU buffer of a CPU->GPU copy is reserved on the compute stream where the copy may start (right after the
+  compute of use ``u - d - 1``; at the micro-step's start for its first ``d + 1`` uses) and freed by its consumer, so
+  the GPU's peak does not depend on how fast the copies run (``kit``); the gathered layer lives until its compute
+  ends. DeepSpeed pins ``offload_param`` buffer_count x buffer_size (5 x 1e8 elements) per rank
   up front; we allocate only the window actually in flight and report in ``info`` whether it fits that pool. The ranks'
   NVMe reads of one layer (and their fp32 gradient writes) start together and share the drive set max-min fairly, so
   each is one flow of ``dp`` slices (same timing as ``dp`` equal flows, ``1/dp`` of the simulator's events); the
   optimizer's NVMe traffic stays per rank.
 - Gradients: each layer's full gradient bucket lives on the GPU from its backward until the reduce-scatter ends (its
-  slice until the copy to the CPU ends); a layer's backward waits until the bucket ``B`` layers back has left the GPU
-  (``kit.bucket_gate``), ``B`` = DeepSpeed's ``max_param_reduce_events`` (2) x ``reduce_bucket_size`` (5e8 elements)
-  over the largest layer's parameters, at least 1 (``states.grad_buckets_in_flight``; ``plan.info``), so a slow link
-  stalls the backward instead of piling buckets up. Each rank copies its slice (``grad_bytes_per_param``) into a CPU
+  slice until the copy to the CPU ends); a bucket is released on the compute stream just before the backward ``B``
+  layers later, once its copy has ended, and the last ``B`` after the micro-step's last backward
+  (``kit.bucket_release``: the backward waits for it; the bucket is held until then at every timing),
+  ``B`` = DeepSpeed's ``max_param_reduce_events`` (2) x ``reduce_bucket_size`` (5e8 elements) over the largest
+  layer's parameters, at least 2 (``states.grad_buckets_in_flight``; ``plan.info``), so a slow link stalls the
+  backward instead of piling buckets up. Each rank copies its slice (``grad_bytes_per_param``) into a CPU
   accumulation buffer when one exists (knob ``cpu_grad_buffer``), else its fp32 slice (4 B/param) to the optimizer's
   fp32 gradient. DeepSpeed adds non-first micro-steps' gradients on the GPU (an extra H2D of the buffer per
   micro-step); we model the accumulation as free on the CPU. With

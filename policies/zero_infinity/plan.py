@@ -3,7 +3,7 @@ checkpoint reload, compute and gradients) and the optimizer step per sub-group."
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from policies import kit
@@ -53,6 +53,11 @@ class MicroStep:
         self.order = kit.UseOrder(len(self.job.trace.layers), self.sfx, self.prev)
 
     def emit(self) -> None:
+        """Per use of a layer its fetch, checkpoint reload, compute and gradients; the GPU buffers of the fetches
+        and gradient copies are reserved and released on the compute stream (``kit``: peaks that do not depend
+        on timing)."""
+        d = self.knobs.cpu_prefetch
+        self.reserve(range(d + 1))  # the fetches that may start before this micro-step's first compute
         first_fetch = True
         for u, (i, ph) in enumerate(self.order.uses):
             layer = self.job.trace.layers[i]
@@ -61,6 +66,7 @@ class MicroStep:
                 first_fetch = False
             if ph == "f":
                 self.forward(i, layer)
+                self.reserve([u + d + 1])
                 continue
             if offloads_ckpt(self.job, self.knobs, i):  # the checkpoint back from CPU memory (cpu_prefetch)
                 for g in self.gpus:
@@ -69,6 +75,32 @@ class MicroStep:
                                         phase=Phase.ACTIVATION_RELOAD, layer=i)
             self.backward(i, layer)
             self.gradients(i, layer)
+            self.reserve([u + d + 1])
+        self.release(None)
+
+    def reserve(self, uses: Iterable[int]) -> None:
+        """On every GPU's compute stream here: the buffers of the fetches for ``uses`` (those with parameters)."""
+        for u in uses:
+            if u >= len(self.order.uses):
+                continue
+            i, ph = self.order.uses[u]
+            if self.job.trace.layers[i].params <= 0:
+                continue
+            for r, g in enumerate(self.gpus):
+                kit.reserve(self.b, f"rsv{ph}{i}{self.sfx}.{g}", g, [(kit.fetch_buffer(i, ph, g, self.n), g)],
+                            layer=i, rank=r, use=kit.use_of(ph))
+
+    def bucket(self, i: int, g: str) -> str:
+        """The GPU buffer layer i's gradient copy reads: the reduced slice (n > 1 ranks), else the bucket."""
+        return f"gs{i}.{g}" if self.n > 1 else f"gb{i}.{g}"
+
+    def release(self, i: int | None) -> None:
+        """On every GPU's compute stream here: the buckets ``kit.bucket_release`` releases before layer i's
+        backward (None: after the micro-step's last), each once its copy has ended."""
+        for o in kit.bucket_release(self.grad_order(), i, self.buckets_in_flight()):
+            for r, g in enumerate(self.gpus):
+                kit.release(self.b, f"gfree{o}{self.sfx}.{g}", g, [(self.bucket(o, g), g)], layer=o, rank=r,
+                            deps=[f"gd{o}{self.sfx}.{g}"])
 
     def fetch(self, u: int, i: int, ph: str, first_fetch: bool) -> None:
         """NVMe -> pinned CPU -> GPU slice -> all-gather, each with its prefetch distance."""
@@ -82,10 +114,11 @@ class MicroStep:
                      reads=[(f"param16.r{r}", "nvme") for r in range(n)])
         kit.sliced_fetch(b, self.gpus, i, ph, s * self.db, self.job.trace.layers[i].params * self.db,
                          lambda r, g: window(u, k.cpu_prefetch, [g]) + ([f"nr{ph}{i}{sfx}"] if k.param_nvme
-                                                                        else opt_dep[r:r + 1]),
+                                                                        else opt_dep[r:r + 1])
+                         + [f"rsv{ph}{i}{sfx}.{g}"],
                          sfx=sfx, gather_deps=window(u, k.gather_prefetch, self.gpus),
                          frees_of=lambda r: [(f"pin{ph}{i}.r{r}", "cpu")] if k.param_nvme else [],
-                         reads_of=lambda r: [] if k.param_nvme else [(f"param16.r{r}", "cpu")])
+                         reads_of=lambda r: [] if k.param_nvme else [(f"param16.r{r}", "cpu")], reserved=True)
 
     def ready(self, i: int, ph: str, g: str, layer: LayerTrace) -> list[str]:
         return [] if layer.params <= 0 else [f"ag{ph}{i}{self.sfx}" if self.n > 1 else f"up{ph}{i}{self.sfx}.{g}"]
@@ -115,17 +148,13 @@ class MicroStep:
         gradients are throttled by the NVMe swapper)."""
         return 1 if self.throttled() else self.grad_buckets
 
-    def gate(self, i: int, g: str) -> list[str]:
-        """``kit.bucket_gate``: layer i's backward on GPU g waits until the bucket B back has left the GPU."""
-        sfx, prev = self.sfx, self.prev
-        return kit.bucket_gate(self.grad_order(), i, self.buckets_in_flight(), lambda o: f"gd{o}{sfx}.{g}",
-                               lambda o: prev(f"gd{o}.{g}"))
-
     def backward(self, i: int, layer: LayerTrace) -> None:
+        """Layer i's recomputation and backward, after the release of the bucket B back (its gate)."""
         sfx, ckpt = self.sfx, offloads_ckpt(self.job, self.knobs, i)
+        if layer.params > 0:
+            self.release(i)
         for r, g in enumerate(self.gpus):
-            deps = self.ready(i, "b", g, layer) + ([f"cki{i}{sfx}.{g}"] if ckpt else []) \
-                + (self.gate(i, g) if layer.params > 0 else [])
+            deps = self.ready(i, "b", g, layer) + ([f"cki{i}{sfx}.{g}"] if ckpt else [])
             if layer.recompute_flops > 0:
                 kit.recompute(self.b, i, layer, g, r, deps, tid=f"rc{i}{sfx}.{g}")
                 deps = []
@@ -158,7 +187,7 @@ class MicroStep:
                 reads = [] if stage else [(f"grad32.r{r}", self.knobs.optimizer_device)]
                 allocs = [(f"gst{i}.r{r}", "cpu")] if stage else []
             kit.offload(b, f"gd{i}{sfx}.{g}", g, size, [f"rs{i}{sfx}" if n > 1 else f"bwd{i}{sfx}.{g}", *wait], layer=i,
-                        rank=r, frees=[(f"gs{i}.{g}" if n > 1 else f"gb{i}.{g}", g)], reads=reads, allocs=allocs)
+                        rank=r, reads=[*reads, (self.bucket(i, g), g)], allocs=allocs)  # released by release()
         if stage:  # all ranks' fp32 gradient slices: one flow to the drives
             kit.swap(b, f"gw{i}{sfx}", "cpu.gwrite", Phase.GRAD_SWAP_OUT, "cpu", "nvme",
                      n * s * pp["grad32"], [f"gd{i}{sfx}.{g}" for g in gpus],
