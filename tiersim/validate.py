@@ -202,10 +202,6 @@ KNOWN_GAPS: dict[str, str] = {
     "MPT-30b 8x A100-80GB seq 2048 ckpt": (
         "the Ampere curve tops out at 0.62 of peak (MAMF 0.86 x a non-GEMM factor 0.72 derived from a 7B run "
         "without checkpointing), so 30B's large kernels run at HFU 0.61 where llm-foundry measured 0.74"),
-    "ZeRO-Offload GPT-2 10B, 1x V100 (DGX-2), micro 10": (
-        "the Volta curve (from ZeRO-Infinity's 49 TF/GPU at 1T scale) is ~30% high for hidden-4096 kernels; "
-        "DeepSpeed's 30 / 40 / 49 TF V100 figures (1.4B / 10B / 1T) imply ~0.32 of peak here (see "
-        "gemm_efficiency_by_generation.Volta in the reference)"),
     "SynergyScale 114.41B on one A100-80GB: fits": (
         "the a100 preset's 256 GB host cannot hold the fp32 gradients of the layers left for the NVMe tier; the "
         "abstract names no host (a larger one, or gradients kept elsewhere, would fit)"),
