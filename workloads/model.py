@@ -353,6 +353,26 @@ class ModelSpec:
         = params() if dense."""
         return self.embedding_params() + self.blocks_params(active=True) + self.head_params()
 
+    # ---- derived shapes -----------------------------------------------------------------------
+    def with_shape(self, **changes: object) -> ModelSpec:
+        """This model with ``changes`` applied and every derived width re-resolved from the new shape.
+
+        Use it (never ``dataclasses.replace``) to change a dimension: ``replace`` passes the widths resolved
+        for the old shape (``head_dim`` = old hidden / old heads, ``v_head_dim``, ``expert_ffn``,
+        ``shared_expert_ffn``) on as if they had been given, so ``replace(spec, hidden=.., n_heads=..)``
+        keeps a stale head width unless the caller also passes ``head_dim=0, v_head_dim=0``. Here a width
+        that the old shape implied is implied again by the new one; a width given explicitly (Gemma-2's
+        head_dim 256, an MoE's expert_ffn) stays as given unless ``changes`` names it (0 re-derives it).
+        An unknown field is refused with the list of fields."""
+        names = {f.name for f in fields(self)}
+        unknown = sorted(set(changes) - names)
+        if unknown:
+            raise WorkloadInputError(f"model '{self.name}': unknown field(s) {', '.join(unknown)} for with_shape; "
+                                     f"fields are {', '.join(sorted(names))}")
+        data = self.to_dict()  # leaves out the widths the current shape implies
+        data.update(changes)
+        return ModelSpec.from_dict(data)
+
     # ---- serialisation ------------------------------------------------------------------------
     def to_dict(self) -> dict[str, object]:
         """All fields; the fields added after the original contract only where they differ from what
