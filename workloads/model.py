@@ -50,7 +50,8 @@ _FAMILY_RE = re.compile(r"^[a-z0-9][a-z0-9_.\-]*$")
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Dimensions of a decoder-only transformer; validated on construction.
+    """Dimensions of a decoder-only transformer; validated on construction. Change dimensions with
+    :meth:`with_shape` (it re-resolves the implied widths), never ``dataclasses.replace``.
 
     ``dropout`` (an addition to the original contract, default False) says whether training applies
     dropout (GPT-2/GPT-3/OPT: yes; LLaMA/Mistral: no); it changes the saved activations (masks).

@@ -131,8 +131,9 @@ def plan(job: Job, knobs: Knobs) -> Plan:
                      scope="step", layer=i)
     kit.workspace(b, job, lay)
     gpool = gpu_pool(job)
-    if gpu_params > gpool.capacity_bytes:
-        raise PlanInfeasible(NAME, gpool.name, gpu_params, gpool.capacity_bytes, f"the fp16 parameters (tp={tp})")
+    held = kit.gpu_held_bytes(job, [gpu_params])  # as the allocator rounds the tensor
+    if held > gpool.capacity_bytes:
+        raise PlanInfeasible(NAME, gpool.name, held, gpool.capacity_bytes, f"the fp16 parameters (tp={tp})")
     b.segment("micro-steps", accum)
     grads = kit.Grads(reduce="reduce_scatter", bucket=True, offload=True, buckets_in_flight=GRAD_BUCKETS_IN_FLIGHT,
                       offload_bytes_per_param=knobs.grad_offload_bytes_per_param)
