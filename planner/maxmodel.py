@@ -111,8 +111,8 @@ def _width_model(base: ModelSpec, groups: int) -> ModelSpec:
     hidden = heads * base.head_dim
     raw_ffn = base.ffn * hidden / base.hidden
     ffn = 256 * -(-int(raw_ffn) // 256) if base.mlp == "swiglu" else max(1, round(raw_ffn))
-    return replace(base, name=f"{base.name}-h{hidden}", hidden=hidden, n_heads=heads, n_kv_heads=groups, ffn=ffn,
-                   source=f"{base.name} scaled to hidden {hidden}")
+    return base.with_shape(name=f"{base.name}-h{hidden}", hidden=hidden, n_heads=heads, n_kv_heads=groups, ffn=ffn,
+                           source=f"{base.name} scaled to hidden {hidden}")
 
 
 def preset_scaler(preset: str, dimension: str, *, hi_cap: int | None = None) -> Scaler:

@@ -50,7 +50,8 @@ _FAMILY_RE = re.compile(r"^[a-z0-9][a-z0-9_.\-]*$")
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Dimensions of a decoder-only transformer; validated on construction.
+    """Dimensions of a decoder-only transformer; validated on construction. Change dimensions with
+    :meth:`with_shape` (it re-resolves the implied widths), never ``dataclasses.replace``.
 
     ``dropout`` (an addition to the original contract, default False) says whether training applies
     dropout (GPT-2/GPT-3/OPT: yes; LLaMA/Mistral: no); it changes the saved activations (masks).
@@ -352,6 +353,26 @@ class ModelSpec:
         """Parameters touched per token (MoE: experts_per_token experts + shared experts + router);
         = params() if dense."""
         return self.embedding_params() + self.blocks_params(active=True) + self.head_params()
+
+    # ---- derived shapes -----------------------------------------------------------------------
+    def with_shape(self, **changes: object) -> ModelSpec:
+        """This model with ``changes`` applied and every derived width re-resolved from the new shape.
+
+        Use it (never ``dataclasses.replace``) to change a dimension: ``replace`` passes the widths resolved
+        for the old shape (``head_dim`` = old hidden / old heads, ``v_head_dim``, ``expert_ffn``,
+        ``shared_expert_ffn``) on as if they had been given, so ``replace(spec, hidden=.., n_heads=..)``
+        keeps a stale head width unless the caller also passes ``head_dim=0, v_head_dim=0``. Here a width
+        that the old shape implied is implied again by the new one; a width given explicitly (Gemma-2's
+        head_dim 256, an MoE's expert_ffn) stays as given unless ``changes`` names it (0 re-derives it).
+        An unknown field is refused with the list of fields."""
+        names = {f.name for f in fields(self)}
+        unknown = sorted(set(changes) - names)
+        if unknown:
+            raise WorkloadInputError(f"model '{self.name}': unknown field(s) {', '.join(unknown)} for with_shape; "
+                                     f"fields are {', '.join(sorted(names))}")
+        data = self.to_dict()  # leaves out the widths the current shape implies
+        data.update(changes)
+        return ModelSpec.from_dict(data)
 
     # ---- serialisation ------------------------------------------------------------------------
     def to_dict(self) -> dict[str, object]:

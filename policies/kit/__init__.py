@@ -55,7 +55,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from policies.base import Job, KnobError
+from hardware_models.allocator import allocator_overhead
+from policies.base import Job, KnobError, gpu_pool
 from policies.builder import PlanBuilder
 from simulator.phase import Phase
 from workloads.trace import LayerTrace
@@ -530,3 +531,12 @@ def cpu_update_by_layer(b: PlanBuilder, job: Job, lay: Layout, *, upload_bytes_p
             all_gather(b, f"ag{i}{lay.dp_suffix(j)}", lay.dp_stream(j, "param"), grp,
                        layer.params / lay.tp * dtype_bytes(job), [f"up{i}.{g}" for g in grp], layer=i,
                        frees=[(f"stage32_{i}.{g}", g) for g in grp] if staged else [])
+
+
+def gpu_held_bytes(job: Job, sizes: Iterable[float]) -> float:
+    """Bytes that GPU tensors of ``sizes`` hold together in GPU 0's pool as the simulator charges them: each
+    rounded by the hardware's allocator (``gpu.allocator``, PyTorch's caching allocator: ``hardware_models.
+    allocator``) in an HBM pool, the bytes alone in a unified one. A policy's estimate of what fits a GPU
+    sums these, not the raw sizes, or it passes plans the simulation finds over by the rounding."""
+    hbm = gpu_pool(job).kind == "hbm"
+    return float(sum(n + (allocator_overhead(n, job.hw.gpu.allocator) if hbm else 0.0) for n in sizes))

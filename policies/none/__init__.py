@@ -78,9 +78,9 @@ def plan(job: Job, knobs: Knobs) -> Plan:
             b.tensor(f"{kind}.{g}", nbytes, kind, home=g, persistent=True)
     kit.workspace(b, job, lay)
     pool = gpu_pool(job)
-    if sum(states.values()) > pool.capacity_bytes:
-        raise PlanInfeasible(NAME, pool.name, sum(states.values()), pool.capacity_bytes,
-                             f"ZeRO-{stage} model states (tp={lay.tp})")
+    held = kit.gpu_held_bytes(job, states.values())  # each state tensor as the allocator rounds it
+    if held > pool.capacity_bytes:
+        raise PlanInfeasible(NAME, pool.name, held, pool.capacity_bytes, f"ZeRO-{stage} model states (tp={lay.tp})")
     b.segment("micro-steps", accum)
     grads = kit.Grads(reduce="all_reduce" if stage < 2 else "reduce_scatter", bucket=stage >= 2, offload=False)
     kit.emit_microstep(b, job, lay, grads, gather_params=stage >= 3,

@@ -14,8 +14,11 @@ Our reading and assumptions (see docs/reference/policies.md):
   in layer order, so uploading chunk k-1 overlaps updating chunk k; every rank's Adam runs on the shared host CPU (the
   ``cpu.adam`` throughput is shared); each rank then uploads its updated partition on its H2D engine and the layer is
   all-gathered across ranks;
-- the next step's forward of layer i waits for layer i's all-gather (or, with ``delayed_update``, for the one of the
-  step before: DPU, iteration time ``max(fwd+bwd, D2H + Adam + H2D)``; it changes training semantics on purpose);
+- the next step's forward waits for the whole update (every layer's upload / all-gather): DeepSpeed's
+  ``optimizer.step()`` runs CPU Adam over the whole partition and returns before the next forward starts (the CPU
+  step is on the critical path, which is why the paper adds DPU); with ``delayed_update`` the forward of layer i
+  waits for layer i's update of the step before (DPU, iteration time ``max(fwd+bwd, D2H + Adam + H2D)``; it
+  changes training semantics on purpose);
 - GPU: fp16 parameters (replicated), a transient gradient bucket per layer, activations, workspace. CPU: per rank fp32
   master partition (4 B/param), m and v (8), fp32 gradient partition (``cpu_grad_bytes``, 4 B/param in DeepSpeed's
   stage-1/2 offload path).
@@ -88,6 +91,27 @@ def cpu_state_bytes(job: Job, knobs: Knobs) -> dict[str, float]:
     return out
 
 
+def param_ready(job: Job, lay: kit.Layout, delayed_update: bool) -> dict[int, list[str]]:
+    """What the forward of each layer waits for. Without DPU, the whole update of the step before:
+    DeepSpeed's ``optimizer.step()`` (``runtime/zero/stage_1_and_2.py``, ``step``: CPU Adam over the rank's
+    whole flat partition, ``DeepSpeedCPUAdam.step(fp16_param_groups=...)`` copying the updated 16-bit tiles to
+    the GPU as it goes, then the all-gather of every partition) returns before the next forward starts, so
+    the CPU update is on the critical path (ZeRO-Offload arXiv 2101.06840 Sec. 5.2 introduces DPU to take it
+    off). The last layer's upload (all-gather) stands for all of them: uploads and all-gathers run in layer
+    order on in-order streams. With DPU, layer i waits for its own update two steps back."""
+    n_layers = len(job.trace.layers)
+
+    def done(i: int, back: int) -> list[str]:
+        if lay.dp > 1:
+            return [f"ag{i}.d{j}^{back}" for j in range(lay.tp)]
+        return [f"up{i}.{g}^{back}" for g in lay.gpus()]
+
+    if delayed_update:
+        return {i: done(i, 2) for i in range(n_layers)}
+    whole = done(n_layers - 1, 1)
+    return {i: list(whole) for i in range(n_layers)}
+
+
 def plan(job: Job, knobs: Knobs) -> Plan:
     tp = knobs.tp or auto_tp(job)
     kit.check_tp(job, tp, NAME)
@@ -107,14 +131,13 @@ def plan(job: Job, knobs: Knobs) -> Plan:
                      scope="step", layer=i)
     kit.workspace(b, job, lay)
     gpool = gpu_pool(job)
-    if gpu_params > gpool.capacity_bytes:
-        raise PlanInfeasible(NAME, gpool.name, gpu_params, gpool.capacity_bytes, f"the fp16 parameters (tp={tp})")
+    held = kit.gpu_held_bytes(job, [gpu_params])  # as the allocator rounds the tensor
+    if held > gpool.capacity_bytes:
+        raise PlanInfeasible(NAME, gpool.name, held, gpool.capacity_bytes, f"the fp16 parameters (tp={tp})")
     b.segment("micro-steps", accum)
     grads = kit.Grads(reduce="reduce_scatter", bucket=True, offload=True, buckets_in_flight=GRAD_BUCKETS_IN_FLIGHT,
                       offload_bytes_per_param=knobs.grad_offload_bytes_per_param)
-    back = 2 if knobs.delayed_update else 1  # the forward of layer i waits for its update one (DPU: two) steps back
-    ready = {i: [f"ag{i}.d{j}^{back}" for j in range(tp)] if lay.dp > 1 else [f"up{i}.{g}^{back}" for g in lay.gpus()]
-             for i in range(len(job.trace.layers))}
+    ready = param_ready(job, lay, knobs.delayed_update)
     kit.emit_microstep(b, job, lay, grads, gather_params=False, param_ready=ready)
     b.segment("optimizer", 1)
     kit.cpu_update_by_layer(b, job, lay, upload_bytes_per_param=knobs.upload_bytes_per_param, staged=staged,
