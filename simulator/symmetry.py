@@ -51,9 +51,18 @@ class NotSymmetric(Exception):
     """Why a plan cannot be reduced (the engine then simulates it in full)."""
 
 
-def _owner(t: TaskSpec, device: str) -> _Owner | str:
+def _rank_tag(t: TaskSpec) -> int | None:
     rank = t.tags.get("rank")
-    if isinstance(rank, int) and not isinstance(rank, bool):
+    return rank if isinstance(rank, int) and not isinstance(rank, bool) else None
+
+
+def _owner(t: TaskSpec, device: str, stream_rank: Mapping[str, int]) -> _Owner | str:
+    """A task's rank: its tag, else that of the other tasks of its stream, else its stream's GPU (the
+    grouping is only a guess at the pairing; the verification decides)."""
+    rank = _rank_tag(t)
+    if rank is None and t.op != "collective":
+        rank = stream_rank.get(t.stream)
+    if rank is not None:
         return (0, rank)
     if t.op == "collective":
         return GLOBAL
@@ -253,12 +262,26 @@ def _find(plan: Plan, topo: Topology, route: Callable[[str, str], RouteResources
     globals_: list[TaskSpec] = []
     stream_owner: dict[str, Any] = {}
     nseg = len(plan.segments)
+    stream_rank: dict[str, int] = {}
+    for seg in plan.segments:
+        for t in seg.tasks:
+            tag = _rank_tag(t)
+            if tag is not None and t.op != "collective" and stream_rank.setdefault(t.stream, tag) != tag:
+                raise NotSymmetric(f"stream {t.stream!r} runs tasks of two ranks")
+    device_rank: dict[str, int] = {}
+    for sid, r in stream_rank.items():
+        dev = streams[sid].device if sid in streams else ""
+        if dev.startswith("gpu") and device_rank.setdefault(dev, r) != r:
+            device_rank[dev] = -1  # two ranks on one GPU: no guess
+    for sid, st in streams.items():
+        if sid not in stream_rank and device_rank.get(st.device, -1) >= 0:
+            stream_rank[sid] = device_rank[st.device]
     for si, seg in enumerate(plan.segments):
         for t in seg.tasks:
-            st = streams.get(t.stream)
-            if st is None:
+            spec_st = streams.get(t.stream)
+            if spec_st is None:
                 raise NotSymmetric(f"task {t.id!r} runs on an unknown stream")
-            own = _owner(t, st.device)
+            own = _owner(t, st.device, stream_rank)
             if stream_owner.setdefault(t.stream, own) != own:
                 raise NotSymmetric(f"stream {t.stream!r} holds tasks of two owners")
             if own == GLOBAL:
