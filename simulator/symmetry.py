@@ -51,9 +51,18 @@ class NotSymmetric(Exception):
     """Why a plan cannot be reduced (the engine then simulates it in full)."""
 
 
-def _owner(t: TaskSpec, device: str) -> _Owner | str:
+def _rank_tag(t: TaskSpec) -> int | None:
     rank = t.tags.get("rank")
-    if isinstance(rank, int) and not isinstance(rank, bool):
+    return rank if isinstance(rank, int) and not isinstance(rank, bool) else None
+
+
+def _owner(t: TaskSpec, device: str, stream_rank: Mapping[str, int]) -> _Owner | str:
+    """A task's rank: its tag, else that of the other tasks of its stream, else its stream's GPU (the
+    grouping is only a guess at the pairing; the verification decides)."""
+    rank = _rank_tag(t)
+    if rank is None and t.op != "collective":
+        rank = stream_rank.get(t.stream)
+    if rank is not None:
         return (0, rank)
     if t.op == "collective":
         return GLOBAL
@@ -253,12 +262,26 @@ def _find(plan: Plan, topo: Topology, route: Callable[[str, str], RouteResources
     globals_: list[TaskSpec] = []
     stream_owner: dict[str, Any] = {}
     nseg = len(plan.segments)
+    stream_rank: dict[str, int] = {}
+    for seg in plan.segments:
+        for t in seg.tasks:
+            tag = _rank_tag(t)
+            if tag is not None and t.op != "collective" and stream_rank.setdefault(t.stream, tag) != tag:
+                raise NotSymmetric(f"stream {t.stream!r} runs tasks of two ranks")
+    device_rank: dict[str, int] = {}
+    for sid, r in stream_rank.items():
+        dev = streams[sid].device if sid in streams else ""
+        if dev.startswith("gpu") and device_rank.setdefault(dev, r) != r:
+            device_rank[dev] = -1  # two ranks on one GPU: no guess
+    for sid, st in streams.items():
+        if sid not in stream_rank and device_rank.get(st.device, -1) >= 0:
+            stream_rank[sid] = device_rank[st.device]
     for si, seg in enumerate(plan.segments):
         for t in seg.tasks:
-            st = streams.get(t.stream)
-            if st is None:
+            spec_st = streams.get(t.stream)
+            if spec_st is None:
                 raise NotSymmetric(f"task {t.id!r} runs on an unknown stream")
-            own = _owner(t, st.device)
+            own = _owner(t, st.device, stream_rank)
             if stream_owner.setdefault(t.stream, own) != own:
                 raise NotSymmetric(f"stream {t.stream!r} holds tasks of two owners")
             if own == GLOBAL:
@@ -295,9 +318,6 @@ def _find(plan: Plan, topo: Topology, route: Callable[[str, str], RouteResources
         for a_seg, b_seg in zip(base, groups[o], strict=True):
             for a, b in zip(a_seg, b_seg, strict=True):
                 _match(a, b, maps[k], streams, owner_of_task, global_ids, k, back)
-        for c0, ck in maps[k].colls.fwd.items():
-            if c0 != ck:
-                maps[k].streams.pair(streams_of[c0], streams_of[ck])
         for tid in maps[k].tensors.back:
             if tensor_owner.setdefault(tid, k) != k:
                 raise NotSymmetric(f"tensor {tid!r} is used by two ranks")
@@ -324,11 +344,18 @@ def _find(plan: Plan, topo: Topology, route: Callable[[str, str], RouteResources
         if la != lb:
             raise NotSymmetric("rank 0's own map is not the identity")
     gpu_of = [frozenset(m.locs.fwd[g] for g in gpus0) for m in maps]
-    for t in globals_:  # a collective over every rank that no rank task waits for is its own image
-        if t.id not in maps[0].colls.fwd and set(t.ranks) == all_gpus:
-            for m in maps:
-                m.colls.pair(t.id, t.id)
-    orbits = _check_collectives(plan, globals_, maps, owner_of_task, global_ids, gpu_of, tensor_owner)
+    colls = _Collectives(globals_, gpu_of, streams, owner_of_task, back)
+    for k, m in enumerate(maps):
+        for cls in colls.members:
+            c0, ck = colls.member(0, cls), colls.member(k, cls)
+            m.colls.pair(c0, ck)
+            if c0 != ck:
+                m.streams.pair(streams_of[c0], streams_of[ck])
+        for a_seg, b_seg in zip(base, groups[owners[k]], strict=True):
+            for a, b in zip(a_seg, b_seg, strict=True):
+                if colls.signature(a, {0}) != colls.signature(b, {k}):
+                    raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} wait for different collectives")
+    orbits = _check_collectives(colls, plan, globals_, maps, owner_of_task, global_ids, gpu_of, tensor_owner)
     try:  # a collective's alike hops as one role; failing the load check, each hop its own
         rep, orbit_size = _resources(plan, base, maps, route, capacity, orbits, shared_host, streams, True)
     except NotSymmetric:  # (the maps it paired are the same either way)
@@ -400,12 +427,6 @@ def _match(a: TaskSpec, b: TaskSpec, m: _RankMaps, streams: Mapping[str, Any], o
     _places(a.allocs, b.allocs, m)
     _places(a.frees, b.frees, m)
     _places(a.reads, b.reads, m)
-    ca = [d for d in a.deps if d.id in global_ids]
-    cb = [d for d in b.deps if d.id in global_ids]
-    if len(ca) != len(cb):
-        raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} wait for different collectives")
-    for ra, rb in zip(ca, cb, strict=True):
-        _ref(ra, rb, m.colls)
     if _dep_signature(a, {0}, owner_of_task, global_ids, back) != \
             _dep_signature(b, {k}, owner_of_task, global_ids, back):
         raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} differ in dependencies")
@@ -441,7 +462,63 @@ def _dep_signature(t: TaskSpec, own: set[int], owner_of_task: Mapping[str, int],
     return frozenset(out)
 
 
-def _check_collectives(plan: Plan, colls: list[TaskSpec], maps: list[_RankMaps], owner_of_task: Mapping[str, int],
+class _Collectives:
+    """Collectives grouped by what they do (payload, tags, stream kind, size): a class holds one collective
+    per group of ranks, the groups covering every rank once."""
+
+    def __init__(self, colls: list[TaskSpec], gpu_of: list[frozenset[str]], streams: Mapping[str, Any],
+                 owner_of_task: Mapping[str, int], back: Sequence[Mapping[str, str]]):
+        rank_of = {g: k for k, gs in enumerate(gpu_of) for g in gs}
+        self.cls_of: dict[str, tuple] = {}
+        self.members: dict[tuple, list[str]] = defaultdict(list)
+        self.of_rank: dict[tuple, dict[int, str]] = defaultdict(dict)
+        self.ranks_of: dict[str, set[int]] = {}
+        n = len(gpu_of)
+        for t in colls:
+            key = (t.op, t.coll, t.bytes, t.flops, t.params, tuple(sorted((str(x), str(v)) for x, v in t.tags.items())),
+                   streams[t.stream].kind, len(t.ranks),
+                   # what it waits for, as rank 0's tasks: two collectives of one payload play two roles
+                   frozenset((back[owner_of_task[d.id]][d.id], d.iters_back, d.steps_back)
+                             for d in t.deps if d.id in owner_of_task))
+            self.cls_of[t.id] = key
+            self.members[key].append(t.id)
+            try:
+                mine = {rank_of[g] for g in t.ranks}
+            except KeyError:
+                raise NotSymmetric(f"collective {t.id!r} spans a GPU no rank owns") from None
+            self.ranks_of[t.id] = mine
+            for k in mine:
+                if k in self.of_rank[key]:
+                    raise NotSymmetric(f"rank {k} takes part in two collectives of one kind ({t.id!r})")
+                self.of_rank[key][k] = t.id
+        for key, by in self.of_rank.items():
+            if len(by) != n:
+                raise NotSymmetric(f"collective {self.members[key][0]!r} and its kind leave some ranks out")
+
+    def member(self, k: int, cls: tuple) -> str:
+        return self.of_rank[cls][k]
+
+    def signature(self, t: TaskSpec, own: set[int]) -> frozenset[tuple]:
+        """``t``'s waits for collectives, up to the rank relabelling: the collective of a kind its own ranks
+        take part in, or every collective of the kind (a barrier)."""
+        got: dict[tuple, set[str]] = defaultdict(set)
+        for d in t.deps:
+            cls = self.cls_of.get(d.id)
+            if cls is not None:
+                got[(cls, d.iters_back, d.steps_back)].add(d.id)
+        out: set[tuple] = set()
+        for (cls, ib, sb), ids in got.items():
+            if ids == {self.of_rank[cls][k] for k in own}:
+                out.add(("own", cls, ib, sb))
+            elif len(ids) == len(self.members[cls]):
+                out.add(("all", cls, ib, sb))
+            else:
+                raise NotSymmetric(f"task {t.id!r} waits for some collectives of a kind but not all")
+        return frozenset(out)
+
+
+def _check_collectives(colls_: _Collectives, plan: Plan, colls: list[TaskSpec],
+                       maps: list[_RankMaps], owner_of_task: Mapping[str, int],
                        global_ids: frozenset[str], gpu_of: list[frozenset[str]],
                        tensor_owner: Mapping[str, int]) -> dict[str, list[TaskSpec]]:
     """Every collective is the image of one rank 0 takes part in, among the ranks whose GPUs it spans; the
@@ -474,8 +551,8 @@ def _check_collectives(plan: Plan, colls: list[TaskSpec], maps: list[_RankMaps],
         if (t.op, t.coll, t.bytes, t.flops, t.params, dict(t.tags)) != \
                 (c0.op, c0.coll, c0.bytes, c0.flops, c0.params, dict(c0.tags)):
             raise NotSymmetric(f"collectives {c0.id!r} and {t.id!r} differ")
-        sig = (_dep_signature(t, mine, owner_of_task, global_ids, back, maps[min(mine)].colls.back),
-               _placement_signature(t, mine, maps, tensor_owner))
+        sig = (_dep_signature(t, mine, owner_of_task, global_ids, back),
+               colls_.signature(t, mine), _placement_signature(t, mine, maps, tensor_owner))
         if t.id == c0.id:
             if 0 not in mine:
                 raise NotSymmetric(f"rank 0 waits for collective {t.id!r} but takes no part in it")

@@ -64,17 +64,21 @@ def _disagreements(full, red) -> list[str]:
     return bad
 
 
-def _plan(policy: str, n: int, model: str = "gpt2", overrides: tuple[str, ...] = ()) -> tuple[Plan, object]:
+def _plan(policy: str, n: int, model: str = "gpt2", overrides: tuple[str, ...] = (),
+          knobs: tuple[str, ...] = ()) -> tuple[Plan, object]:
     job, _ = make_job("a100x8", model, hw_overrides=[f"gpu.count={n}", *overrides])
-    return make_plan(job, policy), job.hw
+    return make_plan(job, policy, knobs), job.hw
 
 
-CASES = [(p, 2) for p in POLICIES] + [("zero-offload", 8), ("lazytrain", 4), ("synergyscale", 4), ("none", 8)]
+CASES = [(p, 2, ()) for p in POLICIES] + [
+    ("zero-offload", 8, ()), ("lazytrain", 4, ()), ("synergyscale", 4, ()), ("none", 8, ()),
+    # tensor parallelism: collectives of one group of ranks (each group's images in the others)
+    ("zero-offload", 4, ("tp=2",)), ("none", 4, ("tp=2",))]
 
 
-@pytest.mark.parametrize(("policy", "n"), CASES)
-def test_symmetric_and_full_simulations_agree(policy: str, n: int) -> None:
-    plan, hw = _plan(policy, n)
+@pytest.mark.parametrize(("policy", "n", "knobs"), CASES)
+def test_symmetric_and_full_simulations_agree(policy: str, n: int, knobs: tuple[str, ...]) -> None:
+    plan, hw = _plan(policy, n, knobs=knobs)
     sym = plan_symmetry(plan, hw)
     assert isinstance(sym, Symmetry), sym
     assert sym.n == n

@@ -47,7 +47,8 @@ the simulation, or is found infeasible by the policy before any simulation:
                          tensor, what, message}; fields a stage cannot know are null (a policy's verdict
                          has no time, task, tensor or free bytes; requested = total demand = its need)
     ooms                [every oom, first one first]
-    sim                 {events, wall_s, method, simulated_tasks} (zeros when nothing was simulated)
+    sim                 {events, wall_s, method, simulated_tasks, reduction} (zeros when nothing was simulated;
+                        reduction: "N ranks simulated as 1 class of N" where symmetric ranks ran once)
     notes, info         [str], {...} from the policy
     invariant_violations  [str], only with --check
 
