@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import io
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -150,8 +151,10 @@ def test_bench_ratio_table(tmp_path: Path) -> None:
         rows.append(Row(case, seconds, target_s / ISSUE_RAW_S, f"{note}; target {target_s:g} s quiet", cut))
     raw.append(raw_simpy_seconds())
     raw_s = min(raw)
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "unknown"
     print(f"\n1 M raw SimPy timeouts: {raw_s:.2f} s here (measured {', '.join(f'{r:.2f}' for r in raw)} s; "
-          f"{ISSUE_RAW_S} s on the issue's quiet machine)")
+          f"{ISSUE_RAW_S} s on the issue's quiet machine); load average {load}; the commands' budgets "
+          f"({CUT_FACTOR:g}x their targets) are wall seconds, not scaled by the load")
     print(table([r.cells(raw_s) for r in rows], ["case", "seconds", "ratio", "target", "verdict", "note"],
                 "lrrrll"))
     assert all(r.seconds is None or r.seconds > 0 for r in rows)
