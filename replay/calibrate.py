@@ -74,6 +74,7 @@ class CalibrationSizes:
     ranks_allreduce_bytes: int = 64 * 2**20  # calibrate --ranks (replay.calibrate_ranks)
     ranks_gemm_n: int = 1024
     ranks_copy_bytes: int = 64 * 2**20
+    probe_layer: tuple[int, int, int, int] | None = None  # (hidden, heads, ffn, tokens); None: PROBE_LAYER
 
     def ranks_kwargs(self) -> dict[str, int]:
         return {"allreduce_bytes": self.ranks_allreduce_bytes, "gemm_n": self.ranks_gemm_n,
@@ -85,7 +86,7 @@ class CalibrationSizes:
         return cls(gemm_flops=(1e5, 1e6, 1e7), gpu_gemm_flops=(1e6, 1e8), gemm_peak_points=1, gemm_min_time_s=0.005,
                    copy_bytes=2**20, disk_bytes=4 * 2**20, disk_chunk=2**20, adam_params=20_000,
                    gpu_adam_params=20_000, elementwise_bytes=(2**16,), repeats=3, ranks_allreduce_bytes=2**20,
-                   ranks_gemm_n=128, ranks_copy_bytes=2**20)
+                   ranks_gemm_n=128, ranks_copy_bytes=2**20, probe_layer=(64, 2, 128, 32))
 
 
 @dataclass(frozen=True)
@@ -269,7 +270,8 @@ PROBE_LAYER = {"hidden": 384, "n_heads": 6, "ffn": 1024, "seq_len": 192}
 
 
 def measure_layer_elementwise(device: torch.device, dtype: str, gemm_curve: Sequence[tuple[float, float]],
-                              peak: float, op_overhead_s: float, repeats: int = 5) -> tuple[float | None, str]:
+                              peak: float, op_overhead_s: float, repeats: int = 5,
+                              probe: dict[str, int] | None = None) -> tuple[float | None, str]:
     """Bytes/s of the element-wise operators *inside* a layer, derived from one real layer: the replay's
     decoder block (``replay.model.Block``, :data:`PROBE_LAYER`) forward + backward is timed, and what the
     matmuls (each at its size on the measured GEMM curve) and the operators' fixed cost (`op_overhead_s` x
@@ -282,7 +284,7 @@ def measure_layer_elementwise(device: torch.device, dtype: str, gemm_curve: Sequ
     from workloads import ModelSpec, WorkloadConfig
     from workloads.ops import layer_ops
 
-    h, heads, f, s = (PROBE_LAYER[k] for k in ("hidden", "n_heads", "ffn", "seq_len"))
+    h, heads, f, s = ((probe or PROBE_LAYER)[k] for k in ("hidden", "n_heads", "ffn", "seq_len"))
     m = ModelSpec(name="probe", family="llama", n_layers=1, hidden=h, n_heads=heads, n_kv_heads=heads, ffn=f,
                   vocab=256, max_pos=4 * s, tied_embeddings=False, mlp="swiglu", norm="rmsnorm", bias=False,
                   learned_pos=False)
@@ -669,8 +671,10 @@ def _calibrate(directory: str | os.PathLike[str] | None, sizes: CalibrationSizes
     gemm_dtype = precision
     layer_bw, ew_method = None, f"no {gemm_dtype} GEMM curve to derive it from"
     if curve and gemm_dtype in peaks:
+        probe = dict(zip(("hidden", "n_heads", "ffn", "seq_len"), sizes.probe_layer, strict=True)) \
+            if sizes.probe_layer else None
         layer_bw, ew_method = measure_layer_elementwise(dev, gemm_dtype, curve, peaks[gemm_dtype], op_overhead,
-                                                        sizes.repeats)
+                                                        sizes.repeats, probe)
     if layer_bw is None:  # the layer is all matmuls and overheads: use the hot chain's rate
         ew_bw, chain_how = measure_elementwise(dev, sizes.elementwise_bytes, sizes.repeats)
         ew_method = f"{chain_how} ({ew_method})"

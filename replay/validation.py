@@ -97,6 +97,11 @@ Findings (2-core CPU-only VM shared with other jobs, see ``CAUSES`` below; print
 - Found (attention at seq 1024, fp32, load 11): the causal SDPA forward of gpt2 (12 heads x 64, 3.2 GFLOP
   counted at causal factor 1.0) ran 477 ms, 6.8 GFLOP/s on the counted FLOPs vs 9.7 GFLOP/s for a linear
   of the block; forward + backward 1.26 s (2.6x the forward, priced 3x).
+- Found, not fixed (16-bit backward on this CPU): a gpt2 block at seq 256 in bf16 (load 11) ran its forward in
+  2.5 s and forward + backward in 23 s: the backward took 8x the forward for 2x its FLOPs (priced 2x; fp32:
+  3.4x). The GEMM curve is measured on the forward ``F.linear`` only, so the held-out gpt-h512-none-bf16
+  measured +94.8% (sim 29.0 s, measured 56.4 s, load 10). Measuring the curve on a linear layer's forward
+  and both backward products (the input and the weight gradients, as autograd runs them) would price it.
 - Runner limitations met (not fixed): synergyscale with chunks/streams > 1 ('input of layer 1 is not
   there') or a layer's optimizer split between CPU and GPU ('updates layer 9 on cpu, but another ... on
   gpu0') cannot be replayed, so its knobs are pinned (auto=false, streams=1, chunks=1, cpu_fraction=1).
@@ -201,8 +206,8 @@ FULL_CASES: tuple[Case, ...] = (
 
 # Held out (issue 12 item 4): never tuned to. The model presets at their default workload (gpt2: seq 1024,
 # bf16, micro-batch 1; one micro-step per step where simulate's default global batch is 8, so that a CPU
-# replays it in minutes: the per-micro-step work is the default's), GPT- and LLaMA-style models of hidden 256..2048, seq 128..1024, vocab
-# 1k..50k, every policy, fp32 / bf16 / fp16; a few layers each so that a step takes seconds on a CPU.
+# replays it in minutes: the per-micro-step work is the default's), GPT- and LLaMA-style models of hidden
+# 256..2048, seq 128..1024, vocab 1k..50k, every policy, fp32 / bf16 / fp16; a few layers each.
 GPT2 = ModelDims("gpt2", 12, 768, 12, 50257, 3072, mlp="gelu", preset="gpt2")
 
 
