@@ -13,6 +13,7 @@ and DDP's flat buckets are), padded to a multiple of the group size.
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -60,6 +61,20 @@ class Comm:
 
     def barrier(self) -> None:
         dist.barrier()
+
+    def common_t0(self) -> float:
+        """After the start barrier: rank 0's ``perf_counter`` reading, which every rank on the same host uses
+        as its time zero (Linux's monotonic clock is one clock for all processes of a host, whereas each
+        rank's own reading after the barrier may lag by a scheduling slice: 10+ ms on a loaded machine);
+        a rank on another host uses its own reading (its skew is the barrier's exit skew)."""
+        self.barrier()
+        mine = time.perf_counter()
+        key = self.prefix + "t0"
+        if self.rank == 0:
+            self.store.set(key, f"{socket.gethostname()} {mine!r}".encode())
+            return mine
+        host, t0 = bytes(self.store.get(key)).decode().rsplit(" ", 1)
+        return float(t0) if host == socket.gethostname() else mine
 
     # -- cross-rank dependencies -----------------------------------------------------------------------
     def publish(self, uid: str) -> None:

@@ -2,8 +2,9 @@
 table and ``--trace``).
 
 - task records: each rank's own; a collective, which every one of its ranks ran, becomes one record from
-  the moment the last rank entered it to the moment the last left it, with the bytes and links of every
-  rank's hop (the simulator's accounting of a ring);
+  the moment the last rank entered it to the moment the first rank had its result (the collective is
+  complete then: a rank that leaves later was descheduled, not waiting for data), with the bytes and links
+  of every rank's hop (the simulator's accounting of a ring);
 - memory: one tracker per pool, every rank's allocations and frees replayed in time order over the plan's
   initial tensors (counted once), so per-GPU pools hold their rank's timeline and shared pools (the host's
   ``cpu``, ``nvme``) the sum of every rank's; the merged tracker's capacity check is the run's verdict;
@@ -75,7 +76,8 @@ def _records(results: list[RankResult]) -> list[TaskRecord]:
             out.append(rs[0])
             continue
         links = tuple(dict.fromkeys(ln for r in rs for ln in r.links))
-        out.append(rs[0]._replace(start=max(r.start for r in rs), end=max(r.end for r in rs),
+        out.append(rs[0]._replace(start=max(r.start for r in rs), end=max(min(r.end for r in rs),
+                                                                          max(r.start for r in rs)),
                                   bytes=sum(r.bytes for r in rs), links=links))
     return sorted(out, key=lambda r: (r.start, r.stream))
 

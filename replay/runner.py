@@ -285,9 +285,8 @@ class Runner:
         switch = sys.getswitchinterval()
         try:
             sys.setswitchinterval(min(switch, SWITCH_INTERVAL_S))
-            if self.comm is not None:  # every rank's clock starts as they leave the barrier together
-                self.comm.barrier()
-            self.t0 = time.perf_counter()
+            # the ranks of a multi-rank replay share one time zero (replay.dist_comm.Comm.common_t0)
+            self.t0 = self.comm.common_t0() if self.comm is not None else time.perf_counter()
             for th in threads:
                 th.start()
             self._worker(home, per_stream[home])

@@ -116,7 +116,7 @@ def _verify(plan: Plan, seed: int, accum: dict[int, int], world: int, meas: Any,
     """The replay's losses and weights against plain training of the same micro-batches from the same seed
     (the delayed-update reference for a DPU plan); the replicas of a data-parallel replay must agree too."""
     from replay.model import Dims
-    from replay.reference import compare, train_reference
+    from replay.reference import compare, rtol_for, train_reference
     from replay.runner import pick_device
     from replay.store import Batching
 
@@ -126,7 +126,7 @@ def _verify(plan: Plan, seed: int, accum: dict[int, int], world: int, meas: Any,
                                               Batching(seed, cfg.micro_batch, cfg.seq_len), plan.steps, accum,
                                               delayed=delayed, device=pick_device(meas.device), world=world)
     v = compare(meas.losses, meas.weights, ref_losses, ref_weights,
-                "delayed-update" if delayed else "plain").to_dict()
+                "delayed-update" if delayed else "plain", rtol_for(world)).to_dict()
     v["ranks"] = world
     v["replica_spread"] = spread
     if spread > 0.0:  # data parallelism keeps every replica identical: any spread is a bug
