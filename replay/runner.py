@@ -28,6 +28,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -107,7 +108,7 @@ class LoggedMemory(MemoryTracker):
     """The runner's memory accounting, also logged (time, +bytes or -1, instance, location, kind, task) so
     that the ranks of a multi-rank replay merge into one timeline per pool (``replay.dist_merge``)."""
 
-    def __init__(self, capacities: dict[str, float], pool_of: dict[str, str]):
+    def __init__(self, capacities: Mapping[str, float], pool_of: Mapping[str, str]):
         super().__init__(capacities, pool_of)
         self.log: list[tuple[float, float, str, str, str, str]] = []
 
