@@ -59,6 +59,21 @@ class Comm:
         dist.all_gather_single(out, shard.contiguous(), group=self._group(stream))
         return out
 
+    # -- point to point (pipeline stages) -----------------------------------------------------------------
+    def send(self, layer: int, data: Tensor, stream: str, peer: int) -> None:
+        """The layer index the tensor belongs to, then the tensor (fp32, the receiver knows its shape)."""
+        group = self._group(stream)
+        dist.send(torch.tensor([layer], dtype=torch.int64, device=data.device), dst=peer, group=group)
+        dist.send(data.contiguous(), dst=peer, group=group)
+
+    def recv(self, shape: tuple[int, ...], stream: str, peer: int) -> tuple[int, Tensor]:
+        group = self._group(stream)
+        head = torch.empty(1, dtype=torch.int64, device=self.device)
+        dist.recv(head, src=peer, group=group)
+        data = torch.empty(shape, dtype=torch.float32, device=self.device)
+        dist.recv(data, src=peer, group=group)
+        return int(head.item()), data
+
     def barrier(self) -> None:
         dist.barrier()
 

@@ -9,8 +9,9 @@ table and ``--trace``).
   initial tensors (counted once), so per-GPU pools hold their rank's timeline and shared pools (the host's
   ``cpu``, ``nvme``) the sum of every rank's; the merged tracker's capacity check is the run's verdict;
 - link bytes summed, step ends and wall time the latest of any rank, losses the union (each rank trains
-  its own micro-batches), final weights: a partitioned layer's shards joined in rank order, a replicated
-  layer rank 0's (``replica_spread`` says how far the other ranks' copies are from it).
+  its own micro-batches), final weights: each layer from the ranks that compute it (a pipeline stage's
+  layers from that stage), a partitioned layer's shards joined in rank order, a replicated layer from its
+  first rank (``replica_spread`` says how far the other replicas are from it).
 
 Times are each rank's ``perf_counter`` from the barrier all ranks leave together (``Runner._run``): on one
 host that is one clock; across hosts the skew is the barrier's exit skew.
@@ -54,6 +55,8 @@ class RankResult:
     sharded: frozenset[int]
     shapes: list[list[tuple[str, tuple[int, ...]]]]
     accum: dict[int, int]
+    owned: frozenset[int]  # the layers this rank computes (its pipeline stage's; every layer without one)
+    dp_world: int  # the data-parallel replicas of its layers (the reference trains that many waves)
     leaked: list[str] = field(default_factory=list)
 
     @classmethod
@@ -62,7 +65,7 @@ class RankResult:
         records = [r._replace(tags=dict(r.tags)) for r in m.records]
         return cls(rank, m.device, records, list(runner.mem.log), m.link_bytes, m.link_bytes_by_step,
                    m.real_link_bytes, m.step_end, m.wall_s, m.losses, m.weights, frozenset(runner.sharded), shapes,
-                   dict(runner.accum), list(m.leaked))
+                   dict(runner.accum), frozenset(runner.computes), runner.dp_world, list(m.leaked))
 
 
 def _records(results: list[RankResult]) -> list[TaskRecord]:
@@ -104,13 +107,14 @@ def _memory(plan: Plan, hw: HardwareSpec, results: list[RankResult]) -> MemoryTr
 
 
 def _weights(results: list[RankResult]) -> list[dict[str, Tensor]]:
-    first = results[0]
     out: list[dict[str, Tensor]] = []
-    for i, w in enumerate(first.weights):
+    for i in range(len(results[0].weights)):
+        holders = [r for r in results if i in r.owned] or results[:1]
+        first = holders[0]
         if i not in first.sharded:
-            out.append(w)
+            out.append(first.weights[i])
             continue
-        flat = torch.cat([r.weights[i]["flat"] for r in results])
+        flat = torch.cat([r.weights[i]["flat"] for r in holders])
         layer, k = {}, 0
         for name, shape in first.shapes[i]:
             size = int(torch.Size(shape).numel())
@@ -124,11 +128,12 @@ def replica_spread(results: list[RankResult]) -> float:
     """Largest difference between rank 0's final weights of a replicated layer and another rank's copy
     (0.0 when data parallelism kept the replicas identical, as it must)."""
     spread = 0.0
-    for res in results[1:]:
-        for i, w in enumerate(results[0].weights):
-            if i in results[0].sharded:
-                continue
-            for n, t in w.items():
+    for i in range(len(results[0].weights)):
+        holders = [r for r in results if i in r.owned]
+        if len(holders) < 2 or i in holders[0].sharded:
+            continue
+        for res in holders[1:]:
+            for n, t in holders[0].weights[i].items():
                 spread = max(spread, float((res.weights[i][n] - t).abs().max()))
     return spread
 

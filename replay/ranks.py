@@ -10,6 +10,9 @@ Rank ``K`` is the plan's ``K``-th GPU (``plan_gpus`` order: gpu0, gpu1, ...). It
   copy is its side of the real ``torch.distributed`` call. Each shared stream gets its own process group,
   so collectives issued concurrently from two streams can never pair up wrongly across ranks.
 
+A copy from one GPU to another (a pipeline stage's activations or input gradients) is run by both ends:
+a real ``send`` on the sender, a real ``recv`` on the receiver, each in its stream's order.
+
 A dependency on a task another rank runs is a real wait: the other rank publishes the task's end in the
 rendezvous store (``replay.dist_comm``). A collective does not wait so: the collective call itself is the
 rendezvous of its ranks (a rank enters it when its own dependencies are done, and leaves it when every
@@ -37,6 +40,21 @@ def plan_gpus(plan: Plan) -> list[str]:
 
 def _is_shared(tasks: list[TaskSpec]) -> bool:
     return bool(tasks) and all(t.op == "collective" and len(t.ranks) > 1 for t in tasks)
+
+
+def is_p2p(t: TaskSpec) -> bool:
+    """A copy from one GPU to another (a pipeline send): its sender and its receiver both run it."""
+    return t.op == "copy" and bool(t.src) and bool(t.dst) and t.src != t.dst \
+        and str(t.src).startswith("gpu") and str(t.dst).startswith("gpu")
+
+
+def task_ranks(t: TaskSpec, owners: dict[str, frozenset[int]], index: dict[str, int]) -> frozenset[int]:
+    """The ranks that run a task: a collective's ranks, a GPU-to-GPU copy's two ends, else its stream's."""
+    if t.op == "collective" and len(t.ranks) > 1:
+        return frozenset(index[r] for r in t.ranks)
+    if is_p2p(t):
+        return frozenset((index[str(t.src)], index[str(t.dst)]))
+    return owners[t.stream]
 
 
 def stream_owners(plan: Plan) -> dict[str, frozenset[int]]:
@@ -83,11 +101,12 @@ class RankView:
     rank: int
     world: int
     gpu: str
+    gpus: tuple[str, ...]
     streams: frozenset[str]
-    shared: tuple[str, ...]  # the shared collective streams this rank takes part in, in plan order
+    tasks: frozenset[str]  # the ids of the tasks this rank runs
 
-    def runs(self, stream: str) -> bool:
-        return stream in self.streams
+    def runs(self, t: TaskSpec) -> bool:
+        return t.id in self.tasks
 
 
 def rank_view(plan: Plan, rank: int) -> RankView:
@@ -97,13 +116,21 @@ def rank_view(plan: Plan, rank: int) -> RankView:
     if not 0 <= rank < len(gpus):
         raise ReplayError(f"rank {rank} is not a rank of this plan (0..{len(gpus) - 1})")
     owners = stream_owners(plan)
-    mine = frozenset(s for s, o in owners.items() if rank in o)
-    shared = tuple(s.id for s in plan.streams if len(owners[s.id]) > 1 and rank in owners[s.id])
-    return RankView(rank, len(gpus), gpus[rank], mine, shared)
+    index = {g: i for i, g in enumerate(gpus)}
+    tasks = frozenset(t.id for seg in plan.segments for t in seg.tasks if rank in task_ranks(t, owners, index))
+    streams = frozenset(t.stream for seg in plan.segments for t in seg.tasks if t.id in tasks)
+    return RankView(rank, len(gpus), gpus[rank], tuple(gpus), streams, tasks)
 
 
 def shared_groups(plan: Plan) -> list[tuple[str, tuple[int, ...]]]:
-    """Every shared stream with its ranks, in plan order: the process groups each rank creates (every rank
-    creates every group, in this same order, as ``torch.distributed.new_group`` requires)."""
+    """Every stream whose tasks several ranks run (collectives, GPU-to-GPU sends) with those ranks, in plan
+    order: the process groups each rank creates (every rank creates every group, in this same order, as
+    ``torch.distributed.new_group`` requires), one per stream so two streams' calls never pair up wrongly."""
+    gpus = plan_gpus(plan)
     owners = stream_owners(plan)
-    return [(s.id, tuple(sorted(owners[s.id]))) for s in plan.streams if len(owners[s.id]) > 1]
+    index = {g: i for i, g in enumerate(gpus)}
+    ranks: dict[str, set[int]] = defaultdict(set)
+    for seg in plan.segments:
+        for t in seg.tasks:
+            ranks[t.stream] |= task_ranks(t, owners, index)
+    return [(s.id, tuple(sorted(ranks[s.id]))) for s in plan.streams if len(ranks[s.id]) > 1]

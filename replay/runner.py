@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -41,7 +41,7 @@ from hardware_models import HardwareSpec, Topology, build_topology
 from replay.errors import ReplayError, ReplayOom
 from replay.model import Dims, build_layers
 from replay.pools import Pools
-from replay.ranks import RankView, plan_gpus, rank_view
+from replay.ranks import RankView, is_p2p, plan_gpus, rank_view
 from replay.store import Batching, Sharding, Store
 from replay.threads import cpu_op_threads, pin_this_thread
 from simulator.engine import RawRun, TaskRecord, collective_kind, task_gpus
@@ -102,6 +102,12 @@ def pick_device(name: str = "auto") -> torch.device:
 
 def _is_collective(t: ConcreteTask) -> bool:
     return t.spec.op == "collective" and len(t.spec.ranks) > 1
+
+
+def _is_rendezvous(t: ConcreteTask) -> bool:
+    """A task that its ranks run together (a collective, a GPU-to-GPU send and its receive): the call itself
+    waits for the other side, so another rank's dependencies of it need no wait of their own."""
+    return _is_collective(t) or is_p2p(t.spec)
 
 
 class LoggedMemory(MemoryTracker):
@@ -185,10 +191,10 @@ class Runner:
         self.tensors = plan.tensor_map()
         self._scan()
 
-    def _mine(self):  # type: ignore[no-untyped-def]
+    def _mine(self) -> Iterator[TaskSpec]:
         for seg in self.plan.segments:
             for t in seg.tasks:
-                if self.view.runs(t.stream):
+                if self.view.runs(t):
                     yield t
 
     # -- static analysis of the plan (this rank's tasks) -----------------------------------------------
@@ -197,6 +203,8 @@ class Runner:
         master: dict[int, str] = {}
         self.producers: dict[str, set[int] | None] = {}
         self.sharded: set[int] = set()
+        self.computes: set[int] = set()
+        dp_group: tuple[str, ...] = (self.gpu,)
         gathers: list[TaskSpec] = []
         for t in self._mine():
             layer = t.tags.get("layer")
@@ -208,6 +216,8 @@ class Runner:
             dev = self.streams[t.stream].device
             if t.op == "compute" and t.tags.get("phase") == Phase.RECOMPUTE and layer is not None:
                 recompute.add(layer)
+            if t.op == "compute" and layer is not None:
+                self.computes.add(layer)
             if t.op == "optimizer":
                 for i in (layers if layers is not None else range(self.n_layers)):
                     if master.setdefault(i, dev) != dev:
@@ -219,6 +229,8 @@ class Runner:
                     and t.dst == self.gpu:
                 self.producers[t.id] = set(layers)
             if t.op == "collective" and len(t.ranks) > 1:
+                if t.tags.get("phase") == Phase.GRAD_REDUCE:
+                    dp_group = tuple(t.ranks)  # the data-parallel replicas of this rank's layers
                 if t.tags.get("phase") == Phase.GRAD_REDUCE and t.coll == "reduce_scatter":
                     self.sharded |= set(layers if layers is not None else range(self.n_layers))
                 if t.tags.get("phase") == Phase.PARAM_GATHER:
@@ -235,6 +247,8 @@ class Runner:
                 self.producers[tid] = keep
             else:
                 del self.producers[tid]
+        # this rank's place among the replicas of its layers: its micro-batches are its own (replay.store)
+        self.dp_rank, self.dp_world = dp_group.index(self.gpu), len(dp_group)
         self.keep_graph = [i not in recompute for i in range(self.n_layers)]
         self.master_loc = [master.get(i, self.gpu) for i in range(self.n_layers)]
 
@@ -246,11 +260,11 @@ class Runner:
     def _run(self) -> Measurement:
         every = Unroller(self.plan).unroll()
         self._micro_steps(every)
-        tasks = [t for t in every if self.view.runs(t.spec.stream)]
+        tasks = [t for t in every if self.view.runs(t.spec)]
         local = {t.uid for t in tasks}
         remote = frozenset(t.uid for t in every if t.uid not in local)
-        # what another rank waits for (a collective's own deps are met by the collective call itself)
-        self.publish = {d for t in every if t.uid not in local and not _is_collective(t) for d in t.deps
+        # what another rank waits for (a collective's or a send's own deps are met by the call itself)
+        self.publish = {d for t in every if t.uid not in local and not _is_rendezvous(t) for d in t.deps
                         if d in local}
         per_stream: dict[str, list[ConcreteTask]] = defaultdict(list)
         for t in tasks:
@@ -266,7 +280,7 @@ class Runner:
                             f"bytes) with {o.free_bytes:.0f} of {o.capacity_bytes:.0f} bytes free")
         self.pools = Pools(self.device, self.nvme_dir)
         self.store = Store(self.dims, build_layers(self.dims, self.seed), self.gpu, self.master_loc, self.pools,
-                           self.batching, Sharding(self.view.rank, self.view.world, frozenset(self.sharded)))
+                           self.batching, Sharding(self.dp_rank, self.dp_world, frozenset(self.sharded)))
         self.mem.log.clear()  # the initial tensors: every rank holds the plan's, merged once (replay.dist_merge)
         self.mem_lock = threading.Lock()
         self.records: list[TaskRecord] = []
@@ -361,7 +375,7 @@ class Runner:
                     ev.wait()
                 else:
                     far.append(d)
-            if far and self.comm is not None and not _is_collective(t):
+            if far and self.comm is not None and not _is_rendezvous(t):
                 self.comm.wait(far, self.abort)
             if self.abort.is_set():
                 return
@@ -463,10 +477,12 @@ class Runner:
             return 0.0, ()
         layers = task_layers(s.tags)
         if s.op == "optimizer":
-            if layers is None:
-                layers = [i for i in range(self.n_layers) if self.master_loc[i] == device]
+            if layers is None:  # every layer this rank computes (its pipeline stage's) updated here
+                layers = [i for i in range(self.n_layers) if self.master_loc[i] == device and i in self.computes]
             self.store.optimizer(t.uid, device, layers, t.step, self.accum[t.step])
             return 0.0, ()
+        if s.op == "copy" and is_p2p(s) and self.view.world > 1:
+            return self._p2p(t)
         if s.op == "copy":
             src, dst = s.src or "", s.dst or ""
             nbytes = s.bytes if s.bytes > 0 else self.tensors[s.tensor.id].bytes if s.tensor else 0.0
@@ -486,6 +502,32 @@ class Runner:
         if s.op == "collective" and len(s.ranks) > 1:
             return self._collective(t, layers)
         return 0.0, ()
+
+    def _p2p(self, t: ConcreteTask) -> tuple[float, tuple[str, ...]]:
+        """A pipeline stage's boundary tensor (its output activation, or its input's gradient going back):
+        sent by the source GPU's rank, received by the destination's; the bytes counted once, by the sender."""
+        s = t.spec
+        src, dst = s.src or "", s.dst or ""
+        phase = s.tags.get("phase")
+        if phase not in (Phase.SEND_ACT, Phase.SEND_GRAD):
+            raise ReplayError(f"task {t.uid!r}: a copy from {src} to {dst} in phase {phase!r} is not replayed yet "
+                              "(pipeline activations and gradients are)")
+        grad = phase == Phase.SEND_GRAD
+        peer = self.view.gpus.index(dst if src == self.gpu else src)
+        shape = (self.batching.micro_batch, self.batching.seq_len, self.dims.hidden)
+        if src == self.gpu:
+            real = self.store.send_boundary(t.uid, self.comm, s.stream, peer, t.step, self._micro(t), grad)
+        else:
+            self.store.recv_boundary(self.comm, s.stream, peer, t.step, self._micro(t), grad, shape)
+            return 0.0, ()
+        nbytes = s.bytes if s.bytes > 0 else float(real)
+        links = tuple(h.link for h in self.topo.route(src, dst))
+        with self.mem_lock:
+            for ln in links:
+                self.link_bytes[ln] += nbytes
+                self.by_step[t.step][ln] += nbytes
+                self.real_bytes[ln] += real
+        return nbytes, links
 
     def _collective(self, t: ConcreteTask, layers: list[int] | None) -> tuple[float, tuple[str, ...]]:
         """This rank's side of a real collective; its bytes counted on this rank's hop of the ring (the

@@ -426,6 +426,27 @@ class Store:
                     self.reduced.add(k)
         return moved
 
+    def send_boundary(self, uid: str, comm: Any, stream: str, peer: int, step: int, m: int, grad: bool) -> int:
+        """Send this stage's boundary tensor of (step, micro-step m) to the peer rank: the output of its last
+        layer (forward), or the gradient of its first layer's input (backward), with that layer's index."""
+        held = self.upstream if grad else self.outputs
+        with self.lock:
+            keys = [k for k in held if k[0] == step and k[1] == m]
+            if len(keys) != 1:
+                what = "input gradient" if grad else "output activation"
+                raise ReplayError(f"task {uid!r}: sends the stage's {what} of step {step}, micro-step {m}, but "
+                                  f"{len(keys)} such tensors are held here (its layer has not run)")
+            key = keys[0]
+            data = held.pop(key)
+        comm.send(key[2], data, stream, peer)
+        return data.numel() * data.element_size()
+
+    def recv_boundary(self, comm: Any, stream: str, peer: int, step: int, m: int, grad: bool,
+                      shape: tuple[int, ...]) -> None:
+        layer, data = comm.recv(shape, stream, peer)
+        with self.lock:
+            (self.upstream if grad else self.outputs)[(step, m, layer)] = data
+
     def gather_params(self, uid: str, comm: Any, stream: str, layers: list[int]) -> int:
         """All-gather layer shards into a full version on the compute device: the shard an upload just
         brought (ZeRO-Offload/Infinity), else the master shard itself when it lives on the GPU."""

@@ -49,7 +49,7 @@ def replay_and_verify(plan: Plan):  # type: ignore[no-untyped-def]
     assert got is not None
     meas, ranks = got
     cfg = plan.workload.config
-    world = len(ranks)
+    world = ranks[0].dp_world  # the data-parallel replicas (pipeline stages share their micro-batches)
     delayed = bool(plan.knobs.get("delayed_update"))
     ref_losses, ref_weights = train_reference(Dims.from_model(plan.workload.model),
                                               Batching(SEED, cfg.micro_batch, cfg.seq_len), plan.steps,
@@ -95,6 +95,21 @@ def test_two_ranks_train_like_one_process(policy: str, colls: set[str]) -> None:
     assert meas.memory.pools["gpu0"].peak > 0
 
 
+def test_two_stage_pipeline_sends_and_receives() -> None:
+    """tinypipe with two stages: each rank computes its stage's layers; activations go forward and input
+    gradients back by real send/recv (both ends run the plan's copy); one replica, so the reference is
+    one process training the same micro-batches."""
+    plan = ranks_plan("tinypipe", knobs={"stages": 2}, per_rank_batch=1)
+    sends = {t.tags.get("phase") for seg in plan.segments for t in seg.tasks if t.op == "copy" and t.src != t.dst
+             and str(t.src).startswith("gpu") and str(t.dst).startswith("gpu")}
+    assert sends == {"send-act", "send-grad"} and not _collectives(plan)
+    meas, ranks, verdict = replay_and_verify(plan)
+    assert verdict.ok and verdict.max_weight_rel_err == 0.0, verdict
+    assert [sorted(r.owned) for r in ranks] == [[0, 1], [2, 3]] and ranks[0].dp_world == 1
+    assert len(meas.losses) == plan.steps * 2 and not meas.leaked
+    assert sum(meas.real_link_bytes.values()) > 0
+
+
 def test_four_ranks_zero_offload() -> None:
     """Four ranks (more than this machine's cores: exact training, meaningless timing): ZeRO-Offload's
     partitions of four; beyond two ranks a collective may sum in another order (within RTOL_MANY_RANKS)."""
@@ -110,7 +125,7 @@ def test_cli_two_ranks_json_and_trace(tmp_path: Path, capsys: pytest.CaptureFixt
     rc = main(["replay", str(tmp_path / "p.json"), "--verify", "--json", "--device", "cpu",
                "--trace", str(tmp_path / "t.json")])
     d = json.loads(capsys.readouterr().out)
-    assert rc == 0 and d["verify"]["ok"] and d["verify"]["ranks"] == 2
+    assert rc == 0 and d["verify"]["ok"] and d["verify"]["replicas"] == 2
     assert d["measured"]["ranks"] == 2 and d["measured"]["replica_spread"] == 0.0
     assert {"gpu0.compute", "gpu1.compute", "cpu.adam0", "cpu.adam1", "dp0.grad"} <= set(d["error"]["stream_busy"])
     assert d["measured"]["peak_bytes"]["cpu"] == d["simulated"]["peak_bytes"]["cpu"]  # both ranks' host states

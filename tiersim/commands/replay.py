@@ -76,12 +76,12 @@ def run(args: argparse.Namespace) -> int:
             if got is None:  # a rank other than 0 under torchrun: rank 0 reports for all
                 return EXIT_OK
             meas, ranks = got
-            accum = ranks[0].accum
+            accum, replicas = ranks[0].accum, ranks[0].dp_world
             note, spread = timing_note(world, meas.device), replica_spread(ranks)
         else:
             runner = Runner(plan, hw, device=args.device, nvme_dir=args.nvme_dir, seed=seed)
             meas = runner.run()
-            accum, note, spread = dict(runner.accum), None, 0.0
+            accum, replicas, note, spread = dict(runner.accum), 1, None, 0.0
     except ReplayOom as e:
         print(f"INFEASIBLE: {e}")
         return EXIT_INFEASIBLE
@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     d = comparison(simulated, measured, extra)
     d["verify"] = None
     if args.verify:
-        d["verify"] = _verify(plan, seed, accum, world, meas, spread)
+        d["verify"] = _verify(plan, seed, accum, replicas, meas, spread)
     if args.trace:
         from reports import write_trace
 
@@ -114,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _verify(plan: Plan, seed: int, accum: dict[int, int], world: int, meas: Any, spread: float) -> dict[str, Any]:
     """The replay's losses and weights against plain training of the same micro-batches from the same seed
-    (the delayed-update reference for a DPU plan); the replicas of a data-parallel replay must agree too."""
+    (the delayed-update reference for a DPU plan); ``world``: the data-parallel replicas (a pipeline's
+    stages share their micro-batches); the replicas of a data-parallel replay must agree too."""
     from replay.model import Dims
     from replay.reference import compare, rtol_for, train_reference
     from replay.runner import pick_device
@@ -127,7 +128,7 @@ def _verify(plan: Plan, seed: int, accum: dict[int, int], world: int, meas: Any,
                                               delayed=delayed, device=pick_device(meas.device), world=world)
     v = compare(meas.losses, meas.weights, ref_losses, ref_weights,
                 "delayed-update" if delayed else "plain", rtol_for(world)).to_dict()
-    v["ranks"] = world
+    v["replicas"] = world
     v["replica_spread"] = spread
     if spread > 0.0:  # data parallelism keeps every replica identical: any spread is a bug
         v["ok"] = False
