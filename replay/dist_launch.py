@@ -38,7 +38,7 @@ from hardware_models import HardwareSpec
 from replay.dist_comm import Comm
 from replay.dist_merge import RankResult, merge
 from replay.errors import ReplayError, ReplayOom
-from replay.ranks import plan_gpus, shared_groups
+from replay.ranks import check_multi_rank, plan_gpus, shared_groups
 from replay.runner import Measurement, Runner, pick_device
 from simulator.plan import Plan
 
@@ -76,6 +76,7 @@ def timing_note(world: int, device: str) -> str | None:
 def check_world(plan: Plan, device: str, verify: bool) -> int:
     """The plan's rank count; ReplayError when this machine cannot host that many ranks."""
     world = len(plan_gpus(plan))
+    check_multi_rank(plan)
     dev = pick_device(device)
     if dev.type == "cuda" and not under_launcher() and world > torch.cuda.device_count():
         raise ReplayError(f"plan uses {world} GPUs but this machine has {torch.cuda.device_count()} CUDA device(s); "

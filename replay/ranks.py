@@ -25,6 +25,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from replay.errors import ReplayError
+from simulator.phase import Phase
 from simulator.plan import Plan, TaskSpec
 
 
@@ -109,10 +110,43 @@ class RankView:
         return t.id in self.tasks
 
 
+REPLAYED_COLLECTIVES = (Phase.GRAD_REDUCE, Phase.PARAM_GATHER)
+REPLAYED_SENDS = (Phase.SEND_ACT, Phase.SEND_GRAD)
+
+
+def check_multi_rank(plan: Plan) -> None:
+    """Refuse, before any process starts, what a multi-rank replay does not run yet: tensor-parallel layers
+    (their collectives inside a layer), other GPU-to-GPU copies, a tied head on another stage than its
+    embedding."""
+    for seg in plan.segments:
+        for t in seg.tasks:
+            phase = t.tags.get("phase")
+            if t.op == "collective" and len(t.ranks) > 1 and phase not in REPLAYED_COLLECTIVES:
+                what = "tensor-parallel layers" if str(phase).startswith("tp-") else f"{phase} collectives"
+                raise ReplayError(f"task {t.id!r}: {what} are not replayed yet (gradient reductions, parameter "
+                                  "gathers and pipeline sends are); replay a plan without them (e.g. --set tp=1)")
+            if is_p2p(t) and phase not in REPLAYED_SENDS:
+                raise ReplayError(f"task {t.id!r}: a GPU-to-GPU copy in phase {phase!r} is not replayed yet "
+                                  "(pipeline activations and gradients are)")
+    if plan.workload.model.tied_embeddings:
+        computes: dict[int, set[str]] = defaultdict(set)
+        devices = {s.id: s.device for s in plan.streams}
+        for seg in plan.segments:
+            for t in seg.tasks:
+                if t.op == "compute" and isinstance(t.tags.get("layer"), int):
+                    computes[t.tags["layer"]].add(devices[t.stream])
+        head = plan.workload.model.n_layers + 1
+        if computes.get(head, set()) - computes.get(0, set()):
+            raise ReplayError("the tied head runs on another pipeline stage than the embedding whose matrix it "
+                              "shares; replay a model without tied embeddings, or one stage")
+
+
 def rank_view(plan: Plan, rank: int) -> RankView:
     gpus = plan_gpus(plan)
     if not gpus:
         raise ReplayError("plan computes on no GPU; nothing to replay")
+    if len(gpus) > 1:
+        check_multi_rank(plan)
     if not 0 <= rank < len(gpus):
         raise ReplayError(f"rank {rank} is not a rank of this plan (0..{len(gpus) - 1})")
     owners = stream_owners(plan)

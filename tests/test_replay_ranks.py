@@ -176,3 +176,10 @@ def test_more_ranks_than_cores_needs_verify(tmp_path: Path, capsys: pytest.Captu
     rc = main(["replay", str(tmp_path / "p.json"), "--device", "cpu"])
     out, err = capsys.readouterr()
     assert rc == 2 and "2 GPUs" in err and "--verify" in err
+
+
+def test_tensor_parallel_is_refused_before_any_rank_starts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ranks_plan("none", knobs={"tp": 2}).save(tmp_path / "p.json")
+    rc = main(["replay", str(tmp_path / "p.json"), "--device", "cpu", "--verify"])
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == "" and "tensor-parallel layers are not replayed yet" in err
