@@ -105,6 +105,9 @@ def run(args: argparse.Namespace) -> int:
 
         write_or_fail("--trace", args.trace, lambda path: write_trace(measured, path))
     print(dumps(d) if args.json else format_comparison(d))
+    if world > 1 and not args.json:
+        print(f"ranks: {world} processes ({'NCCL' if meas.device.startswith('cuda') else 'gloo'}), "
+              f"{replicas} data-parallel replica(s); replicas' weights differ by at most {spread:.3g}")
     if note and not args.json:
         print(note)
     if d["verify"] is not None and not d["verify"]["ok"]:
