@@ -89,10 +89,13 @@ def test_two_ranks_train_like_one_process(policy: str, colls: set[str]) -> None:
     end = {r.uid: r.end for r in meas.records}
     assert len(meas.records) == len(tasks) and set(end) == {t.uid for t in tasks}
     early = [(d, t.uid, end[d] - start[t.uid]) for t in tasks for d in t.deps if end[d] > start[t.uid] + 5e-3]
-    assert not early, early[:3]  # 5 ms: the two processes leave their start barrier a little apart
-    # each GPU pool holds its own rank's timeline: the two ranks' peaks are the same plan's
-    assert meas.memory.pools["gpu0"].peak == pytest.approx(meas.memory.pools["gpu1"].peak, rel=0.05)
-    assert meas.memory.pools["gpu0"].peak > 0
+    assert not early, early[:3]  # 5 ms: a rank sees another's end through the store, polled
+    # each GPU pool holds its own rank's timeline over its persistent tensors (peaks themselves depend on
+    # timing: how many gradients are in flight), every dynamic tensor freed by the end
+    for g in ("gpu0", "gpu1"):
+        home = sum(ts.bytes for ts in plan.tensors if ts.home == g)
+        pool = meas.memory.pools[g]
+        assert home > 0 and pool.peak > home and pool.used == pytest.approx(home)
 
 
 def test_two_stage_pipeline_sends_and_receives() -> None:
