@@ -28,19 +28,87 @@ from torch.func import functional_call
 
 from replay.data import batch
 from replay.model import Dims, build_layers
-from replay.precision import RTOL_FP32, Precision
+from replay.precision import RTOL_FP32, Precision, tolerance
 from replay.store import ADAM, Batching
 from replay.threads import cpu_op_threads
 
 RTOL = RTOL_FP32  # fp32; bf16 / fp16 replays: replay.precision.tolerance
+# Beyond two ranks a collective sums the ranks' gradients in an order of its own (gloo's ring and halving
+# algorithms, NCCL's trees), which the one-process reference cannot follow: a few ulps per sum, which Adam
+# amplifies where a gradient is small against its own noise. Measured with zero-offload at 4 ranks on the
+# tiny LLaMA of tests/test_replay_ranks.py: 1.5e-5 (one micro-step per rank) and 1.9e-6 (two). 1e-4 keeps
+# 7x margin; a missed or doubled micro-batch or a stale weight is still 1e-3 to 5e-2 (above), and two
+# ranks, whose sum is exact in any order, are held to RTOL (they match to the last bit).
+RTOL_MANY_RANKS = 1e-4
+
+
+def rtol_for(world: int, precision: str = "fp32") -> float:
+    """The verify tolerance of a replay of ``world`` ranks in ``precision`` (the looser of the two causes)."""
+    return max(tolerance(precision), RTOL if world <= 2 else RTOL_MANY_RANKS)
 
 
 def train_reference(dims: Dims, batching: Batching, steps: int, accum: dict[int, int], *, delayed: bool,
-                    device: torch.device) -> tuple[dict[tuple[int, int], float], list[dict[str, Tensor]]]:
+                    device: torch.device, world: int = 1
+                    ) -> tuple[dict[tuple[int, int], float], list[dict[str, Tensor]]]:
     """Train the plain way, with the replay's thread setting (``replay.threads``): the same float summation
-    order, so a parameter whose gradient is rounding noise (a key bias under softmax) gets the same Adam step."""
+    order, so a parameter whose gradient is rounding noise (a key bias under softmax) gets the same Adam step.
+
+    ``world`` > 1: the same training as one process, for a data-parallel replay of ``world`` ranks of
+    ``accum`` micro-steps each: a step's ``world * accum`` micro-batches are the waves of ``replay.store``
+    (micro-step m of rank r is batch ``m * world + r``); each wave's gradients are summed over the ranks
+    and divided by their number (the replay's all-reduce or reduce-scatter), then summed over the waves.
+    With two ranks the sum is exact in any order, so the replay must match to the last bit; beyond two, a
+    collective may associate the sum differently (a few ulps, see RTOL)."""
     with cpu_op_threads(device):
+        if world > 1:
+            return _train_reference_dp(dims, batching, steps, accum, delayed=delayed, device=device, world=world)
         return _train_reference(dims, batching, steps, accum, delayed=delayed, device=device)
+
+
+def _train_reference_dp(dims: Dims, batching: Batching, steps: int, accum: dict[int, int], *, delayed: bool,
+                        device: torch.device, world: int
+                        ) -> tuple[dict[tuple[int, int], float], list[dict[str, Tensor]]]:
+    layers = [m.to(device) for m in build_layers(dims, batching.seed)]
+    params = [p for m in layers for p in m.parameters()]
+    opt = torch.optim.Adam(params, **ADAM)  # type: ignore[arg-type]
+    losses: dict[tuple[int, int], float] = {}
+    prev: list[Tensor] = [p.detach().clone() for p in params]  # M_{s-1} for a delayed update
+    for s in range(steps):
+        n_micro = accum.get(s, 1)
+        now = [p.detach().clone() for p in params]
+        used = [t.clone() for t in (prev if delayed else now)]
+        total: list[Tensor] | None = None
+        for mi in range(n_micro):
+            wave: list[Tensor] | None = None
+            for r in range(world):
+                leaves = [t.detach().requires_grad_(True) for t in used]
+                k = 0
+                per_layer = []
+                for m in layers:
+                    names = [n for n, _ in m.named_parameters()]
+                    per_layer.append(dict(zip(names, leaves[k:k + len(names)], strict=True)))
+                    k += len(names)
+                tokens, targets = batch(batching.seed, s, mi * world + r, batching.micro_batch, batching.seq_len,
+                                        dims.vocab)
+                tokens, targets = tokens.to(device), targets.to(device)
+                x = functional_call(layers[0], per_layer[0], (tokens,))
+                for i in range(1, len(layers) - 1):
+                    x = functional_call(layers[i], per_layer[i], (x,))
+                loss = functional_call(layers[-1], per_layer[-1],
+                                       (x, targets, per_layer[0]["wte"] if dims.tied else None))
+                losses[(s, mi * world + r)] = float(loss.detach())
+                grads = torch.autograd.grad(loss / n_micro, leaves)
+                wave = list(grads) if wave is None else [a + b for a, b in zip(wave, grads, strict=True)]
+            assert wave is not None
+            wave = [g / world for g in wave]
+            total = wave if total is None else [a + b for a, b in zip(total, wave, strict=True)]
+        assert total is not None
+        for p, g in zip(params, total, strict=True):
+            p.grad = g
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        prev = now
+    return losses, [{n: p.detach().cpu().clone() for n, p in m.named_parameters()} for m in layers]
 
 
 def _train_reference(dims: Dims, batching: Batching, steps: int, accum: dict[int, int], *, delayed: bool,

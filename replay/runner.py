@@ -28,24 +28,28 @@ import sys
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import simpy
 import torch
 from torch import Tensor
 
+from costs.collective import ring_per_rank_bytes
 from hardware_models import HardwareSpec, Topology, build_topology
 from replay.errors import ReplayError, ReplayOom
 from replay.model import Dims, build_layers
 from replay.pools import Pools
-from replay.store import Batching, Store
+from replay.ranks import RankView, is_p2p, plan_gpus, rank_view
+from replay.store import Batching, Sharding, Store
 from replay.threads import cpu_op_threads, pin_this_thread
-from simulator.engine import RawRun, TaskRecord, task_gpus
+from simulator.engine import RawRun, TaskRecord, collective_kind, task_gpus
 from simulator.errors import PlanError
 from simulator.flows import FlowNetwork
 from simulator.memory import MemoryTracker
 from simulator.phase import UPLOAD_PHASES, Phase
-from simulator.plan import Plan, validate_plan
+from simulator.plan import Plan, TaskSpec, validate_plan
 from simulator.result import Result, SimInfo, build_result, step_metrics
 from simulator.unroll import ConcreteTask, Unroller
 
@@ -96,38 +100,55 @@ def pick_device(name: str = "auto") -> torch.device:
     return torch.device(name)
 
 
-def plan_gpus(plan: Plan) -> list[str]:
-    """Every GPU location a plan touches."""
-    locs: set[str] = {s.device for s in plan.streams} | {t.home for t in plan.tensors if t.home}
-    for seg in plan.segments:
-        for t in seg.tasks:
-            locs |= {p.loc for p in (*t.allocs, *t.frees, *t.reads)} | set(t.ranks)
-            locs |= {x for x in (t.src, t.dst) if x}
-    return sorted((x for x in locs if x.startswith("gpu")), key=lambda g: int(g[3:]) if g[3:].isdigit() else 0)
+def _is_collective(t: ConcreteTask) -> bool:
+    return t.spec.op == "collective" and len(t.spec.ranks) > 1
 
 
-def check_replayable(plan: Plan, device: torch.device) -> str:
-    """The one GPU location the plan computes on; ReplayError when this machine cannot replay it."""
+def _is_rendezvous(t: ConcreteTask) -> bool:
+    """A task that its ranks run together (a collective, a GPU-to-GPU send and its receive): the call itself
+    waits for the other side, so another rank's dependencies of it need no wait of their own."""
+    return _is_collective(t) or is_p2p(t.spec)
+
+
+class LoggedMemory(MemoryTracker):
+    """The runner's memory accounting, also logged (time, +bytes or -1, instance, location, kind, task) so
+    that the ranks of a multi-rank replay merge into one timeline per pool (``replay.dist_merge``)."""
+
+    def __init__(self, capacities: Mapping[str, float], pool_of: Mapping[str, str]):
+        super().__init__(capacities, pool_of)
+        self.log: list[tuple[float, float, str, str, str, str]] = []
+
+    def alloc(self, now: float, inst: str, loc: str, nbytes: float, kind: str, task: str) -> None:
+        super().alloc(now, inst, loc, nbytes, kind, task)
+        self.log.append((now, nbytes, inst, loc, kind, task))
+
+    def free(self, now: float, inst: str, loc: str, task: str) -> None:
+        super().free(now, inst, loc, task)
+        self.log.append((now, -1.0, inst, loc, "", task))
+
+
+def check_replayable(plan: Plan, rank: int | None = None) -> RankView:
+    """The rank's view of the plan (a single-GPU plan: rank 0 of 1); ReplayError when this process
+    cannot replay it (a multi-GPU plan needs a rank: ``replay.dist_launch`` starts one process per GPU)."""
     gpus = plan_gpus(plan)
-    have = torch.cuda.device_count() if device.type == "cuda" else 1
-    if len(gpus) > have:
-        raise ReplayError(f"plan uses {len(gpus)} GPUs ({gpus[0]}..{gpus[-1]}) but this machine offers {have} "
-                          f"{device.type} device(s) for replay; replay a single-GPU plan (e.g. --hw a100)")
-    if len(gpus) > 1:
-        raise ReplayError(f"plan uses {len(gpus)} GPUs; multi-GPU replay is not implemented yet")
     if not gpus:
         raise ReplayError("plan computes on no GPU; nothing to replay")
-    return gpus[0]
+    if len(gpus) > 1 and rank is None:
+        raise ReplayError(f"plan uses {len(gpus)} GPUs: replay it with one process per GPU "
+                          "(replay.dist_launch.run_ranks, as `tiersim replay` does)")
+    return rank_view(plan, rank or 0)
 
 
-def _order_check(per_stream: dict[str, list[ConcreteTask]], uids: set[str]) -> None:
-    """Fail before running when some task could never start (deadlock, or a dep the plan never runs)."""
+def _order_check(per_stream: dict[str, list[ConcreteTask]], uids: set[str], remote: frozenset[str] = frozenset()
+                 ) -> None:
+    """Fail before running when some task could never start (deadlock, or a dep the plan never runs);
+    ``remote``: tasks other ranks run (checked with the whole plan by the launcher, taken as done here)."""
     for ts in per_stream.values():
         for t in ts:
             for d in t.deps:
-                if d not in uids:
+                if d not in uids and d not in remote:
                     raise ReplayError(f"task {t.uid!r}: depends on {d!r}, which the plan never runs")
-    done: set[str] = set()
+    done: set[str] = set(remote)
     pos = dict.fromkeys(per_stream, 0)
     progress = True
     while progress:
@@ -145,16 +166,21 @@ def _order_check(per_stream: dict[str, list[ConcreteTask]], uids: set[str]) -> N
 
 
 class Runner:
-    """Replays one plan; ``run()`` returns a Measurement (raises ReplayError / ReplayOom)."""
+    """Replays one plan (or, with ``rank`` and ``comm``, one rank's part of a multi-GPU plan: see
+    ``replay.ranks``); ``run()`` returns a Measurement (raises ReplayError / ReplayOom)."""
 
     def __init__(self, plan: Plan, hw: HardwareSpec, *, device: str = "auto", nvme_dir: str | None = None,
-                 seed: int = DEFAULT_SEED):
+                 seed: int = DEFAULT_SEED, rank: int | None = None, comm: Any = None):
         self.topo = build_topology(hw)
         validate_plan(plan, "plan", self.topo.locations)
         self.plan = plan
         self.hw = hw
         self.device = pick_device(device)
-        self.gpu = check_replayable(plan, self.device)
+        self.view = check_replayable(plan, rank)
+        if self.view.world > 1 and comm is None:
+            raise ReplayError(f"rank {self.view.rank} of {self.view.world}: no process group (replay.dist_launch)")
+        self.comm = comm
+        self.gpu = self.view.gpu
         self.dims = Dims.from_model(plan.workload.model)
         self.n_layers = self.dims.n_layers + 2
         self.seed = seed
@@ -165,32 +191,64 @@ class Runner:
         self.tensors = plan.tensor_map()
         self._scan()
 
-    # -- static analysis of the plan -------------------------------------------------------------------
+    def _mine(self) -> Iterator[TaskSpec]:
+        for seg in self.plan.segments:
+            for t in seg.tasks:
+                if self.view.runs(t):
+                    yield t
+
+    # -- static analysis of the plan (this rank's tasks) -----------------------------------------------
     def _scan(self) -> None:
         recompute: set[int] = set()
         master: dict[int, str] = {}
         self.producers: dict[str, set[int] | None] = {}
-        for seg in self.plan.segments:
-            for t in seg.tasks:
-                layer = t.tags.get("layer")
-                layers = task_layers(t.tags)
-                for x in layers or ():
-                    if not (isinstance(x, int) and 0 <= x < self.n_layers):
-                        raise ReplayError(f"task {t.id!r}: layer {x!r} is not a layer of this model "
-                                          f"(0..{self.n_layers - 1})")
-                dev = self.streams[t.stream].device
-                if t.op == "compute" and t.tags.get("phase") == Phase.RECOMPUTE and layer is not None:
-                    recompute.add(layer)
-                if t.op == "optimizer":
-                    for i in (layers if layers is not None else range(self.n_layers)):
-                        if master.setdefault(i, dev) != dev:
-                            raise ReplayError(f"task {t.id!r}: updates layer {i} on {dev!r}, but another "
-                                              f"optimizer task updates it on {master[i]!r}")
-                    if dev == self.gpu:
-                        self.producers[t.id] = set(layers) if layers is not None else None
-                if t.op == "copy" and t.tags.get("phase") in UPLOAD_PHASES and layers is not None \
-                        and t.dst == self.gpu:
-                    self.producers[t.id] = set(layers)
+        self.sharded: set[int] = set()
+        self.computes: set[int] = set()
+        dp_group: tuple[str, ...] = (self.gpu,)
+        gathers: list[TaskSpec] = []
+        for t in self._mine():
+            layer = t.tags.get("layer")
+            layers = task_layers(t.tags)
+            for x in layers or ():
+                if not (isinstance(x, int) and 0 <= x < self.n_layers):
+                    raise ReplayError(f"task {t.id!r}: layer {x!r} is not a layer of this model "
+                                      f"(0..{self.n_layers - 1})")
+            dev = self.streams[t.stream].device
+            if t.op == "compute" and t.tags.get("phase") == Phase.RECOMPUTE and layer is not None:
+                recompute.add(layer)
+            if t.op == "compute" and layer is not None:
+                self.computes.add(layer)
+            if t.op == "optimizer":
+                for i in (layers if layers is not None else range(self.n_layers)):
+                    if master.setdefault(i, dev) != dev:
+                        raise ReplayError(f"task {t.id!r}: updates layer {i} on {dev!r}, but another "
+                                          f"optimizer task updates it on {master[i]!r}")
+                if dev == self.gpu:
+                    self.producers[t.id] = set(layers) if layers is not None else None
+            if t.op == "copy" and t.tags.get("phase") in UPLOAD_PHASES and layers is not None \
+                    and t.dst == self.gpu:
+                self.producers[t.id] = set(layers)
+            if t.op == "collective" and len(t.ranks) > 1:
+                if t.tags.get("phase") == Phase.GRAD_REDUCE:
+                    dp_group = tuple(t.ranks)  # the data-parallel replicas of this rank's layers
+                if t.tags.get("phase") == Phase.GRAD_REDUCE and t.coll == "reduce_scatter":
+                    self.sharded |= set(layers if layers is not None else range(self.n_layers))
+                if t.tags.get("phase") == Phase.PARAM_GATHER:
+                    gathers.append(t)
+        for t in gathers:  # a gather of partitioned layers makes their versions (an upload or update of a shard
+            layers = task_layers(t.tags)  # does not)
+            self.producers[t.id] = set(layers) if layers is not None else set(self.sharded)
+        gather_ids = {g.id for g in gathers}
+        for tid, made in list(self.producers.items()):  # an optimizer step or upload of a shard makes no version
+            if tid in gather_ids or not self.sharded:
+                continue
+            keep = (set(range(self.n_layers)) if made is None else made) - self.sharded
+            if keep:
+                self.producers[tid] = keep
+            else:
+                del self.producers[tid]
+        # this rank's place among the replicas of its layers: its micro-batches are its own (replay.store)
+        self.dp_rank, self.dp_world = dp_group.index(self.gpu), len(dp_group)
         self.keep_graph = [i not in recompute for i in range(self.n_layers)]
         self.master_loc = [master.get(i, self.gpu) for i in range(self.n_layers)]
 
@@ -200,16 +258,19 @@ class Runner:
             return self._run()
 
     def _run(self) -> Measurement:
-        tasks = Unroller(self.plan).unroll()
+        every = Unroller(self.plan).unroll()
+        self._micro_steps(every)
+        tasks = [t for t in every if self.view.runs(t.spec)]
+        local = {t.uid for t in tasks}
+        remote = frozenset(t.uid for t in every if t.uid not in local)
+        # what another rank waits for (a collective's or a send's own deps are met by the call itself)
+        self.publish = {d for t in every if t.uid not in local and not _is_rendezvous(t) for d in t.deps
+                        if d in local}
         per_stream: dict[str, list[ConcreteTask]] = defaultdict(list)
         for t in tasks:
             per_stream[t.spec.stream].append(t)
-        _order_check(per_stream, {t.uid for t in tasks})
-        self.accum: dict[int, int] = defaultdict(int)
-        for t in tasks:
-            if t.spec.op == "compute" and t.spec.tags.get("phase") == Phase.BWD:
-                self.accum[t.step] = max(self.accum[t.step], t.iteration + 1)
-        self.mem = MemoryTracker({p.name: p.capacity_bytes for p in self.topo.pools.values()}, self.topo.pool_of)
+        _order_check(per_stream, local, remote)
+        self.mem = LoggedMemory({p.name: p.capacity_bytes for p in self.topo.pools.values()}, self.topo.pool_of)
         for ts in self.plan.tensors:
             if ts.home is not None:
                 self.mem.alloc(0.0, ts.id, ts.home, ts.bytes, ts.kind, "<initial>")
@@ -219,7 +280,8 @@ class Runner:
                             f"bytes) with {o.free_bytes:.0f} of {o.capacity_bytes:.0f} bytes free")
         self.pools = Pools(self.device, self.nvme_dir)
         self.store = Store(self.dims, build_layers(self.dims, self.seed), self.gpu, self.master_loc, self.pools,
-                           self.batching)
+                           self.batching, Sharding(self.dp_rank, self.dp_world, frozenset(self.sharded)))
+        self.mem.log.clear()  # the initial tensors: every rank holds the plan's, merged once (replay.dist_merge)
         self.mem_lock = threading.Lock()
         self.records: list[TaskRecord] = []
         self.link_bytes: dict[str, float] = defaultdict(float)
@@ -238,7 +300,8 @@ class Runner:
         switch = sys.getswitchinterval()
         try:
             sys.setswitchinterval(min(switch, SWITCH_INTERVAL_S))
-            self.t0 = time.perf_counter()
+            # the ranks of a multi-rank replay share one time zero (replay.dist_comm.Comm.common_t0)
+            self.t0 = self.comm.common_t0() if self.comm is not None else time.perf_counter()
             for th in threads:
                 th.start()
             self._worker(home, per_stream[home])
@@ -258,6 +321,27 @@ class Runner:
             sys.setswitchinterval(switch)
             self.store.close()
             self.pools.close()
+
+    def _micro_steps(self, tasks: list[ConcreteTask]) -> None:
+        """Each task's micro-step within its step: its ``mb`` tag, else the rank of its (segment, iteration)
+        among the step's groups that run a forward (a plan may split a step's micro-steps over segments)."""
+        groups: dict[int, list[tuple[int, int]]] = defaultdict(list)
+        for t in tasks:
+            if t.spec.op == "compute" and t.spec.tags.get("phase") == Phase.FWD:
+                g = (t.segment, t.iteration)
+                if g not in groups[t.step]:
+                    groups[t.step].append(g)
+        self.micro_of = {(s, *g): i for s, gs in groups.items() for i, g in enumerate(gs)}
+        self.accum: dict[int, int] = defaultdict(int)
+        for t in tasks:
+            if t.spec.op == "compute" and t.spec.tags.get("phase") == Phase.BWD:
+                self.accum[t.step] = max(self.accum[t.step], self._micro(t) + 1)
+
+    def _micro(self, t: ConcreteTask) -> int:
+        mb = t.spec.tags.get("mb")
+        if isinstance(mb, int):
+            return mb
+        return self.micro_of.get((t.step, t.segment, t.iteration), t.iteration)
 
     def _now(self) -> float:
         return time.perf_counter() - self.t0
@@ -284,8 +368,15 @@ class Runner:
         """Run one stream's tasks in order; a task ends when its device work has finished."""
         cuda = self.device.type == "cuda"
         for t in tasks:
+            far = []
             for d in t.deps:
-                self.events[d].wait()
+                ev = self.events.get(d)
+                if ev is not None:
+                    ev.wait()
+                else:
+                    far.append(d)
+            if far and self.comm is not None and not _is_rendezvous(t):
+                self.comm.wait(far, self.abort)
             if self.abort.is_set():
                 return
             start = self._now()
@@ -304,6 +395,8 @@ class Runner:
                                                task_gpus(t, device), links))
                 self.step_end[t.step] = max(self.step_end[t.step], end)
             self.events[t.uid].set()
+            if t.uid in self.publish:
+                self.comm.publish(t.uid)
 
     # -- memory accounting (the simulator engine's rules) ----------------------------------------------
     def _alloc(self, inst: str, loc: str, uid: str) -> None:
@@ -315,13 +408,21 @@ class Runner:
             raise ReplayOom(f"task {uid!r}: out of memory on {o.pool}: allocating {inst!r} ({o.requested_bytes:.0f} "
                             f"bytes) with {o.free_bytes:.0f} of {o.capacity_bytes:.0f} bytes free")
 
+    def _placed(self, t: ConcreteTask, placements: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+        """A collective's placements this rank applies: those on its GPU (each rank its own buffers), and
+        those on a host pool by the collective's first rank only (counted once)."""
+        if not _is_collective(t) or self.view.world == 1:
+            return placements
+        first = t.spec.ranks[0] == self.gpu
+        return tuple(p for p in placements if p[1] == self.gpu or (not p[1].startswith("gpu") and first))
+
     def _begin(self, t: ConcreteTask) -> None:
         with self.mem_lock:
             try:
-                for inst, loc in t.reads:
+                for inst, loc in self._placed(t, t.reads):
                     if not self.mem.is_resident(inst, loc):
                         raise ReplayError(f"task {t.uid!r}: reads tensor {inst!r} on {loc!r}, but it is not there")
-                for inst, loc in t.allocs:
+                for inst, loc in self._placed(t, t.allocs):
                     self._alloc(inst, loc, t.uid)
                 s = t.spec
                 if s.op == "copy" and t.tensor is not None:
@@ -339,11 +440,11 @@ class Runner:
                 s = t.spec
                 if s.op == "copy" and t.tensor is not None and s.free_src:
                     self.mem.free(self._now(), t.tensor, s.src or "", t.uid)
-                for inst, loc in t.frees:
+                for inst, loc in self._placed(t, t.frees):
                     self.mem.free(self._now(), inst, loc, t.uid)
             except PlanError as e:
                 raise ReplayError(str(e)) from None
-        for inst, loc in t.frees:
+        for inst, loc in self._placed(t, t.frees):
             self.store.drop_buffer(inst, loc)
 
     # -- the real work -----------------------------------------------------------------------------------
@@ -367,7 +468,7 @@ class Runner:
             chunks = s.tags.get("chunks")  # a layer split in chunks (synergyscale) runs whole in its last chunk
             if layer is None or chunks is not None and s.tags.get("chunk") != chunks - 1:
                 return 0.0, ()
-            key = (t.step, t.iteration, layer)
+            key = (t.step, self._micro(t), layer)
             if phase == Phase.FWD:
                 self.store.forward(t.uid, key, self._version(t, layer), self.keep_graph[layer])
             elif phase == Phase.RECOMPUTE:
@@ -377,17 +478,19 @@ class Runner:
             return 0.0, ()
         layers = task_layers(s.tags)
         if s.op == "optimizer":
-            if layers is None:
-                layers = [i for i in range(self.n_layers) if self.master_loc[i] == device]
+            if layers is None:  # every layer this rank computes (its pipeline stage's) updated here
+                layers = [i for i in range(self.n_layers) if self.master_loc[i] == device and i in self.computes]
             self.store.optimizer(t.uid, device, layers, t.step, self.accum[t.step])
             return 0.0, ()
+        if s.op == "copy" and is_p2p(s) and self.view.world > 1:
+            return self._p2p(t)
         if s.op == "copy":
             src, dst = s.src or "", s.dst or ""
             nbytes = s.bytes if s.bytes > 0 else self.tensors[s.tensor.id].bytes if s.tensor else 0.0
             if phase in UPLOAD_PHASES and layers is not None:
                 real = sum(self.store.upload(t.uid, x, src, dst) for x in layers)
             elif phase == Phase.GRAD_OFFLOAD and layers is not None:
-                real = sum(self.store.move_grads(t.uid, x, t.step, t.iteration, src, dst) for x in layers)
+                real = sum(self.store.move_grads(t.uid, x, t.step, self._micro(t), src, dst) for x in layers)
             else:
                 real = self.store.copy_buffer(t.tensor, src, dst, int(nbytes), s.free_src)
             links = tuple(h.link for h in self.topo.route(src, dst))
@@ -398,8 +501,63 @@ class Runner:
                     self.real_bytes[ln] += real
             return nbytes, links
         if s.op == "collective" and len(s.ranks) > 1:
-            raise ReplayError(f"task {t.uid!r}: a collective over {len(s.ranks)} ranks needs multi-GPU replay")
+            return self._collective(t, layers)
         return 0.0, ()
+
+    def _p2p(self, t: ConcreteTask) -> tuple[float, tuple[str, ...]]:
+        """A pipeline stage's boundary tensor (its output activation, or its input's gradient going back):
+        sent by the source GPU's rank, received by the destination's; the bytes counted once, by the sender."""
+        s = t.spec
+        src, dst = s.src or "", s.dst or ""
+        phase = s.tags.get("phase")
+        if phase not in (Phase.SEND_ACT, Phase.SEND_GRAD):
+            raise ReplayError(f"task {t.uid!r}: a copy from {src} to {dst} in phase {phase!r} is not replayed yet "
+                              "(pipeline activations and gradients are)")
+        grad = phase == Phase.SEND_GRAD
+        peer = self.view.gpus.index(dst if src == self.gpu else src)
+        shape = (self.batching.micro_batch, self.batching.seq_len, self.dims.hidden)
+        if src == self.gpu:
+            real = self.store.send_boundary(t.uid, self.comm, s.stream, peer, t.step, self._micro(t), grad)
+        else:
+            self.store.recv_boundary(self.comm, s.stream, peer, t.step, self._micro(t), grad, shape)
+            return 0.0, ()
+        nbytes = s.bytes if s.bytes > 0 else float(real)
+        links = tuple(h.link for h in self.topo.route(src, dst))
+        with self.mem_lock:
+            for ln in links:
+                self.link_bytes[ln] += nbytes
+                self.by_step[t.step][ln] += nbytes
+                self.real_bytes[ln] += real
+        return nbytes, links
+
+    def _collective(self, t: ConcreteTask, layers: list[int] | None) -> tuple[float, tuple[str, ...]]:
+        """This rank's side of a real collective; its bytes counted on this rank's hop of the ring (the
+        simulator's accounting: every rank sends ``ring_per_rank_bytes`` to the next)."""
+        s = t.spec
+        phase, coll = s.tags.get("phase"), s.coll or ""
+        if phase == Phase.GRAD_REDUCE:
+            grouped = "mb" in s.tags or (t.step, t.segment, t.iteration) in self.micro_of
+            real = self.store.reduce_grads(t.uid, self.comm, s.stream, coll,
+                                           layers if layers is not None else list(range(self.n_layers)), t.step,
+                                           [self._micro(t)] if grouped else None, self.gpu)
+        elif phase == Phase.PARAM_GATHER:
+            real = self.store.gather_params(t.uid, self.comm, s.stream,
+                                            layers if layers is not None else sorted(self.sharded))
+        else:
+            raise ReplayError(f"task {t.uid!r}: a {coll or 'collective'} in phase {phase!r} is not replayed yet "
+                              "(gradient reductions and parameter gathers are)")
+        if self.gpu not in s.ranks:
+            raise ReplayError(f"task {t.uid!r}: runs on {self.gpu!r}, which is not one of its ranks {s.ranks}")
+        n = len(s.ranks)
+        nxt = s.ranks[(s.ranks.index(self.gpu) + 1) % n]
+        per_rank = ring_per_rank_bytes(s.bytes, n, collective_kind(s))
+        links = tuple(h.link for h in self.topo.route(self.gpu, nxt))
+        with self.mem_lock:
+            for ln in links:
+                self.link_bytes[ln] += per_rank
+                self.by_step[t.step][ln] += per_rank
+                self.real_bytes[ln] += real / n
+        return per_rank, links
 
 
 def measured_result(plan: Plan, hw: HardwareSpec, m: Measurement) -> Result:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -65,10 +66,26 @@ class Batching:
     precision: str = "fp32"  # the plan's; layers compute in it (replay.precision)
 
 
+@dataclass(frozen=True)
+class Sharding:
+    """This rank's place among the ranks of a multi-rank replay, and the layers whose gradients, master
+    parameters and optimizer states are partitioned (ZeRO: the layers the plan reduce-scatters)."""
+
+    rank: int = 0
+    world: int = 1
+    layers: frozenset[int] = frozenset()
+
+
 class Store:
     def __init__(self, dims: Dims, layers: list[nn.Module], compute_loc: str, master_loc: list[str],
-                 pools: Pools, batching: Batching):
+                 pools: Pools, batching: Batching, sharding: Sharding | None = None):
         self.dims = dims
+        self.sharding = sharding or Sharding()
+        self.names = [[n for n, _ in m.named_parameters()] for m in layers]
+        self.shapes = [{n: p.shape for n, p in m.named_parameters()} for m in layers]
+        self.numel = [sum(p.numel() for p in m.parameters()) for m in layers]
+        self.pending: dict[int, list[tuple[int, dict[str, Tensor]]]] = {}  # uploaded shards awaiting a gather
+        self.reduced: set[tuple[str, int, int, int]] = set()
         self.layers = [m.to(pools.device) for m in layers]
         self.compute_loc = compute_loc
         self.master_loc = master_loc
@@ -88,7 +105,12 @@ class Store:
             dev = pools.torch_device(master_loc[i])
             if master_loc[i] == "nvme":
                 raise ReplayError(f"layer {i}: optimizer on nvme is not supported by replay yet")
-            mp = {n: nn.Parameter(p.detach().to(dev, copy=True)) for n, p in m.named_parameters()}
+            if i in self.sharding.layers:  # this rank's contiguous shard of the layer's flat parameters
+                lo, hi = self.shard_range(i)
+                flat = self.flat(i, {n: p.detach() for n, p in m.named_parameters()})
+                mp = {"flat": nn.Parameter(flat[lo:hi].to(dev, copy=True))}
+            else:
+                mp = {n: nn.Parameter(p.detach().to(dev, copy=True)) for n, p in m.named_parameters()}
             self.master.append(mp)
             self.optim.append(torch.optim.Adam(list(mp.values()), **ADAM) if mp else None)  # type: ignore[arg-type]
             self.master_version.append(0)
@@ -105,13 +127,40 @@ class Store:
     def head(self) -> int:
         return len(self.layers) - 1
 
+    def global_micro(self, m: int) -> int:
+        """The data batch of this rank's micro-step m: micro-step m of every rank is one wave of ``world``
+        consecutive batches (rank r takes batch ``m * world + r``; the reference trains on the same)."""
+        return m * self.sharding.world + self.sharding.rank
+
+    # -- flat buffers (collectives and partitions) -----------------------------------------------------
+    def flat(self, i: int, params: dict[str, Tensor]) -> Tensor:
+        """Layer i's tensors as one flat buffer in parameter order, padded to a multiple of the ranks."""
+        world = self.sharding.world
+        pad = -(-self.numel[i] // world) * world - self.numel[i]
+        parts = [params[n].reshape(-1) for n in self.names[i]]
+        if pad:
+            parts.append(torch.zeros(pad, dtype=parts[0].dtype, device=parts[0].device))
+        return torch.cat(parts)
+
+    def unflat(self, i: int, flat: Tensor) -> dict[str, Tensor]:
+        out, k = {}, 0
+        for n in self.names[i]:
+            size = self.shapes[i][n].numel()
+            out[n] = flat[k:k + size].view(self.shapes[i][n])
+            k += size
+        return out
+
+    def shard_range(self, i: int) -> tuple[int, int]:
+        size = -(-self.numel[i] // self.sharding.world)
+        return self.sharding.rank * size, (self.sharding.rank + 1) * size
+
     # -- compute ---------------------------------------------------------------------------------------
     def _call(self, i: int, params: dict[str, Tensor], x: Tensor, key: tuple[int, int, int],
               wte: Tensor | None) -> Tensor:
         if i == self.head:
             s, m, _ = key
-            _, targets = batch(self.batching.seed, s, m, self.batching.micro_batch, self.batching.seq_len,
-                               self.dims.vocab)
+            _, targets = batch(self.batching.seed, s, self.global_micro(m), self.batching.micro_batch,
+                               self.batching.seq_len, self.dims.vocab)
             with self.precision.autocast():
                 return functional_call(self.layers[i], params, (x, targets.to(x.device), wte))
         with self.precision.autocast():
@@ -131,8 +180,8 @@ class Store:
     def forward(self, uid: str, key: tuple[int, int, int], version: int, keep_graph: bool) -> None:
         s, m, i = key
         if i == 0:
-            tokens, _ = batch(self.batching.seed, s, m, self.batching.micro_batch, self.batching.seq_len,
-                              self.dims.vocab)
+            tokens, _ = batch(self.batching.seed, s, self.global_micro(m), self.batching.micro_batch,
+                              self.batching.seq_len, self.dims.vocab)
             x = tokens.to(self.pools.device)
         else:
             with self.lock:
@@ -161,7 +210,7 @@ class Store:
         with self.lock:
             self.saved[key] = saved
             if i == self.head:
-                self.losses[(s, m)] = float(out.detach())
+                self.losses[(s, self.global_micro(m))] = float(out.detach())
             else:
                 self.outputs[key] = out.detach()
 
@@ -239,7 +288,8 @@ class Store:
                 continue
             if total is not None:
                 self.precision.unscale(total, f"task {uid!r}: layer {i}, step {step}")
-            if loc == self.compute_loc:
+            sharded = i in self.sharding.layers
+            if loc == self.compute_loc and not sharded:
                 self._release_alias(i)
             for n, p in self.master[i].items():
                 p.grad = total[n] if total is not None else torch.zeros_like(p)
@@ -250,8 +300,9 @@ class Store:
             with self.lock:
                 self.master_version[i] += 1
                 v = self.master_version[i]
-                made[i] = v
-                if loc == self.compute_loc:  # the new version IS the master (no copy) until the next step
+                if not sharded:  # a shard is no version: the parameter gather makes it (gather_params)
+                    made[i] = v
+                if loc == self.compute_loc and not sharded:  # the new version IS the master until the next step
                     self._store_version(i, v, {n: p.detach() for n, p in self.master[i].items()})
         with self.lock:
             self.produced[uid] = made
@@ -299,6 +350,9 @@ class Store:
         moved = self.pools.put(dst, params, f"param{layer}.v{v}")
         assert isinstance(moved, dict)
         with self.lock:
+            if layer in self.sharding.layers:  # a shard: the parameter gather that follows makes the version
+                self.pending.setdefault(layer, []).append((v, moved))
+                return Pools.nbytes(moved)
             self._store_version(layer, v, moved)
             self.produced.setdefault(uid, {})[layer] = v  # a pack's upload makes a version of each layer
         return Pools.nbytes(moved)
@@ -345,6 +399,88 @@ class Store:
     def drop_buffer(self, inst: str, loc: str) -> None:
         with self.lock:
             self.pools.recycle(self.buffers.pop((inst, loc), None))
+
+    # -- collectives (multi-rank replays; ``comm`` is a replay.dist_comm.Comm) ----------------------------
+    def reduce_grads(self, uid: str, comm: Any, stream: str, coll: str, layers: list[int], step: int,
+                     micros: list[int] | None, loc: str) -> int:
+        """Sum layer gradients over the ranks (mean: divided by their number), in place of this rank's:
+        ``all_reduce`` keeps the whole layer, ``reduce_scatter`` this rank's shard (a ZeRO partition).
+        ``micros``: the micro-steps whose gradients are reduced (None: every one held of that step)."""
+        moved = 0
+        n = self.sharding.world
+        for i in layers:
+            with self.lock:
+                keys = sorted(k for k in self.grads if k[0] == loc and k[1] == i and k[2] == step
+                              and (micros is None or k[3] in micros) and k not in self.reduced)
+            if not keys:
+                raise ReplayError(f"task {uid!r}: reduces the gradients of layer {i} (step {step}), but none "
+                                  f"are on {loc!r}: the backward has not run or they already moved")
+            for k in keys:
+                held = self.grads[k]
+                if isinstance(held, Path):
+                    raise ReplayError(f"task {uid!r}: reduces gradients held on nvme; reduce them on the GPU")
+                flat = self.flat(i, held) if "flat" not in held else held["flat"]
+                if coll == "reduce_scatter" and i in self.sharding.layers:
+                    out = {"flat": comm.reduce_scatter(flat, stream, n).div_(n)}
+                elif coll in ("all_reduce", "reduce_scatter"):
+                    comm.all_reduce(flat, stream)
+                    flat.div_(n)
+                    out = self.unflat(i, flat)
+                else:
+                    raise ReplayError(f"task {uid!r}: a gradient reduction by {coll!r} is not supported")
+                moved += flat.numel() * flat.element_size()
+                with self.lock:
+                    self.grads[k] = out
+                    self.reduced.add(k)
+        return moved
+
+    def send_boundary(self, uid: str, comm: Any, stream: str, peer: int, step: int, m: int, grad: bool) -> int:
+        """Send this stage's boundary tensor of (step, micro-step m) to the peer rank: the output of its last
+        layer (forward), or the gradient of its first layer's input (backward), with that layer's index."""
+        held = self.upstream if grad else self.outputs
+        with self.lock:
+            keys = [k for k in held if k[0] == step and k[1] == m]
+            if len(keys) != 1:
+                what = "input gradient" if grad else "output activation"
+                raise ReplayError(f"task {uid!r}: sends the stage's {what} of step {step}, micro-step {m}, but "
+                                  f"{len(keys)} such tensors are held here (its layer has not run)")
+            key = keys[0]
+            data = held.pop(key)
+        comm.send(key[2], data, stream, peer)
+        return data.numel() * data.element_size()
+
+    def recv_boundary(self, comm: Any, stream: str, peer: int, step: int, m: int, grad: bool,
+                      shape: tuple[int, ...]) -> None:
+        layer, data = comm.recv(shape, stream, peer)
+        with self.lock:
+            (self.upstream if grad else self.outputs)[(step, m, layer)] = data
+
+    def gather_params(self, uid: str, comm: Any, stream: str, layers: list[int]) -> int:
+        """All-gather layer shards into a full version on the compute device: the shard an upload just
+        brought (ZeRO-Offload/Infinity), else the master shard itself when it lives on the GPU."""
+        moved = 0
+        n = self.sharding.world
+        for i in layers:
+            if i not in self.sharding.layers:
+                raise ReplayError(f"task {uid!r}: gathers layer {i}'s parameters, which the plan never partitions "
+                                  "(no reduce-scatter of its gradients)")
+            with self.lock:
+                queue = self.pending.get(i)
+                if queue:
+                    v, shard = queue.pop(0)
+                    part = shard["flat"]
+                elif self.master_loc[i] == self.compute_loc:
+                    v = self.master_version[i]
+                    part = self.master[i]["flat"].detach()
+                else:
+                    raise ReplayError(f"task {uid!r}: gathers layer {i}'s parameters, but no shard of them was "
+                                      f"uploaded to {self.compute_loc!r}")
+            full = comm.all_gather(part.to(self.pools.device), stream, n)
+            moved += part.numel() * part.element_size()
+            with self.lock:
+                self._store_version(i, v, self.unflat(i, full))
+                self.produced.setdefault(uid, {})[i] = v
+        return moved
 
     # -- results ---------------------------------------------------------------------------------------
     def final_weights(self) -> list[dict[str, Tensor]]:

@@ -116,9 +116,12 @@ def test_cli_missing_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     _one_line_error(capsys, main(["replay", str(tmp_path / "nope.json")]), "nope.json", "cannot read plan")
 
 
-def test_cli_multi_gpu_plan_on_one_device(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_multi_gpu_plan_beyond_the_cores(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """More ranks than CPU cores replay only for --verify (exact training, meaningless timing)."""
     (tmp_path / "p.json").write_text(json.dumps(plan_dict("a100x8", batch=8)))
-    _one_line_error(capsys, main(["replay", str(tmp_path / "p.json"), "--device", "cpu"]), "8 GPUs", "single-GPU")
+    monkeypatch.setattr("os.cpu_count", lambda: 4)
+    _one_line_error(capsys, main(["replay", str(tmp_path / "p.json"), "--device", "cpu"]), "8 GPUs", "--verify")
 
 
 def test_cli_broken_plan_names_the_task(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -62,12 +62,26 @@ def run(args: argparse.Namespace) -> int:
     if importlib.util.find_spec("torch") is None:
         raise UsageError("replay needs torch: pip install 'tiersim[replay]' (torch==2.13.0)")
     from replay.errors import ReplayError, ReplayOom
+    from replay.ranks import plan_gpus
     from replay.runner import DEFAULT_SEED, Runner, measured_result
 
     seed = DEFAULT_SEED if args.seed is None else args.seed
+    world = len(plan_gpus(plan))
     try:
-        runner = Runner(plan, hw, device=args.device, nvme_dir=args.nvme_dir, seed=seed)
-        meas = runner.run()
+        if world > 1:
+            from replay.dist_launch import run_ranks, timing_note
+            from replay.dist_merge import replica_spread
+
+            got = run_ranks(plan, hw, device=args.device, nvme_dir=args.nvme_dir, seed=seed, verify=args.verify)
+            if got is None:  # a rank other than 0 under torchrun: rank 0 reports for all
+                return EXIT_OK
+            meas, ranks = got
+            accum, replicas = ranks[0].accum, ranks[0].dp_world
+            note, spread = timing_note(world, meas.device), replica_spread(ranks)
+        else:
+            runner = Runner(plan, hw, device=args.device, nvme_dir=args.nvme_dir, seed=seed)
+            meas = runner.run()
+            accum, replicas, note, spread = dict(runner.accum), 1, None, 0.0
     except ReplayOom as e:
         print(f"INFEASIBLE: {e}")
         return EXIT_INFEASIBLE
@@ -79,29 +93,50 @@ def run(args: argparse.Namespace) -> int:
     extra: dict[str, Any] = {
         "device": meas.device, "wall_s": meas.wall_s, "step_times_s": meas.step_times(), "tasks": len(meas.records),
         "losses": [[s, m, v] for (s, m), v in sorted(meas.losses.items())],
-        "real_link_bytes": meas.real_link_bytes, "seed": seed, "steps": plan.steps,
+        "real_link_bytes": meas.real_link_bytes, "seed": seed, "steps": plan.steps, "ranks": world,
+        "timing_note": note, "replica_spread": spread,
     }
     d = comparison(simulated, measured, extra)
     d["verify"] = None
     if args.verify:
-        from replay.reference import compare, train_reference
-
-        delayed = bool(plan.knobs.get("delayed_update", False))
-        ref_losses, ref_weights = train_reference(runner.dims, runner.batching, plan.steps, dict(runner.accum),
-                                                  delayed=delayed, device=runner.device)
-        from replay.precision import tolerance
-
-        d["verify"] = compare(meas.losses, meas.weights, ref_losses, ref_weights,
-                              "delayed-update" if delayed else "plain",
-                              rtol=tolerance(runner.batching.precision)).to_dict()
+        d["verify"] = _verify(plan, seed, accum, replicas, meas, spread)
     if args.trace:
         from reports import write_trace
 
         write_or_fail("--trace", args.trace, lambda path: write_trace(measured, path))
     print(dumps(d) if args.json else format_comparison(d))
+    if world > 1 and not args.json:
+        print(f"ranks: {world} processes ({'NCCL' if meas.device.startswith('cuda') else 'gloo'}), "
+              f"{replicas} data-parallel replica(s); replicas' weights differ by at most {spread:.3g}")
+    if note and not args.json:
+        print(note)
     if d["verify"] is not None and not d["verify"]["ok"]:
         return EXIT_MISMATCH
     return EXIT_OK
+
+
+def _verify(plan: Plan, seed: int, accum: dict[int, int], world: int, meas: Any, spread: float) -> dict[str, Any]:
+    """The replay's losses and weights against plain training of the same micro-batches from the same seed
+    (the delayed-update reference for a DPU plan); ``world``: the data-parallel replicas (a pipeline's
+    stages share their micro-batches); the replicas of a data-parallel replay must agree too."""
+    from replay.model import Dims
+    from replay.reference import compare, rtol_for, train_reference
+    from replay.runner import pick_device
+    from replay.store import Batching
+
+    delayed = bool(plan.knobs.get("delayed_update", False))
+    cfg = plan.workload.config
+    ref_losses, ref_weights = train_reference(Dims.from_model(plan.workload.model),
+                                              Batching(seed, cfg.micro_batch, cfg.seq_len, cfg.precision), plan.steps, accum,
+                                              delayed=delayed, device=pick_device(meas.device), world=world)
+    v = compare(meas.losses, meas.weights, ref_losses, ref_weights,
+                "delayed-update" if delayed else "plain", rtol_for(world, cfg.precision)).to_dict()
+    v["replicas"] = world
+    v["replica_spread"] = spread
+    if spread > 0.0:  # data parallelism keeps every replica identical: any spread is a bug
+        v["ok"] = False
+        v["worst"] = f"replicas differ across ranks by {spread:.3g}"
+    return v
 
 
 def _infeasible(args: argparse.Namespace, simulated: Any) -> int:

@@ -1,0 +1,162 @@
+"""The ranks of a multi-rank replay merged into one Measurement (one RawRun / Result for the comparison
+table and ``--trace``).
+
+- task records: each rank's own; a collective, which every one of its ranks ran, becomes one record from
+  the moment the last rank entered it to the moment the first rank had its result (the collective is
+  complete then: a rank that leaves later was descheduled, not waiting for data), with the bytes and links
+  of every rank's hop (the simulator's accounting of a ring);
+- memory: one tracker per pool, every rank's allocations and frees replayed in time order over the plan's
+  initial tensors (counted once), so per-GPU pools hold their rank's timeline and shared pools (the host's
+  ``cpu``, ``nvme``) the sum of every rank's; the merged tracker's capacity check is the run's verdict;
+- link bytes summed, step ends and wall time the latest of any rank, losses the union (each rank trains
+  its own micro-batches), final weights: each layer from the ranks that compute it (a pipeline stage's
+  layers from that stage), a partitioned layer's shards joined in rank order, a replicated layer from its
+  first rank (``replica_spread`` says how far the other replicas are from it).
+
+Times are each rank's ``perf_counter`` from the barrier all ranks leave together (``Runner._run``): on one
+host that is one clock; across hosts the skew is the barrier's exit skew.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from hardware_models import HardwareSpec, build_topology
+from replay.errors import ReplayError, ReplayOom
+from replay.runner import Measurement, Runner
+from simulator.engine import TaskRecord
+from simulator.errors import PlanError
+from simulator.memory import MemoryTracker
+from simulator.plan import Plan
+
+MemEvent = tuple[float, float, str, str, str, str]  # time, bytes (-1: a free), instance, location, kind, task
+
+
+@dataclass
+class RankResult:
+    """What one rank measured, small enough to send back to the launching process."""
+
+    rank: int
+    device: str
+    records: list[TaskRecord]
+    mem_log: list[MemEvent]
+    link_bytes: dict[str, float]
+    by_step: dict[int, dict[str, float]]
+    real_bytes: dict[str, float]
+    step_end: dict[int, float]
+    wall_s: float
+    losses: dict[tuple[int, int], float]
+    weights: list[dict[str, Tensor]]
+    sharded: frozenset[int]
+    shapes: list[list[tuple[str, tuple[int, ...]]]]
+    accum: dict[int, int]
+    owned: frozenset[int]  # the layers this rank computes (its pipeline stage's; every layer without one)
+    dp_world: int  # the data-parallel replicas of its layers (the reference trains that many waves)
+    leaked: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, rank: int, runner: Runner, m: Measurement) -> RankResult:
+        shapes = [[(n, tuple(p.shape)) for n, p in layer.named_parameters()] for layer in runner.store.layers]
+        records = [r._replace(tags=dict(r.tags)) for r in m.records]
+        return cls(rank, m.device, records, list(runner.mem.log), m.link_bytes, m.link_bytes_by_step,
+                   m.real_link_bytes, m.step_end, m.wall_s, m.losses, m.weights, frozenset(runner.sharded), shapes,
+                   dict(runner.accum), frozenset(runner.computes), runner.dp_world, list(m.leaked))
+
+
+def _records(results: list[RankResult]) -> list[TaskRecord]:
+    by_uid: dict[str, list[TaskRecord]] = defaultdict(list)
+    for res in results:
+        for r in res.records:
+            by_uid[r.uid].append(r)
+    out = []
+    for rs in by_uid.values():
+        if len(rs) == 1:
+            out.append(rs[0])
+            continue
+        links = tuple(dict.fromkeys(ln for r in rs for ln in r.links))
+        out.append(rs[0]._replace(start=max(r.start for r in rs), end=max(min(r.end for r in rs),
+                                                                          max(r.start for r in rs)),
+                                  bytes=sum(r.bytes for r in rs), links=links))
+    return sorted(out, key=lambda r: (r.start, r.stream))
+
+
+def _memory(plan: Plan, hw: HardwareSpec, results: list[RankResult]) -> MemoryTracker:
+    topo = build_topology(hw)
+    mem = MemoryTracker({p.name: p.capacity_bytes for p in topo.pools.values()}, topo.pool_of)
+    for ts in plan.tensors:
+        if ts.home is not None:
+            mem.alloc(0.0, ts.id, ts.home, ts.bytes, ts.kind, "<initial>")
+    try:
+        for now, nbytes, inst, loc, kind, task in heapq.merge(*(r.mem_log for r in results), key=lambda e: e[0]):
+            if nbytes < 0:
+                mem.free(now, inst, loc, task)
+            else:
+                mem.alloc(now, inst, loc, nbytes, kind, task)
+    except PlanError as e:
+        raise ReplayError(f"merging the ranks' memory: {e}") from None
+    if mem.ooms:
+        o = mem.ooms[0]
+        raise ReplayOom(f"task {o.task!r}: out of memory on {o.pool} (all ranks together): allocating {o.tensor!r} "
+                        f"({o.requested_bytes:.0f} bytes) with {o.free_bytes:.0f} of {o.capacity_bytes:.0f} bytes free")
+    return mem
+
+
+def _weights(results: list[RankResult]) -> list[dict[str, Tensor]]:
+    out: list[dict[str, Tensor]] = []
+    for i in range(len(results[0].weights)):
+        holders = [r for r in results if i in r.owned] or results[:1]
+        first = holders[0]
+        if i not in first.sharded:
+            out.append(first.weights[i])
+            continue
+        flat = torch.cat([r.weights[i]["flat"] for r in holders])
+        layer, k = {}, 0
+        for name, shape in first.shapes[i]:
+            size = int(torch.Size(shape).numel())
+            layer[name] = flat[k:k + size].view(shape).clone()
+            k += size
+        out.append(layer)
+    return out
+
+
+def replica_spread(results: list[RankResult]) -> float:
+    """Largest difference between rank 0's final weights of a replicated layer and another rank's copy
+    (0.0 when data parallelism kept the replicas identical, as it must)."""
+    spread = 0.0
+    for i in range(len(results[0].weights)):
+        holders = [r for r in results if i in r.owned]
+        if len(holders) < 2 or i in holders[0].sharded:
+            continue
+        for res in holders[1:]:
+            for n, t in holders[0].weights[i].items():
+                spread = max(spread, float((res.weights[i][n] - t).abs().max()))
+    return spread
+
+
+def _sum(dicts: list[dict[str, float]]) -> dict[str, float]:
+    out: dict[str, float] = defaultdict(float)
+    for d in dicts:
+        for k, v in d.items():
+            out[k] += v
+    return dict(out)
+
+
+def merge(plan: Plan, hw: HardwareSpec, results: list[RankResult]) -> Measurement:
+    steps = sorted({s for r in results for s in r.by_step})
+    step_end: dict[int, float] = {}
+    for r in results:
+        for s, e in r.step_end.items():
+            step_end[s] = max(step_end.get(s, 0.0), e)
+    losses: dict[tuple[int, int], float] = {}
+    for r in results:
+        losses.update(r.losses)
+    return Measurement(_records(results), _memory(plan, hw, results), _sum([r.link_bytes for r in results]),
+                       {s: _sum([r.by_step.get(s, {}) for r in results]) for s in steps},
+                       _sum([r.real_bytes for r in results]), step_end, max(r.wall_s for r in results), losses,
+                       _weights(results), build_topology(hw), results[0].device,
+                       sorted({x for r in results for x in r.leaked}))
