@@ -69,6 +69,7 @@ def _train_reference_dp(dims: Dims, batching: Batching, steps: int, accum: dict[
                         device: torch.device, world: int
                         ) -> tuple[dict[tuple[int, int], float], list[dict[str, Tensor]]]:
     layers = [m.to(device) for m in build_layers(dims, batching.seed)]
+    prec = Precision(batching.precision, device.type)
     params = [p for m in layers for p in m.parameters()]
     opt = torch.optim.Adam(params, **ADAM)  # type: ignore[arg-type]
     losses: dict[tuple[int, int], float] = {}
@@ -91,18 +92,24 @@ def _train_reference_dp(dims: Dims, batching: Batching, steps: int, accum: dict[
                 tokens, targets = batch(batching.seed, s, mi * world + r, batching.micro_batch, batching.seq_len,
                                         dims.vocab)
                 tokens, targets = tokens.to(device), targets.to(device)
-                x = functional_call(layers[0], per_layer[0], (tokens,))
-                for i in range(1, len(layers) - 1):
-                    x = functional_call(layers[i], per_layer[i], (x,))
-                loss = functional_call(layers[-1], per_layer[-1],
-                                       (x, targets, per_layer[0]["wte"] if dims.tied else None))
+                with prec.autocast():
+                    x = functional_call(layers[0], per_layer[0], (tokens,))
+                    for i in range(1, len(layers) - 1):
+                        x = functional_call(layers[i], per_layer[i], (x,))
+                    loss = functional_call(layers[-1], per_layer[-1],
+                                           (x, targets, per_layer[0]["wte"] if dims.tied else None))
                 losses[(s, mi * world + r)] = float(loss.detach())
-                grads = torch.autograd.grad(loss / n_micro, leaves)
+                grads = torch.autograd.grad(loss * prec.loss_scale / n_micro, leaves)
                 wave = list(grads) if wave is None else [a + b for a, b in zip(wave, grads, strict=True)]
             assert wave is not None
             wave = [g / world for g in wave]
             total = wave if total is None else [a + b for a, b in zip(total, wave, strict=True)]
         assert total is not None
+        k = 0
+        for i, m in enumerate(layers):  # the loss scale comes off per layer, as the replay's optimizer tasks do
+            names = [n for n, _ in m.named_parameters()]
+            prec.unscale(dict(zip(names, total[k:k + len(names)], strict=True)), f"reference: layer {i}, step {s}")
+            k += len(names)
         for p, g in zip(params, total, strict=True):
             p.grad = g
         opt.step()

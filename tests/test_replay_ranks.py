@@ -52,10 +52,10 @@ def replay_and_verify(plan: Plan):  # type: ignore[no-untyped-def]
     world = ranks[0].dp_world  # the data-parallel replicas (pipeline stages share their micro-batches)
     delayed = bool(plan.knobs.get("delayed_update"))
     ref_losses, ref_weights = train_reference(Dims.from_model(plan.workload.model),
-                                              Batching(SEED, cfg.micro_batch, cfg.seq_len), plan.steps,
+                                              Batching(SEED, cfg.micro_batch, cfg.seq_len, cfg.precision), plan.steps,
                                               ranks[0].accum, delayed=delayed, device=torch.device("cpu"),
                                               world=world)
-    return meas, ranks, compare(meas.losses, meas.weights, ref_losses, ref_weights, "dp", rtol_for(world))
+    return meas, ranks, compare(meas.losses, meas.weights, ref_losses, ref_weights, "dp", rtol_for(world, cfg.precision))
 
 
 def _collectives(plan: Plan) -> set[str | None]:
