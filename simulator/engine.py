@@ -275,14 +275,15 @@ class Engine:
             rg = ring(self.route, s.ranks, s.bytes, collective_kind(s))
             if not rg.hops:
                 return 0.0, ()
-            for hop in rg.hops:
-                self._count(t.step, hop.links, rg.per_rank)
+            for hop, hop_bytes in rg.hop_bytes():
+                self._count(t.step, hop.links, hop_bytes)
             lat = rg.latency_s
             if lat > 0:
                 yield env.timeout(lat)
             # the ring's n transfers move in lockstep: one flow using each resource once per ring hop on it
-            yield self.net.start(rg.per_rank, rg.resources)
-            return rg.per_rank * len(rg.hops), rg.links
+            # (across nodes, each hop its share of it: costs.collective)
+            yield self.net.start(rg.per_rank, rg.resources, rg.weights)
+            return rg.moved_bytes, rg.links
         return 0.0, ()  # alloc / free / noop: instantaneous
 
     def _sm(self, device: str, seconds: float) -> simpy.Event:
