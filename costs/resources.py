@@ -5,7 +5,8 @@ A resource is a string key:
 - ``<link>:fwd`` / ``<link>:rev``: one direction of a topology link (bytes/s; forward = away from host DRAM);
 - ``<link>:duplex``: the link's budget for both directions together, where it has one (bytes/s);
 - ``<gpu>.sm``: a GPU's SMs, capacity 1 (seconds of work per second);
-- ``cpu.adam``: the host's CPU-Adam throughput (parameters/s, shared by every rank's optimizer);
+- ``cpu.adam``: the host's CPU-Adam throughput (parameters/s, shared by every rank's optimizer; with nodes,
+  every node's hosts together, as the ``cpu`` pool: ``hardware_models.topology``);
 - ``host.cores``: the host's cores where the "GPU" is the host itself (``gpu.shares_host``), capacity 1.
 """
 
@@ -59,7 +60,7 @@ def machine_capacities(hw: HardwareSpec, topo: Topology) -> dict[str, float]:
     caps = link_capacities(topo)
     for g in topo.gpu_locations():
         caps[sm_resource(g)] = 1.0
-    caps[CPU_ADAM] = hw.host.optimizer_params_per_s
+    caps[CPU_ADAM] = hw.host.optimizer_params_per_s * hw.nodes
     if hw.gpu.shares_host:
         caps[HOST_CORES] = 1.0
     return caps

@@ -16,7 +16,7 @@ from hardware_models.units import fmt_bandwidth, fmt_bytes, fmt_time
 
 __all__ = ["describe"]
 
-_GPU_INDEX = re.compile(r"^(gpu|sw)\d+")
+_GPU_INDEX = re.compile(r"\b(gpu|sw|n|nic)\d+")
 
 
 def _row(label: str, value: str, source: str | None) -> str:
@@ -51,6 +51,8 @@ def _fields(spec: HardwareSpec) -> list[str]:
                 lines.append(f"    {points}")
             else:
                 text = fmt_value(fd.kind, value) + (f" {fd.unit}" if fd.unit else "")
+                if path == "gpu.count" and spec.nodes > 1:
+                    text = f"{spec.gpus_per_node} per node x {spec.nodes} = {value} GPUs"
                 lines.append(_row(fd.key, text, spec.sources.get(path)))
     return lines
 
@@ -110,6 +112,24 @@ def _derived(spec: HardwareSpec) -> list[str]:
                 else "derived: one drive",
             )
         )
+    lines += _network_lines(spec)
+    return lines
+
+
+def _network_lines(spec: HardwareSpec) -> list[str]:
+    net = spec.network
+    if net is None:
+        return []
+    lines = [
+        _row("network per NIC, each way", fmt_bandwidth(net.per_direction_bw),
+             f"derived: nic_bw x efficiency {net.efficiency:g}"),
+        _row("network per node, each way", fmt_bandwidth(net.node_bw), f"derived: {net.nics} NICs x per NIC"),
+    ]
+    if spec.nodes == 1:
+        lines.append(_row("nodes", "1 (the network is unused)", "use --nodes N for a cluster of N"))
+    else:
+        lines.append(_row("nodes", f"{spec.nodes} alike; host, PCIe, NVMe and network are per node",
+                          spec.sources.get("nodes", "--nodes")))
     return lines
 
 
@@ -151,6 +171,9 @@ def describe(spec: HardwareSpec) -> str:
     topo = build_topology(spec)
     lines.append("pools (usable = physical - reserved, minus gpu.fragmentation on GPUs; NCCL comm_buffers only with "
                  f"more than one GPU; each GPU tensor is then charged the {spec.gpu.allocator} allocator's rounding):")
+    if spec.nodes > 1:
+        lines.append(f"  (cpu and nvme: the {spec.nodes} nodes' host DRAM and NVMe taken together; each GPU reaches "
+                     "them over its own node's PCIe)")
     for shown, name in _grouped(list(topo.pools), lambda n: (_pool_text(topo.pools[n]),)):
         lines.append(f"  {shown:<22} {_pool_text(topo.pools[name])}")
     lines.append("links (forward = away from host DRAM):")

@@ -10,6 +10,7 @@ recorded in `sources` as ``override: PATH=VALUE``. Every problem is one `Hardwar
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from importlib import resources
@@ -32,8 +33,17 @@ from hardware_models.schema import (
     closest,
     field_def,
 )
-from hardware_models.spec import C2CSpec, GpuSpec, HardwareSpec, HostSpec, NvlinkSpec, NvmeSpec, PcieSpec
-from hardware_models.units import parse_bool, parse_bytes, parse_flops, parse_fraction, parse_number
+from hardware_models.spec import (
+    C2CSpec,
+    GpuSpec,
+    HardwareSpec,
+    HostSpec,
+    NetworkSpec,
+    NvlinkSpec,
+    NvmeSpec,
+    PcieSpec,
+)
+from hardware_models.units import parse_bool, parse_bytes, parse_flops, parse_fraction, parse_int, parse_number
 from userfiles import UserFileError
 from userfiles.limits import MAX_GPUS_PER_MACHINE
 
@@ -49,6 +59,7 @@ _SECTION_CLASSES: Mapping[str, type] = FrozenDict(
         "nvlink": NvlinkSpec,
         "c2c": C2CSpec,
         "nvme": NvmeSpec,
+        "network": NetworkSpec,
     }
 )
 _REQUIRED_TOP = ("name", "gpu", "host", "pcie")
@@ -172,7 +183,10 @@ def _build(raw: dict[str, Any]) -> HardwareSpec:
     for section in SECTIONS:
         value = raw.get(section)
         sections[section] = None if value is None else _build_section(section, value)
-    _check_bounds(sections)
+    nodes = _nodes(raw.get("nodes", 1))
+    _check_bounds(sections, nodes)
+    if nodes > 1 and isinstance(sections["gpu"], GpuSpec):  # the file's gpu.count is per node
+        sections["gpu"] = dataclasses.replace(sections["gpu"], count=sections["gpu"].count * nodes)
     sources = raw.get("sources") or {}
     if not isinstance(sources, Mapping):
         raise HardwareInputError(
@@ -183,11 +197,20 @@ def _build(raw: dict[str, Any]) -> HardwareSpec:
         description=description,
         unified_memory=parse_bool(raw.get("unified_memory", False), "unified_memory"),
         sources=dict(sources),
+        nodes=nodes,
         **sections,
     )
 
 
-def _check_bounds(sections: Mapping[str, Any]) -> None:
+def _nodes(value: object) -> int:
+    """The ``nodes`` field: a whole number >= 1 (default 1)."""
+    nodes = parse_int(value, "nodes")
+    if nodes < 1:
+        raise HardwareInputError(f"must be a whole number of nodes >= 1, got {value!r}", field="nodes")
+    return nodes
+
+
+def _check_bounds(sections: Mapping[str, Any], nodes: int = 1) -> None:
     """Impossible sizes, refused before any plan is built (docs/design.md, "Bounded inputs")."""
     gpu = sections.get("gpu")
     if isinstance(gpu, GpuSpec) and gpu.count > MAX_GPUS_PER_MACHINE:
@@ -195,6 +218,13 @@ def _check_bounds(sections: Mapping[str, Any]) -> None:
             f"{gpu.count:,} GPUs in one machine is beyond the bound MAX_GPUS_PER_MACHINE = "
             f"{MAX_GPUS_PER_MACHINE:,}; describe at most that many (a cluster is machines x nodes)",
             field="gpu.count",
+        )
+    if isinstance(gpu, GpuSpec) and gpu.count * nodes > MAX_GPUS_PER_MACHINE:
+        raise HardwareInputError(
+            f"{nodes:,} nodes x {gpu.count:,} GPUs = {gpu.count * nodes:,} GPUs is beyond the bound "
+            f"MAX_GPUS_PER_MACHINE = {MAX_GPUS_PER_MACHINE:,}; use at most "
+            f"{max(1, MAX_GPUS_PER_MACHINE // gpu.count):,} nodes of this machine",
+            field="nodes",
         )
 
 
@@ -314,6 +344,8 @@ def _apply_one(raw: dict[str, Any], path: str, value: object) -> None:
             raise HardwareInputError(f"'{top}' has no sub-fields", field=path)
         if top == "unified_memory":
             value = parse_bool(value, path)
+        if top == "nodes":
+            value = _nodes(value)
         raw[top] = value
         return
     keys = [fd.key for fd in SECTIONS[top]]

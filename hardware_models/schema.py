@@ -19,6 +19,8 @@ A file looks like::
     c2c:    {per_direction_bw, latency}                      # optional section
     nvme:   {count, capacity_each, read_bw_each, write_bw_each, raid_read_efficiency,
              raid_write_efficiency, pcie_gen, latency}       # optional section
+    network: {nics, nic_bw, efficiency, latency}              # optional: the node's inter-node NICs
+    nodes: 1                                                  # optional: identical nodes (default 1)
     sources: {"gpu.memory": "<citation>", ...}               # dotted path -> citation
 """
 
@@ -134,10 +136,16 @@ SECTIONS: Final[Mapping[str, tuple[FieldDef, ...]]] = FrozenDict(
             FieldDef("pcie_gen", "pcie_gen", "int"),
             FieldDef("latency", "latency_s", "time"),
         ),
+        "network": (
+            FieldDef("nics", "nics", "int", "NICs per node"),
+            FieldDef("nic_bw", "nic_bw", "bandwidth", "per NIC, each direction"),
+            FieldDef("efficiency", "efficiency", "fraction"),
+            FieldDef("latency", "latency_s", "time"),
+        ),
     }
 )
-OPTIONAL_SECTIONS: Final = ("nvlink", "c2c", "nvme")
-TOP_LEVEL: Final = ("name", "description", "unified_memory", *SECTIONS, "sources")
+OPTIONAL_SECTIONS: Final = ("nvlink", "c2c", "nvme", "network")
+TOP_LEVEL: Final = ("name", "description", "unified_memory", "nodes", *SECTIONS, "sources")
 NUMERIC_KINDS: Final = frozenset(
     {"int", "bytes", "bandwidth", "time", "flops", "fraction", "number", "curve", "bytes_map", "flops_map"}
 )

@@ -32,6 +32,7 @@ __all__ = [
     "GpuSpec",
     "HardwareSpec",
     "HostSpec",
+    "NetworkSpec",
     "NvlinkSpec",
     "NvmeSpec",
     "PCIE_X16_PER_DIRECTION",
@@ -268,6 +269,37 @@ class NvmeSpec:
         return self.count * self.write_bw_each * self.raid_write_efficiency
 
 
+@dataclass(frozen=True)
+class NetworkSpec:
+    """The inter-node network of ONE node: its `nics` NICs for the compute fabric, each `nic_bw` bytes/s per
+    direction (the data rate: HDR InfiniBand 200 Gb/s = 25 GB/s), of which `efficiency` is achieved by
+    NCCL, and the one-way latency of a message between two nodes (`latency_s`, NIC to NIC through the
+    fabric). The fabric itself is taken as non-blocking (a rail-optimised fat tree, as in NVIDIA's DGX
+    SuperPOD): only the NICs limit inter-node traffic. Used only when the machine has more than one node.
+    """
+
+    nics: int
+    nic_bw: float
+    efficiency: float
+    latency_s: float
+
+    def __post_init__(self) -> None:
+        check_int(self.nics, "network.nics")
+        check_positive(self.nic_bw, "network.nic_bw", "a bandwidth", fmt_bandwidth)
+        check_fraction(self.efficiency, "network.efficiency")
+        check_non_negative(self.latency_s, "network.latency", "a time", fmt_time)
+
+    @property
+    def per_direction_bw(self) -> float:
+        """Achievable bytes/s one way on one NIC: nic_bw x efficiency."""
+        return self.nic_bw * self.efficiency
+
+    @property
+    def node_bw(self) -> float:
+        """Achievable bytes/s one way out of (or into) one node: nics x per NIC."""
+        return self.nics * self.per_direction_bw
+
+
 _SECTION_TYPES: Final[Mapping[str, type]] = FrozenDict(
     {
         "gpu": GpuSpec,
@@ -276,16 +308,26 @@ _SECTION_TYPES: Final[Mapping[str, type]] = FrozenDict(
         "nvlink": NvlinkSpec,
         "c2c": C2CSpec,
         "nvme": NvmeSpec,
+        "network": NetworkSpec,
     }
 )
+_OPTIONAL: Final = ("nvlink", "c2c", "nvme", "network")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class HardwareSpec:
-    """One machine. `sources` maps dotted YAML paths (``gpu.memory``, ``gpu.reserved.os``) to citations.
+    """One machine, or `nodes` identical machines joined by their `network`. `sources` maps dotted YAML
+    paths (``gpu.memory``, ``gpu.reserved.os``) to citations.
 
     With `unified_memory` (DGX Spark) the GPU and the CPU allocate from one pool, `host.dram_bytes`;
     `gpu.memory_bytes` must then be 0 and there must be exactly one GPU.
+
+    Nodes: `gpu.count` is every GPU of the machine, `nodes` x the GPUs of one node (the YAML's ``gpu.count``
+    is per node and the loader multiplies it); `host`, `pcie`, `nvme` and `network` describe ONE node.
+    GPUs are numbered node by node (node k holds ``gpu{k*g} .. gpu{k*g+g-1}``), so a one-node machine is
+    exactly the machine it always was. Its network is then unused (no route crosses it): it is left out of
+    `to_dict` and of equality, so a one-node plan stays byte-identical to one made before networks existed
+    and loads back equal.
     """
 
     name: str
@@ -298,6 +340,8 @@ class HardwareSpec:
     nvme: NvmeSpec | None
     unified_memory: bool
     sources: Mapping[str, str] = field(default_factory=FrozenDict)
+    network: NetworkSpec | None = None
+    nodes: int = 1
 
     def __post_init__(self) -> None:
         check_text(self.name, "name")
@@ -305,7 +349,7 @@ class HardwareSpec:
             raise HardwareInputError(f"must be a text, got {self.description!r}", field="description")
         for section, cls in _SECTION_TYPES.items():
             value = getattr(self, section)
-            if value is None and section in ("nvlink", "c2c", "nvme"):
+            if value is None and section in _OPTIONAL:
                 continue
             if not isinstance(value, cls):
                 raise HardwareInputError(f"must be a {cls.__name__}, got {value!r}", field=section)
@@ -313,6 +357,7 @@ class HardwareSpec:
             raise HardwareInputError(
                 f"must be true or false, got {self.unified_memory!r}", field="unified_memory"
             )
+        self._check_nodes()
         if self.unified_memory:
             self._check_unified()
         elif self.gpu.memory_bytes <= 0:
@@ -320,6 +365,47 @@ class HardwareSpec:
                 f"must be a positive size (> 0), got {fmt_bytes(self.gpu.memory_bytes)}", field="gpu.memory"
             )
         object.__setattr__(self, "sources", self._checked_sources())
+
+    def _check_nodes(self) -> None:
+        check_int(self.nodes, "nodes")
+        if self.nodes == 1:
+            return
+        if self.unified_memory:
+            raise HardwareInputError(
+                f"a unified-memory machine is modelled as one node, got {self.nodes}; use nodes 1", field="nodes"
+            )
+        if self.network is None:
+            raise HardwareInputError(
+                f"{self.nodes} nodes need an inter-node network; describe a 'network' section "
+                "(nics, nic_bw, efficiency, latency) or use nodes 1",
+                field="network",
+            )
+        if self.gpu.count % self.nodes:
+            raise HardwareInputError(
+                f"{self.gpu.count} GPUs do not split evenly over {self.nodes} nodes", field="gpu.count"
+            )
+
+    @property
+    def gpus_per_node(self) -> int:
+        """GPUs of one node (`gpu.count` / `nodes`)."""
+        return self.gpu.count // self.nodes
+
+    def _key(self) -> tuple[object, ...]:
+        """What equality and the hash compare: every field, less a one-node machine's unused network."""
+        if self.nodes > 1:
+            return (self.name, self.description, self.gpu, self.host, self.pcie, self.nvlink, self.c2c, self.nvme,
+                    self.unified_memory, self.sources, self.network, self.nodes)
+        sources = {k: v for k, v in self.sources.items() if not k.startswith("network.")}
+        return (self.name, self.description, self.gpu, self.host, self.pcie, self.nvlink, self.c2c, self.nvme,
+                self.unified_memory, FrozenDict(sources), None, 1)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, HardwareSpec):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
 
     def _check_unified(self) -> None:
         if self.gpu.count != 1:
@@ -373,7 +459,7 @@ class HardwareSpec:
 
     def field_paths(self, numeric_only: bool = False) -> tuple[str, ...]:
         """Dotted paths of every leaf field present (map entries count as leaves, curves as one)."""
-        paths: list[str] = [] if numeric_only else ["name", "description", "unified_memory"]
+        paths: list[str] = [] if numeric_only else ["name", "description", "unified_memory", "nodes"]
         for section, defs in SECTIONS.items():
             obj = getattr(self, section)
             if obj is None:
@@ -398,12 +484,17 @@ class HardwareSpec:
             "description": self.description,
             "unified_memory": self.unified_memory,
         }
+        if self.nodes > 1:
+            out["nodes"] = self.nodes
         for section, defs in SECTIONS.items():
             obj = getattr(self, section)
-            if obj is not None:
+            if obj is not None and (section != "network" or self.nodes > 1):
                 out[section] = {fd.key: _plain(getattr(obj, fd.attr)) for fd in defs
                                 if not (fd.omit_default and getattr(obj, fd.attr) == fd.default)}
-        out["sources"] = dict(self.sources)
+        if self.nodes > 1:
+            out["gpu"]["count"] = self.gpus_per_node  # the file's gpu.count is per node
+        out["sources"] = {k: v for k, v in self.sources.items()
+                          if self.nodes > 1 or not k.startswith("network.")}
         return out
 
 

@@ -31,6 +31,22 @@ Links built by `build_topology` (``i`` = GPU index, ``k = i // pcie.gpus_per_swi
   cpu route + ``nvme.io``): GPUDirect Storage is not modelled. On a unified machine gpu0 <-> nvme is
   ``nvme.io`` alone.
 
+Nodes (``spec.nodes`` > 1): GPUs are numbered node by node (node k holds ``gpu{k*g} .. gpu{k*g+g-1}``, g =
+``spec.gpus_per_node``); PCIe links, switch uplinks and NVLink are each node's own (``sw{k}`` counts
+switches over all nodes), NVLink joins only the GPUs of one node. Each node has ``min(network.nics, g)`` NIC
+links ``n{k}.nic{j}`` (kind nic, full duplex, ``network.nic_bw x efficiency`` each way, times
+``nics / links`` where a GPU has more than one NIC; forward = from the network into the node); GPU l of a
+node uses NIC ``l * links // g`` (DGX: one NIC per GPU, under the GPU's own PCIe switch: GPUDirect RDMA
+crosses the GPU's PCIe link but not the switch uplink). A copy between GPUs of two nodes crosses
+``[gpu_a.pcie rev, nic_a rev, nic_b fwd, gpu_b.pcie fwd]``; the fabric between the NICs is non-blocking.
+Those routes are worked out when asked (`Topology.route`), not stored: a 1,024-GPU cluster would otherwise
+hold a million of them. ``cpu`` and ``nvme`` stand for every node's host DRAM and NVMe set taken together
+(the plans name one ``cpu`` and one ``nvme``): their pools hold ``nodes x`` one node's bytes, ``nvme.io``
+carries ``nodes x`` one node's bandwidth, and each GPU reaches ``cpu`` over its own node's PCIe path. For a
+plan whose nodes run alike (every data-parallel plan) that is exact: max-min sharing of an ``N x`` resource
+among ``N x`` the same flows gives each flow what one node's resource would, and the pool overflows exactly
+when one node's would. A plan that loads one node's host more than another's would see the sum.
+
 Not modelled: NICs sharing a switch uplink (DGX A100 has 2 per switch), NUMA (socket-local vs remote
 DRAM), host DRAM bandwidth as a shared resource, pageable (unpinned) copies, size-dependent link
 efficiency.
@@ -53,7 +69,7 @@ from hardware_models.spec import HardwareSpec
 __all__ = ["COMM_BUFFERS", "Hop", "Link", "Pool", "Topology", "build_topology", "gpu_reserved"]
 
 POOL_KINDS: Final = ("hbm", "dram", "nvme", "unified")
-LINK_KINDS: Final = ("pcie", "nvlink", "c2c", "nvme", "memcpy")
+LINK_KINDS: Final = ("pcie", "nvlink", "c2c", "nvme", "memcpy", "nic")
 
 
 @dataclass(frozen=True)
@@ -132,10 +148,17 @@ class Topology:
     pools: Mapping[str, Pool]
     links: Mapping[str, Link]
     routes: Mapping[tuple[str, str], Route] = field(repr=False)
+    nodes: int = 1
+    gpus_per_node: int = 0  # 0: every GPU is on the one node
+    to_network: Mapping[str, Route] = field(default_factory=FrozenDict, repr=False)  # GPU -> its NIC, out
 
     def __post_init__(self) -> None:
-        for name in ("pool_of", "pools", "links", "routes"):
+        for name in ("pool_of", "pools", "links", "routes", "to_network"):
             object.__setattr__(self, name, FrozenDict(getattr(self, name)))
+        for gpu, hops in self.to_network.items():
+            for hop in hops:
+                if hop.link not in self.links:
+                    raise HardwareInputError(f"route {gpu}->network uses unknown link {hop.link!r}", field="routes")
         for loc in self.locations:
             if self.pool_of.get(loc) not in self.pools:
                 raise HardwareInputError(f"location {loc!r} has no pool", field="pool_of")
@@ -156,7 +179,16 @@ class Topology:
         self._check_location(dst)
         if src == dst:
             return ()
+        got = self.routes.get((src, dst))
+        if got is None and src in self.to_network and dst in self.to_network:
+            return self.to_network[src] + _reverse(self.to_network[dst])  # GPUs of two nodes
         return self.routes[(src, dst)]
+
+    def node_of(self, loc: str) -> int:
+        """The node a GPU location is on (``cpu`` and ``nvme``, every node's together, count as node 0)."""
+        if self.nodes == 1 or not loc.startswith("gpu"):
+            return 0
+        return int(loc[3:]) // self.gpus_per_node
 
     def route_latency(self, src: str, dst: str) -> float:
         """Sum of the latencies of the route's links (seconds)."""
@@ -172,11 +204,13 @@ def _reverse(route: Route) -> Route:
 
 
 def _nvme_link(spec: HardwareSpec) -> Link | None:
+    """The NVMe set's link (with nodes: every node's set together, ``nodes x`` the bandwidth)."""
     if spec.nvme is None:
         return None
-    nvme = spec.nvme
+    nvme, k = spec.nvme, spec.nodes
     return Link(
-        "nvme.io", "nvme", nvme.write_bw, nvme.read_bw, max(nvme.read_bw, nvme.write_bw), nvme.latency_s
+        "nvme.io", "nvme", k * nvme.write_bw, k * nvme.read_bw, k * max(nvme.read_bw, nvme.write_bw),
+        nvme.latency_s,
     )
 
 
@@ -197,7 +231,7 @@ def build_topology(spec: HardwareSpec) -> Topology:
 
 
 def _discrete(spec: HardwareSpec) -> Topology:
-    gpu, pcie = spec.gpu, spec.pcie
+    gpu, pcie, nodes, per_node = spec.gpu, spec.pcie, spec.nodes, spec.gpus_per_node
     gpus = [f"gpu{i}" for i in range(gpu.count)]
     pools: dict[str, Pool] = {}
     reserved = gpu_reserved(spec)
@@ -205,11 +239,21 @@ def _discrete(spec: HardwareSpec) -> Topology:
         base = gpu.memory_bytes - sum(reserved.values())
         pools[g] = Pool(g, "hbm", gpu.memory_bytes, reserved, base * (1 - gpu.fragmentation))
     host_free = spec.host.dram_bytes - sum(spec.host.reserved.values())
-    pools["cpu"] = Pool("cpu", "dram", spec.host.dram_bytes, spec.host.reserved, host_free)
+    if nodes == 1:
+        pools["cpu"] = Pool("cpu", "dram", spec.host.dram_bytes, spec.host.reserved, host_free)
+    else:  # every node's host DRAM together (module docstring)
+        pools["cpu"] = Pool("cpu", "dram", nodes * spec.host.dram_bytes,
+                            {k: nodes * v for k, v in spec.host.reserved.items()}, nodes * host_free)
 
     links: dict[str, Link] = {}
     down: dict[str, Route] = {}  # cpu -> gpu
     switched = spec.c2c is None and pcie.gpus_per_switch > 1
+    per_switch = pcie.gpus_per_switch
+    switches_per_node = -(-per_node // per_switch)
+
+    def switch(i: int) -> int:
+        return (i // per_node) * switches_per_node + (i % per_node) // per_switch
+
     for i, g in enumerate(gpus):
         if spec.c2c is not None:
             bw = spec.c2c.per_direction_bw
@@ -220,7 +264,7 @@ def _discrete(spec: HardwareSpec) -> Topology:
             f"{g}.pcie", "pcie", pcie.per_direction_bw, pcie.per_direction_bw, pcie.duplex_bw, pcie.latency_s
         )
         if switched:
-            sw = f"sw{i // pcie.gpus_per_switch}.uplink"
+            sw = f"sw{switch(i)}.uplink"
             up_bw = pcie.uplink_bw
             links.setdefault(sw, Link(sw, "pcie", up_bw, up_bw, 2 * up_bw * pcie.duplex_fraction, 0.0))
             down[g] = (Hop(sw, True), Hop(f"{g}.pcie", True))
@@ -235,28 +279,52 @@ def _discrete(spec: HardwareSpec) -> Topology:
     for i, a in enumerate(gpus):
         routes[("cpu", a)] = down[a]
         routes[(a, "cpu")] = _reverse(down[a])
-        for j, b in enumerate(gpus):
-            if a == b:
+        first = (i // per_node) * per_node
+        for j in range(first, first + per_node):  # GPU pairs of one node; across nodes: Topology.route
+            if j == i:
                 continue
+            b = gpus[j]
             if spec.nvlink is not None:
                 routes[(a, b)] = (Hop(f"{a}.nvlink", False), Hop(f"{b}.nvlink", True))
-            elif switched and pcie.p2p and i // pcie.gpus_per_switch == j // pcie.gpus_per_switch:
+            elif switched and pcie.p2p and switch(i) == switch(j):
                 routes[(a, b)] = (Hop(f"{a}.pcie", False), Hop(f"{b}.pcie", True))
             else:
                 routes[(a, b)] = _reverse(down[a]) + down[b]
+    to_network = _network(spec, gpus, links, down)
 
     locations = [*gpus, "cpu"]
     nvme_link = _nvme_link(spec)
     if nvme_link is not None and spec.nvme is not None:
         links["nvme.io"] = nvme_link
-        pools["nvme"] = Pool("nvme", "nvme", spec.nvme.capacity_bytes, {}, spec.nvme.capacity_bytes)
+        capacity = nodes * spec.nvme.capacity_bytes
+        pools["nvme"] = Pool("nvme", "nvme", capacity, {}, capacity)
         locations.append("nvme")
         write, read = (Hop("nvme.io", True),), (Hop("nvme.io", False),)
         routes[("cpu", "nvme")], routes[("nvme", "cpu")] = write, read
         for g in gpus:
             routes[(g, "nvme")] = routes[(g, "cpu")] + write
             routes[("nvme", g)] = read + routes[("cpu", g)]
-    return Topology(tuple(locations), {loc: loc for loc in locations}, pools, links, routes)
+    return Topology(tuple(locations), {loc: loc for loc in locations}, pools, links, routes,
+                    nodes, per_node if nodes > 1 else 0, to_network)
+
+
+def _network(spec: HardwareSpec, gpus: list[str], links: dict[str, Link], down: Mapping[str, Route]
+             ) -> dict[str, Route]:
+    """The NIC links of every node (added to ``links``) and each GPU's way out to its NIC (one node: none)."""
+    net = spec.network
+    if spec.nodes == 1 or net is None:
+        return {}
+    per_node = spec.gpus_per_node
+    n_links = min(net.nics, per_node)
+    bw = net.per_direction_bw * net.nics / n_links
+    out: dict[str, Route] = {}
+    for i, g in enumerate(gpus):
+        node, local = divmod(i, per_node)
+        nic = f"n{node}.nic{local * n_links // per_node}"
+        links.setdefault(nic, Link(nic, "nic", bw, bw, None, net.latency_s / 2))
+        to_nic = (Hop(f"{g}.pcie", False),) if f"{g}.pcie" in links else _reverse(down[g])
+        out[g] = (*to_nic, Hop(nic, False))
+    return out
 
 
 def _unified(spec: HardwareSpec) -> Topology:

@@ -155,15 +155,15 @@ def resource_work(plan: Plan, hw: HardwareSpec, topo: Topology) -> dict[str, flo
                 if device.startswith("gpu"):
                     work[sm_resource(device)] += n * gpu_optimizer_seconds(hw, t.params)
                 else:
-                    work[CPU_ADAM] += cpu_adam_seconds(hw, n * t.params)
+                    work[CPU_ADAM] += cpu_adam_seconds(hw, n * t.params) / hw.nodes  # every node's host
             elif t.op == "copy" and t.src != t.dst and t.src is not None and t.dst is not None:
                 b = t.bytes if t.bytes > 0 else (tensors[t.tensor.id].bytes if t.tensor is not None else 0.0)
                 for r in route(t.src, t.dst).resources:
                     nbytes[r] += n * b
             elif t.op == "collective" and len(t.ranks) > 1 and t.coll is not None:
                 rg = ring(route, t.ranks, t.bytes, t.coll)
-                for r in rg.resources:
-                    nbytes[r] += n * rg.per_rank
+                for r, b in rg.resource_bytes().items():
+                    nbytes[r] += n * b
     for r, b in nbytes.items():
         work[r] += b / caps[r]
     return dict(work)

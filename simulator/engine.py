@@ -320,16 +320,18 @@ class Engine:
             sym = self.sym
             if sym is not None and not is_rank and sym.flow_mult.get(s.id, 1.0) > 1.0:
                 for cid in sym.coll_orbit[s.id]:  # this group's collective and its images in the others
-                    self._count(t.step, sym.coll_hop_links[cid], rg.per_rank)
+                    for ln, share in sym.coll_hop_links[cid]:
+                        self._count(t.step, (ln,), rg.per_rank * share)
             else:
-                for hop in rg.hops:
-                    self._count(t.step, hop.links, rg.per_rank, is_rank)
+                for hop, hop_bytes in rg.hop_bytes():  # across nodes, each hop its share (costs.collective)
+                    self._count(t.step, hop.links, hop_bytes, is_rank)
             lat = rg.latency_s
             if lat > 0:
                 yield env.timeout(lat)
             # the ring's n transfers move in lockstep: one flow using each resource once per ring hop on it
-            yield self._start(rg.per_rank, rg.resources, None, s.id)
-            return rg.per_rank * len(rg.hops), rg.links
+            # (across nodes, each hop its share of it: costs.collective)
+            yield self._start(rg.per_rank, rg.resources, None if rg.weights is None else list(rg.weights), s.id)
+            return rg.moved_bytes, rg.links
         return 0.0, ()  # alloc / free / noop: instantaneous
 
     def _sm(self, device: str, seconds: float, task: str) -> simpy.Event:

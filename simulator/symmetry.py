@@ -127,7 +127,8 @@ class Symmetry:
     coll_ranks: dict[str, tuple[str, ...]] = field(default_factory=dict)  # every collective's ranks
     coll_orbit: dict[str, tuple[str, ...]] = field(default_factory=dict)  # kept collective -> it and its images
     coll_links: dict[str, tuple[str, ...]] = field(default_factory=dict)  # collective -> links its ring crosses
-    coll_hop_links: dict[str, tuple[str, ...]] = field(default_factory=dict)  # ... hop by hop (repeats kept)
+    # collective -> (link, share of per_rank) hop by hop (repeats kept)
+    coll_hop_links: dict[str, tuple[tuple[str, float], ...]] = field(default_factory=dict)
     kept_streams: frozenset[str] = frozenset()
     tags: dict[str, Mapping[str, Any]] = field(default_factory=dict)  # every rank task's tags, by id
     _folded: dict[tuple, tuple[tuple[str, ...], tuple[float, ...]]] = field(default_factory=dict)
@@ -380,7 +381,8 @@ def _find(plan: Plan, topo: Topology, route: Callable[[str, str], RouteResources
         coll_ranks={t.id: t.ranks for t in globals_}, kept_streams=kept_streams,
         coll_orbit={c: tuple(t.id for t in o) for c, o in orbits.items()},
         coll_links={t.id: rg.links for t, rg in rings}, coll_hop_links={
-            t.id: tuple(ln for h in rg.hops for ln in h.links) for t, rg in rings})
+            t.id: tuple((ln, nbytes / rg.per_rank) for h, nbytes in rg.hop_bytes() for ln in h.links)
+            for t, rg in rings})
 
 
 def _ref(a: Ref, b: Ref, m: _Bijection) -> None:
@@ -685,7 +687,9 @@ def _resources(plan: Plan, base: list[list[TaskSpec]], maps: list[_RankMaps],
                 if capacity.get(a) != capacity.get(b):
                     raise NotSymmetric(f"resources {a!r} and {b!r} differ in capacity")
                 union(a, b)
-            if merge_hops:  # a ring's hops play one role where they are alike (the load check decides)
+            # a ring's hops play one role where they are alike (the load check decides); not a hierarchical
+            # ring's (costs.collective: its hops carry different shares of the flow)
+            if merge_hops and rg.weights is None:
                 hops = rg.hops
                 for h in hops[1:]:
                     if len(h.resources) == len(hops[0].resources):

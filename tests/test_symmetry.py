@@ -91,6 +91,18 @@ def test_symmetric_and_full_simulations_agree(policy: str, n: int, knobs: tuple[
     assert _disagreements(full, red) == []
 
 
+@pytest.mark.parametrize("policy", ["zero-offload", "zero-infinity"])
+def test_across_nodes_symmetric_and_full_simulations_agree(policy: str) -> None:
+    """Two nodes of two GPUs: the data-parallel collectives are hierarchical rings (NVLink inside a node, the
+    NICs between them, each hop its share of the bytes: costs.collective); the reduction still agrees."""
+    plan, hw = _plan(policy, 2, overrides=("nodes=2",))
+    full = simulate_plan(plan, hw, symmetric=False)
+    red = simulate_plan(plan, hw)
+    assert red.sim.reduction == "4 ranks simulated as 1 class of 4"
+    assert any("nic" in ln.lower() or "net" in ln.lower() for ln in full.link_bytes), sorted(full.link_bytes)
+    assert _disagreements(full, red) == []
+
+
 def test_an_oom_verdict_agrees() -> None:
     """A host too small for every rank's optimizer state: the shared pool's OOM is found at the same
     instant with the same bytes asked and free (the first rank's allocation that does not fit)."""

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from policies.job import DEFAULT_SEQ_CAP, DEFAULT_SEQS_PER_GPU, JobRequest
 from tiersim.errors import UsageError
+from userfiles.limits import MAX_GPUS_PER_MACHINE
 from workloads.config import CHECKPOINTING_MODES, DTYPE_BYTES
 
 DEFAULT_HW, DEFAULT_MODEL, DEFAULT_POLICY = "a100x8", "70b", "zero-offload"
@@ -98,9 +99,40 @@ def add_hw_flag(p: argparse.ArgumentParser, flags: JobFlags) -> None:
     p.add_argument("--hw", default=flags.hw_default, type=hardware_name, help=flags.hw_help)
 
 
+def node_count(text: str) -> int:
+    """An argparse type: a whole number of nodes, 1 .. MAX_GPUS_PER_MACHINE (the GPUs of all nodes together are
+    bounded by it too, checked where the hardware is loaded, with the limit named)."""
+    value = positive_int(text)
+    if value > MAX_GPUS_PER_MACHINE:
+        raise argparse.ArgumentTypeError(f"{value:,} nodes is beyond the bound MAX_GPUS_PER_MACHINE = "
+                                         f"{MAX_GPUS_PER_MACHINE:,} (GPUs of all nodes together); give fewer")
+    return value
+
+
+class _NodesAction(argparse.Action):
+    """``--nodes N`` is the hardware override ``nodes=N``: appended to ``--set``'s list, so every command and the
+    planner see it as one more override (and ``--set nodes=M`` beside it is refused as given twice)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        sets = list(getattr(namespace, "sets", None) or [])
+        sets.append(f"nodes={values}")
+        namespace.sets = sets
+        namespace.nodes = values
+
+
 def add_set_flag(p: argparse.ArgumentParser, help: str | None) -> None:
-    """``--set PATH=VALUE`` (repeatable): hardware overrides, checked where the hardware is loaded."""
+    """``--set PATH=VALUE`` (repeatable): hardware overrides, checked where the hardware is loaded; and
+    ``--nodes N``: N machines of the hardware joined by its network (the override ``nodes=N``)."""
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="PATH=VALUE", help=help)
+    add_nodes_flag(p)
+
+
+def add_nodes_flag(p: argparse.ArgumentParser) -> None:
+    """``--nodes N`` (default 1): the job runs on N machines of the hardware, joined by its ``network``."""
+    p.add_argument("--nodes", type=node_count, action=_NodesAction, default=None, metavar="N",
+                   help="run on N machines of the hardware, joined by its inter-node network (default: 1; "
+                        "the same as --set nodes=N; tiersim hardware show NAME lists the network)")
 
 
 def add_model_flag(p: argparse.ArgumentParser, flags: JobFlags) -> None:
@@ -158,7 +190,7 @@ def request_from_args(args: argparse.Namespace) -> JobRequest:
 JOB_FLAGS = {"model": "--model", "policy": "--policy", "knobs": "--knob", "micro_batch": "--micro-batch",
              "seq_len": "--seq-len", "global_batch": "--global-batch", "precision": "--precision",
              "checkpointing": "--checkpointing", "flash": "--no-flash-attention/--flash-attention",
-             "deepspeed": "--deepspeed"}
+             "deepspeed": "--deepspeed", "nodes": "--nodes"}
 
 
 def check_no_job_flags(args: argparse.Namespace) -> None:

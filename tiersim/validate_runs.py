@@ -306,3 +306,26 @@ def published_both(run: Run) -> tuple[float, float, str]:
         return mfu, mfu / ratio, "hfu"
     assert mfu is not None and hfu is not None
     return mfu, hfu, ""
+
+
+# --- multi-node runs (issue 13, added by the `nodes` work): machines joined by the preset's inter-node network ---
+def _foundry_two_nodes() -> Run:
+    """llm-foundry's MPT-1B on 16x A100-40GB, two DGX A100 nodes "with 1600 Gbps node-node interconnect (RoCE)",
+    i.e. 8x 200 Gb/s per node: the a100x8 preset's network (naddod_gpu_nic)."""
+    model = gpt_like("mpt-1b (llm-foundry benchmark, 1,315,950,592 params)", 24, 2048, 16, 50368, 2048,
+                     dropout=False)
+    return Run(
+        name="MPT-1b 16x A100-40GB (2 nodes) seq 2048",
+        source=("llm-foundry scripts/train/benchmarking/README.md, 'A100 40GB with 1600 Gbps node-node interconnect "
+                "(RoCE)' table, row 1b / 2048 / 16 GPUs: MFU 55.69%, HFU 55.69%, micro-batch 8, accumulation 1, "
+                "global batch 128, FSDP FULL_SHARD, no activation checkpointing"),
+        hw="a100x8", overrides=(*A100_40GB, "nodes=2"),
+        hw_note=A100_40GB_WHY + "; two such nodes on the preset's 8x 200 Gb/s network (1600 Gbps per node)",
+        model=model, micro=8, global_batch=128, seq=2048, precision="bf16", ckpt="none", flash=True, policy="none",
+        knobs=(("stage", 3),), flops=LLM_FOUNDRY, convention="model", mfu=0.5569, hfu=0.5569,
+        published_params=1315950592,
+        note="ZeRO-3 stands in for FSDP FULL_SHARD over all 16 GPUs (its collectives hierarchical: NVLink inside a "
+             "node, the NICs between the two); MPT shape from the row's NumParams")
+
+
+RUNS = (*RUNS, _foundry_two_nodes())

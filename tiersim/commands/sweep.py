@@ -3,6 +3,9 @@
     tiersim sweep examples/sweep.yaml                         # local process pool, store sweep.sqlite
     tiersim sweep examples/sweep.yaml --store runs.sqlite --workers 4          # a local Dask cluster
     tiersim sweep examples/sweep.yaml --scheduler tcp://10.0.0.5:8786         # a running Dask cluster
+    tiersim sweep examples/sweep.yaml --nodes 4        # every hardware entry as 4 nodes (set: {nodes: N})
+
+A ``nodes`` axis is a hardware entry's ``set``: ``{preset: a100x8, set: {nodes: [1, 2, 4]}}``.
 
 Run it again to resume: points already stored (done or failed) are skipped; ``--retry-failed`` reruns the
 failed ones. Exit codes: 0 every point of the grid is stored as done, 1 some failed (listed; or the
@@ -21,6 +24,7 @@ from planner.result_json import versioned
 from tiersim.command import Command
 from tiersim.errors import UsageError
 from tiersim.exit_codes import EXIT_FAILED, EXIT_OK
+from tiersim.job_flags import add_nodes_flag
 from tiersim.signals import keeping
 
 SHOW_FAILURES = 10
@@ -45,6 +49,37 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--progress", action="store_true",
                    help="show the progress line on stderr even when it is not a terminal")
     p.add_argument("--json", action="store_true", help="print one JSON object (the summary and the failures)")
+    add_nodes_flag(p)
+
+
+def read_grid_file(path: str) -> object:
+    """The sweep file, read as ``load_grid`` reads it (``userfiles``: size, UTF-8, keys, depth, numbers)."""
+    import userfiles
+    from planner.sweep import SweepFileError
+
+    try:
+        return userfiles.read_yaml(Path(path), "sweep")
+    except userfiles.UserFileError as e:
+        raise SweepFileError(str(e)) from e
+
+
+def with_nodes(data: object, nodes: int, label: str) -> object:
+    """The sweep file's mapping with ``nodes: N`` added to every hardware entry's ``set`` (``--nodes N``); an entry
+    that sets ``nodes`` itself is refused as given twice. Anything malformed is left for the grid's own checks."""
+    if not isinstance(data, dict) or "hardware" not in data:
+        return data
+    entries = data["hardware"] if isinstance(data["hardware"], list) else [data["hardware"]]
+    out = []
+    for i, entry in enumerate(entries):
+        if isinstance(entry, str):
+            entry = {"preset": entry, "set": {}}
+        if isinstance(entry, dict) and isinstance(entry.get("set") or {}, dict):
+            sets = dict(entry.get("set") or {})
+            if "nodes" in sets:
+                raise UsageError(f"{label}: hardware[{i}].set.nodes and --nodes are both given; give one")
+            entry = {**entry, "set": {**sets, "nodes": nodes}}
+        out.append(entry)
+    return {**data, "hardware": out}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -53,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
         SweepAborted,
         SweepFileError,
         SweepSetupError,
+        expand_grid,
         load_grid,
         read_failures,
         run_sweep,
@@ -65,7 +101,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         from tiersim.deepspeed_cli import sweep_reader
 
-        points = load_grid(args.grid, deepspeed=sweep_reader)
+        if args.nodes is None:
+            points = load_grid(args.grid, deepspeed=sweep_reader)
+        else:
+            points = expand_grid(with_nodes(read_grid_file(args.grid), args.nodes, args.grid), label=args.grid,
+                                 base=Path(args.grid).parent, deepspeed=sweep_reader)
         summary = run_sweep(points, store, processes=args.processes, workers=args.workers,
                             scheduler=args.scheduler, retry_failed=args.retry_failed, progress=show)
     except (SweepFileError, SweepSetupError, StoreError) as e:
