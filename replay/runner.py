@@ -118,9 +118,10 @@ class LoggedMemory(MemoryTracker):
         super().__init__(capacities, pool_of)
         self.log: list[tuple[float, float, str, str, str, str]] = []
 
-    def alloc(self, now: float, inst: str, loc: str, nbytes: float, kind: str, task: str) -> None:
-        super().alloc(now, inst, loc, nbytes, kind, task)
-        self.log.append((now, nbytes, inst, loc, kind, task))
+    def alloc(self, now: float, inst: str, loc: str, nbytes: float, kind: str, task: str,
+              mult: float = 1.0) -> None:
+        super().alloc(now, inst, loc, nbytes, kind, task, mult)
+        self.log.append((now, nbytes * mult, inst, loc, kind, task))
 
     def free(self, now: float, inst: str, loc: str, task: str) -> None:
         super().free(now, inst, loc, task)

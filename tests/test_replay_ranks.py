@@ -55,7 +55,8 @@ def replay_and_verify(plan: Plan):  # type: ignore[no-untyped-def]
                                               Batching(SEED, cfg.micro_batch, cfg.seq_len, cfg.precision), plan.steps,
                                               ranks[0].accum, delayed=delayed, device=torch.device("cpu"),
                                               world=world)
-    return meas, ranks, compare(meas.losses, meas.weights, ref_losses, ref_weights, "dp", rtol_for(world, cfg.precision))
+    verdict = compare(meas.losses, meas.weights, ref_losses, ref_weights, "dp", rtol_for(world, cfg.precision))
+    return meas, ranks, verdict
 
 
 def _collectives(plan: Plan) -> set[str | None]:

@@ -126,8 +126,8 @@ def _verify(plan: Plan, seed: int, accum: dict[int, int], world: int, meas: Any,
 
     delayed = bool(plan.knobs.get("delayed_update", False))
     cfg = plan.workload.config
-    ref_losses, ref_weights = train_reference(Dims.from_model(plan.workload.model),
-                                              Batching(seed, cfg.micro_batch, cfg.seq_len, cfg.precision), plan.steps, accum,
+    batching = Batching(seed, cfg.micro_batch, cfg.seq_len, cfg.precision)
+    ref_losses, ref_weights = train_reference(Dims.from_model(plan.workload.model), batching, plan.steps, accum,
                                               delayed=delayed, device=pick_device(meas.device), world=world)
     v = compare(meas.losses, meas.weights, ref_losses, ref_weights,
                 "delayed-update" if delayed else "plain", rtol_for(world, cfg.precision)).to_dict()
