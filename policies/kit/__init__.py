@@ -40,8 +40,7 @@ mechanisms of many tasks and the dependency rules that schedule them.
   does: the compute thread allocates the buffer when it issues the prefetch), and a gradient bucket is released
   (``release``) just before the backward B buckets later, after its copy has drained (DeepSpeed's gradient
   buffers are reused, not freed: the ``bucket_gate`` bound, held); the last B buckets of a micro-step are
-  released after its last backward (``bucket_release``). ``emit_microstep`` does so for offloaded gradients
-  with a bucket bound (zero-offload). The GPU pool then changes only in the compute
+  released after its last backward (``bucket_release``). The GPU pool then changes only in the compute
   order, which the plan fixes: every timing gives one peak.
 - Data/tensor-parallel micro-step (``emit_microstep``: none, zero-offload): per GPU the forward of every layer on a
   1/tp slice (saving its activations, or only its input under full checkpointing), then in reverse recomputation
@@ -436,10 +435,8 @@ def reduce_and_offload(b: PlanBuilder, job: Job, lay: Layout, grads: Grads, i: i
         for g in grp:
             r = int(g[3:])
             if grads.offload:
-                bucket = [(f"gb{i}.{g}", g)]  # with a bucket bound, released on the compute stream (module docstring)
                 offload(b, f"d2h{i}.{g}", g, layer.params / lay.n * grads.offload_bytes_per_param,
-                        [red or f"bwd{i}.{g}"], layer=i, rank=r, reads=bucket if grads.buckets_in_flight else (),
-                        frees=() if grads.buckets_in_flight else bucket)
+                        [red or f"bwd{i}.{g}"], layer=i, rank=r, frees=[(f"gb{i}.{g}", g)])
             elif grads.bucket and red is None:
                 release(b, f"acc{i}.{g}", g, [(f"gb{i}.{g}", g)], layer=i, rank=r, phase=Phase.GRAD_ACCUMULATE)
 
@@ -507,21 +504,12 @@ def _backward_pass(b: PlanBuilder, job: Job, lay: Layout, grads: Grads, *, gathe
             k, j = lay.tp_index(r)
             deps = [] if layer.recompute_flops > 0 else ([pre[j]] if pre else [])
             deps += [s[k] for s in (rc_sync, prev_sync) if k in s][:1]
-            if grads.offload and grads.buckets_in_flight:  # the bucket B back, released here (its gate)
-                _release_buckets(b, g, r, bucket_release(order, i, grads.buckets_in_flight))
+            if grads.offload and grads.buckets_in_flight:
+                deps += bucket_gate(order, i, grads.buckets_in_flight, f"d2h{{}}.{g}".format)
             backward(b, i, layer, g, r, deps, share=lay.tp, allocs=[(f"gb{i}.{g}", g)] if grads.bucket else [],
                      frees=[(f"act{i}.{g}", g)] + ([(f"pg{i}.{g}", g)] if gather_params else []))
         prev_sync = tp_sync(b, lay, i, layer, "b", "bwd")
         reduce_and_offload(b, job, lay, grads, i)
-    if grads.offload and grads.buckets_in_flight:  # the last B buckets, after the last backward
-        for r, g in enumerate(lay.gpus()):
-            _release_buckets(b, g, r, bucket_release(order, None, grads.buckets_in_flight))
-
-
-def _release_buckets(b: PlanBuilder, g: str, r: int, layers: Sequence[int]) -> None:
-    """Offloaded gradient buckets of ``layers`` released on GPU g's compute stream once their copies ended."""
-    for o in layers:
-        release(b, f"gfree{o}.{g}", g, [(f"gb{o}.{g}", g)], layer=o, rank=r, deps=[f"d2h{o}.{g}"])
 
 
 def cpu_update_by_layer(b: PlanBuilder, job: Job, lay: Layout, *, upload_bytes_per_param: float, staged: bool,
