@@ -126,7 +126,7 @@ def symmetric_1024_row() -> Row:
         return Row("1024-GPU symmetric job (engine's bench)", None, 4.0,
                    "hook missing: run_1024_gpu_case() in test_bench_simulate.py")
     seconds, _ = _timed(lambda: str(hook()))
-    return Row("1024-GPU symmetric job (engine's bench)", seconds, 4.0)
+    return Row("1024-GPU symmetric job, plan + simulate (7b zero-offload)", seconds, 4.0)
 
 
 def test_bench_ratio_table(tmp_path: Path) -> None:

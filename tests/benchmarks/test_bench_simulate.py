@@ -74,6 +74,14 @@ def _raw_simpy_seconds(n: int = 1_000_000) -> float:
     return time.perf_counter() - t0
 
 
+def run_1024_gpu_case() -> str:
+    """The ratio table's 1024-GPU row (tests/benchmarks/test_bench_ratios.py): plan construction AND
+    simulation of one step of 7b with zero-offload on 1024 A100s (what a user waits for)."""
+    job, _ = make_job("a100x8", "7b", hw_overrides=["gpu.count=1024"])
+    result = simulate_plan(make_plan(job, "zero-offload"), job.hw)
+    return result.sim.reduction
+
+
 @pytest.mark.parametrize("n_gpus", [8, 1024])
 def test_bench_symmetric_gpu_count(n_gpus: int) -> None:
     """Target (issue 13): a symmetric plan's simulation costs the same whatever the GPU count; a 1024-GPU
