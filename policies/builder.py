@@ -11,14 +11,6 @@ from simulator import Placement, Plan, Ref, Segment, StreamSpec, TaskSpec, Tenso
 from simulator.plan_workload import PlanWorkload
 
 
-def _refs(items: Iterable[str]) -> tuple[Ref, ...]:
-    return tuple(Ref.parse(x, "builder") for x in items)
-
-
-def _places(items: Iterable[tuple[str, str]]) -> tuple[Placement, ...]:
-    return tuple(Placement(Ref.parse(t, "builder"), loc) for t, loc in items)
-
-
 class PlanBuilder:
     def __init__(self, policy: str, knobs: Any, job: Job):
         self.policy = policy
@@ -27,6 +19,9 @@ class PlanBuilder:
         self._tensors: dict[str, TensorSpec] = {}
         self._streams: dict[str, StreamSpec] = {}
         self._segments: list[tuple[str, int, list[TaskSpec]]] = []
+        # every reference text parsed once: a plan of N ranks names each rank's barrier tasks N times
+        # (O(N^2) texts, most of them repeats), and parsing them was most of a 128-GPU plan's build time
+        self._parsed: dict[str, Ref] = {}
 
     # -- declarations ---------------------------------------------------------------------------------
     def tensor(self, tid: str, nbytes: float, kind: str, *, scope: str = "global", home: str | None = None,
@@ -50,10 +45,19 @@ class PlanBuilder:
         if not self._segments:
             raise ValueError("declare a segment before adding tasks")
         self._segments[-1][2].append(TaskSpec(
-            id=tid, op=op, stream=stream, deps=_refs(d for d in deps if d), allocs=_places(allocs),
-            frees=_places(frees), reads=_places(reads),
-            tensor=Ref.parse(tensor, "builder") if tensor else None, **fields))
+            id=tid, op=op, stream=stream, deps=tuple(self._ref(d) for d in deps if d), allocs=self._places(allocs),
+            frees=self._places(frees), reads=self._places(reads),
+            tensor=self._ref(tensor) if tensor else None, **fields))
         return tid
+
+    def _ref(self, text: str) -> Ref:
+        got = self._parsed.get(text)
+        if got is None:
+            got = self._parsed[text] = Ref.parse(text, "builder")
+        return got
+
+    def _places(self, items: Iterable[tuple[str, str]]) -> tuple[Placement, ...]:
+        return tuple(Placement(self._ref(t), loc) for t, loc in items)
 
     # -- output ---------------------------------------------------------------------------------------
     def build(self, *, steps: int = 2, notes: Sequence[str] = (), info: dict[str, Any] | None = None) -> Plan:

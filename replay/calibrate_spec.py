@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from hardware_models import PCIE_X16_PER_DIRECTION
+from hardware_models.gpu_arch import gpu_arch
 
 if TYPE_CHECKING:
     from replay.calibrate import Calibration
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 __all__ = ["pcie_fields", "spec_dict"]
 
 _GIB = 2**30
+_MIB = 2**20
 
 
 def pcie_fields(rate: float) -> tuple[int, int, float, bool]:
@@ -131,10 +133,11 @@ def spec_dict(cal: Calibration, base: Mapping[str, Any] | None = None, base_name
         if isinstance(reserved, Mapping) and reserved:
             gpu["reserved"] = {k: kept(f"gpu.reserved.{k}", v, "") for k, v in reserved.items()}
         else:
-            gpu["reserved"] = {"cuda_context": 0.5 * _GIB, "framework_workspace": 1.0 * _GIB}
-            sources["gpu.reserved.cuda_context"] = f"assumed: {stamp}: ~0.5 GiB CUDA context (typical)"
-            sources["gpu.reserved.framework_workspace"] = f"assumed: {stamp}: ~1 GiB cuBLAS workspace (typical)"
-    gpu["fragmentation"] = kept("gpu.fragmentation", 0.05, "5% of the device memory lost to fragmentation")
+            gpu["reserved"] = _reserved_by_arch(cal, stamp, sources)
+    gpu["fragmentation"] = kept("gpu.fragmentation", 0.0,
+                                "0: the caching allocator's rounding is charged per allocation instead "
+                                "(gpu.allocator caching; pt_caching_allocator in "
+                                "hardware_models/reference/hardware_specs.yaml)")
     gpu["optimizer_bytes_per_param"] = cal.hbm_bw / cal.gpu_optimizer_params_per_s
     sources["gpu.optimizer_bytes_per_param"] = (
         f"derived: measured gpu.hbm_bw / measured torch.optim.Adam rate on {cal.device} "
@@ -261,3 +264,22 @@ def _apply_ranks(out: dict[str, Any], sources: dict[str, str], rc: RanksCalibrat
         f"{how}): the {n} ranks' gpu <-> cpu copies are host memcpys over one memory bus, written as one shared "
         f"uplink; all ranks copying at once moved {rc.copy_shared_total / 1e9:.3g} GB/s in all, one alone "
         f"{rc.copy_alone / 1e9:.3g} GB/s")
+
+
+def _reserved_by_arch(cal: Calibration, stamp: str, sources: dict[str, str]) -> dict[str, float]:
+    """The GPU memory a training process holds before its first tensor, as the presets reserve it (their
+    cited figures, hardware_models/reference/hardware_specs.yaml): the CUDA context (lazy module loading),
+    cuBLAS's workspace by architecture (pt_cublas_workspace: 8,320 KiB + 1 MiB cuBLASLt before sm90,
+    32 MiB + 1 MiB on sm90+) and NCCL's buffers only where there is more than one GPU (nccl_buffsize)."""
+    arch = gpu_arch(cal.gpu_model)
+    hopper_on = arch is not None and arch.compute_capability >= 9.0
+    out = {"cuda_context": 426 * _MIB, "cublas_workspace": (33.0 if hopper_on else 9.125) * _MIB,
+           "comm_buffers": 0.5 * _GIB if cal.gpu_count > 1 else 0.0}
+    sources["gpu.reserved.cuda_context"] = (f"assumed: {stamp}: 426 MiB, the presets' cited figure "
+                                            "(unsloth_zoo_1053, pt_109888: CUDA >= 11.7 lazy module loading)")
+    sources["gpu.reserved.cublas_workspace"] = (
+        f"assumed: {stamp}: {'sm90+' if hopper_on else 'before sm90'} ({cal.gpu_model}: "
+        f"{arch.sm if arch else 'architecture unknown, taken as before sm90'}), pt_cublas_workspace")
+    sources["gpu.reserved.comm_buffers"] = (f"assumed: {stamp}: nccl_buffsize, ~0.5 GiB per rank with more "
+                                            f"than one GPU ({cal.gpu_count} here)")
+    return out

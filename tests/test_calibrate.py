@@ -138,6 +138,18 @@ def _fake(device: str = "cpu", **kw: Any) -> rc.Calibration:
     return replace(cal, **kw)
 
 
+@pytest.mark.parametrize(("model", "count", "cublas_mib", "comm"), [
+    ("NVIDIA A100-SXM4-80GB", 1, 9.125, 0.0), ("NVIDIA H200", 1, 33.0, 0.0), ("NVIDIA H200", 8, 33.0, 0.5 * 2**30)])
+def test_calibrated_cuda_spec_reserves_by_architecture(model: str, count: int, cublas_mib: float,
+                                                       comm: float) -> None:
+    """No flat 5% fragmentation and 1 GiB workspace guess: cuBLAS's workspace by architecture, NCCL's
+    buffers only with more than one GPU, fragmentation 0 (the caching allocator's rounding is charged)."""
+    spec = spec_from_dict(spec_dict(_fake("cuda", gpu_model=model, gpu_count=count)))
+    assert spec.gpu.reserved["cublas_workspace"] == pytest.approx(cublas_mib * 2**20)
+    assert spec.gpu.reserved["comm_buffers"] == pytest.approx(comm)
+    assert spec.gpu.fragmentation == 0.0 and "framework_workspace" not in spec.gpu.reserved
+
+
 def test_cuda_shaped_calibration_makes_a_valid_spec() -> None:
     """The CUDA branch of the spec builder (the measuring code itself needs a GPU and is untested here)."""
     spec = spec_from_dict(spec_dict(_fake("cuda")))
