@@ -342,7 +342,15 @@ class Runner:
         mb = t.spec.tags.get("mb")
         if isinstance(mb, int):
             return mb
+        lead = t.spec.tags.get("mb_from_it")  # a repeated segment's micro-batch: its iteration + this (tinypipe)
+        if isinstance(lead, int):
+            return t.iteration + lead
         return self.micro_of.get((t.step, t.segment, t.iteration), t.iteration)
+
+    def _in_micro_step(self, t: ConcreteTask) -> bool:
+        """Does the task belong to one micro-step (a tag says which, or its iteration runs a forward)?"""
+        tags = t.spec.tags
+        return "mb" in tags or "mb_from_it" in tags or (t.step, t.segment, t.iteration) in self.micro_of
 
     def _now(self) -> float:
         return time.perf_counter() - self.t0
@@ -491,7 +499,8 @@ class Runner:
             if phase in UPLOAD_PHASES and layers is not None:
                 real = sum(self.store.upload(t.uid, x, src, dst) for x in layers)
             elif phase == Phase.GRAD_OFFLOAD and layers is not None:
-                real = sum(self.store.move_grads(t.uid, x, t.step, self._micro(t), src, dst) for x in layers)
+                micro = self._micro(t) if self._in_micro_step(t) else None  # None: the step's, accumulated
+                real = sum(self.store.move_grads(t.uid, x, t.step, micro, src, dst) for x in layers)
             else:
                 real = self.store.copy_buffer(t.tensor, src, dst, int(nbytes), s.free_src)
             links = tuple(h.link for h in self.topo.route(src, dst))
@@ -537,7 +546,7 @@ class Runner:
         s = t.spec
         phase, coll = s.tags.get("phase"), s.coll or ""
         if phase == Phase.GRAD_REDUCE:
-            grouped = "mb" in s.tags or (t.step, t.segment, t.iteration) in self.micro_of
+            grouped = self._in_micro_step(t)
             real = self.store.reduce_grads(t.uid, self.comm, s.stream, coll,
                                            layers if layers is not None else list(range(self.n_layers)), t.step,
                                            [self._micro(t)] if grouped else None, self.gpu)

@@ -357,7 +357,16 @@ class Store:
             self.produced.setdefault(uid, {})[layer] = v  # a pack's upload makes a version of each layer
         return Pools.nbytes(moved)
 
-    def move_grads(self, uid: str, layer: int, step: int, micro: int, src: str, dst: str) -> int:
+    def move_grads(self, uid: str, layer: int, step: int, micro: int | None, src: str, dst: str) -> int:
+        """Move one micro-step's gradients of ``layer``; ``micro`` None: every micro-step's held on ``src``
+        (a copy after the step's last backward, of gradients accumulated where they were made)."""
+        if micro is None:
+            with self.lock:
+                held_micro = sorted(m for (loc, i, s, m) in self.grads if (loc, i, s) == (src, layer, step))
+            if not held_micro:
+                raise ReplayError(f"task {uid!r}: copies the gradients of layer {layer} (step {step}) from "
+                                  f"{src!r}, but none are there")
+            return sum(self.move_grads(uid, layer, step, m, src, dst) for m in held_micro)
         with self.lock:
             held = self.grads.pop((src, layer, step, micro), None)
         if held is None:

@@ -145,6 +145,13 @@ def add_hardware_flags(p: argparse.ArgumentParser, flags: JobFlags) -> None:
     add_set_flag(p, flags.set_help)
 
 
+def add_calibration_precision_flag(p: argparse.ArgumentParser) -> None:
+    """``calibrate --precision``: the training precision whose rates are measured (simulate's default)."""
+    p.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp32"),
+                   help="training precision whose GEMM curve and per-operator figures are measured, as the replay "
+                        "computes it (default bf16, simulate's default; every dtype's peak is measured)")
+
+
 def add_workload_flags(p: argparse.ArgumentParser, flags: JobFlags) -> None:
     """The workload: micro-batch, sequence length, global batch, precision, checkpointing, flash attention."""
     p.add_argument("--micro-batch", type=positive_int, help=flags.micro_batch_help)

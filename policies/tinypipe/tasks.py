@@ -51,7 +51,10 @@ class StageRun:
             self.op, self.rep = op, self.pipe.schedule.repeated(op.seg)
             self.sfx = f".t{op.slot}{op.kind}" if self.rep else f".m{op.mb}{op.kind}"
             self.scope = "iteration" if self.rep else "step"
-            self.extra = {"stage": self.s} if self.rep else {"stage": self.s, "mb": op.mb}
+            # a repeated op's micro-batch is its iteration plus a constant (1F1B's steady forward leads its
+            # backward by the stage's warm-up forwards): the replay numbers its micro-steps from it
+            self.extra = ({"stage": self.s, "mb_from_it": op.mb - op.it} if self.rep
+                          else {"stage": self.s, "mb": op.mb})
             self.sink = self.rec.at(op.seg, op.it)
             if self.swap:
                 self.plan_fetches(op.kind)

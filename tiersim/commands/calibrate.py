@@ -27,6 +27,7 @@ from planner.result_json import versioned
 from tiersim.command import Command
 from tiersim.errors import UsageError
 from tiersim.exit_codes import EXIT_OK
+from tiersim.job_flags import add_calibration_precision_flag
 from tiersim.output_files import check_output_path, write_or_fail
 
 __all__ = ["COMMAND", "MAX_RANKS", "add_args", "check_calibrate_args", "run", "write_spec"]
@@ -39,9 +40,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dir", default=None, help="directory whose disk is measured (default: a temporary one)")
     p.add_argument("--base", default=None,
                    help="preset whose unmeasured fields (prices of links this machine lacks) are kept")
-    p.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp32"),
-                   help="training precision whose GEMM curve and per-operator figures are measured, as the replay "
-                        "computes it (default bf16, simulate's default; every dtype's peak is measured)")
+    add_calibration_precision_flag(p)
     p.add_argument("--ranks", type=int, default=1,
                    help="CPU-only: measure what N ranks (one process each, gloo) share -- cores, the all-reduce "
                         "rate, copies -- and write an N-GPU spec that prices N-rank plans (default 1)")
