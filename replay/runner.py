@@ -503,13 +503,7 @@ class Runner:
                 real = sum(self.store.move_grads(t.uid, x, t.step, micro, src, dst) for x in layers)
             else:
                 real = self.store.copy_buffer(t.tensor, src, dst, int(nbytes), s.free_src)
-            links = tuple(h.link for h in self.topo.route(src, dst))
-            with self.mem_lock:
-                for ln in links:
-                    self.link_bytes[ln] += nbytes
-                    self.by_step[t.step][ln] += nbytes
-                    self.real_bytes[ln] += real
-            return nbytes, links
+            return nbytes, self._count_copy(t.step, src, dst, nbytes, real)
         if s.op == "collective" and len(s.ranks) > 1:
             return self._collective(t, layers)
         return 0.0, ()
@@ -532,13 +526,17 @@ class Runner:
             self.store.recv_boundary(self.comm, s.stream, peer, t.step, self._micro(t), grad, shape)
             return 0.0, ()
         nbytes = s.bytes if s.bytes > 0 else float(real)
+        return nbytes, self._count_copy(t.step, src, dst, nbytes, real)
+
+    def _count_copy(self, step: int, src: str, dst: str, nbytes: float, real: float) -> tuple[str, ...]:
+        """A copy's plan bytes and real bytes counted on every link of its route; the links."""
         links = tuple(h.link for h in self.topo.route(src, dst))
         with self.mem_lock:
             for ln in links:
                 self.link_bytes[ln] += nbytes
-                self.by_step[t.step][ln] += nbytes
+                self.by_step[step][ln] += nbytes
                 self.real_bytes[ln] += real
-        return nbytes, links
+        return links
 
     def _collective(self, t: ConcreteTask, layers: list[int] | None) -> tuple[float, tuple[str, ...]]:
         """This rank's side of a real collective; its bytes counted on this rank's hop of the ring (the
