@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from costs import CPU_ADAM, HOST_CORES, RouteResources, ring, sm_resource, usage
+from costs import CPU_ADAM, HOST_CORES, Ring, RouteResources, ring, sm_resource, usage
 from hardware_models import Topology
 from simulator.plan import Placement, Plan, Ref, Segment, TaskSpec
 
@@ -679,23 +679,18 @@ def _resources(plan: Plan, base: list[list[TaskSpec]], maps: list[_RankMaps],
         rings = [ring(route, c.ranks, max(c.bytes, 1.0), c.coll or "") for c in orbit]
         load = defaultdict(float)
         for rg in rings:
-            for r in rg.resources:
-                load[r] += 1.0
+            for r, x in zip(rg.resources, rg.weights or (1.0,) * len(rg.resources), strict=True):
+                load[r] += x  # what the engine's flow puts on it (a hierarchical ring's hops: their shares)
             if len(rg.resources) != len(rings[0].resources):
                 raise NotSymmetric(f"collective {orbit[0].id!r}'s images cross different routes")
             for a, b in zip(rings[0].resources, rg.resources, strict=True):
                 if capacity.get(a) != capacity.get(b):
                     raise NotSymmetric(f"resources {a!r} and {b!r} differ in capacity")
                 union(a, b)
-            # a ring's hops play one role where they are alike (the load check decides); not a hierarchical
-            # ring's (costs.collective: its hops carry different shares of the flow)
-            if merge_hops and rg.weights is None:
-                hops = rg.hops
-                for h in hops[1:]:
-                    if len(h.resources) == len(hops[0].resources):
-                        for a, b in zip(hops[0].resources, h.resources, strict=True):
-                            if capacity.get(a) == capacity.get(b):
-                                union(a, b)
+            # a ring's hops play one role where they are alike (the load check decides); a hierarchical
+            # ring's hops only where they carry the same share of the flow (costs.collective)
+            if merge_hops:
+                _merge_alike_hops(rg, capacity, union)
         loads.append(load)
     members: dict[str, set[str]] = defaultdict(set)
     for r in list(parent):
@@ -714,6 +709,19 @@ def _resources(plan: Plan, base: list[list[TaskSpec]], maps: list[_RankMaps],
             rep[r] = first
         size[first] = len(ms)
     return rep, size
+
+
+def _merge_alike_hops(rg: Ring, capacity: Mapping[str, float], union: Callable[[str, str], None]) -> None:
+    """Union, position by position, the resources of a ring's hops that carry the same share of its flow
+    and cross as many resources of equal capacity (the first such hop stands for the others)."""
+    first: dict[tuple[float, int], RouteResources] = {}
+    for h, share in zip(rg.hops, rg.shares or (1.0,) * len(rg.hops), strict=True):
+        h0 = first.setdefault((share, len(h.resources)), h)
+        if h0 is h:
+            continue
+        for a, b in zip(h0.resources, h.resources, strict=True):
+            if capacity.get(a) == capacity.get(b):
+                union(a, b)
 
 
 def _pools(plan: Plan, topo: Topology, maps: list[_RankMaps], n: int, tensors: Mapping[str, Any],
