@@ -156,7 +156,10 @@ class Engine:
         self.step_end: dict[int, float] = defaultdict(float)
         self.route: RouteTable = RouteTable(self.topo)  # route(src, dst) -> RouteResources, memoised
         self.pricer = plan_pricer(plan, hw, self.dtype)
-        self._rings: dict[tuple, Ring] = {}
+        self._rings: dict[tuple, _RingCache] = {}
+        self._folded_rings: dict[tuple, tuple[tuple[str, ...], tuple[float, ...]]] = {}
+        # step -> kept collective standing for several -> its per-rank bytes summed (expanded at the end)
+        self._coll_bytes_by_step: dict[int, dict[str, float]] = defaultdict(dict)
 
     # -- execution ------------------------------------------------------------------------------------
     def run(self) -> RawRun:
@@ -203,6 +206,7 @@ class Engine:
             raise PlanError(f"deadlock: task {t.uid!r} on stream {t.spec.stream!r} never ran"
                             + (f" (it waits for {waits[0]!r})" if waits else
                                " (an earlier task of its stream never finished)"))
+        self._expand_collective_bytes()
         keep = {t.id for t in self.plan.tensors if t.persistent or t.home is not None}
         leaked = [f"{inst}@{loc}" for inst, loc in self.mem.resident if inst.split("[", 1)[0] not in keep]
         by_step = {k: dict(v) for k, v in self.link_bytes_by_step.items()}
@@ -223,6 +227,17 @@ class Engine:
         return RawRun(self.records, self.mem, self.net, link_bytes, by_step, dict(self.step_end),
                       events, time.perf_counter() - wall0, self.topo, leaked, self.warmup_repeat,
                       sym, self.plan, rank_by_step)
+
+    def _expand_collective_bytes(self) -> None:
+        """Each kept collective's bytes on the links of its images' rings (``Symmetry.coll_hop_links``):
+        once per collective and step instead of once per run of it."""
+        sym = self.sym
+        for step, by in self._coll_bytes_by_step.items():
+            for cid, per_rank in by.items():
+                assert sym is not None
+                for img in sym.coll_orbit[cid]:
+                    for ln, share in sym.coll_hop_links[img]:
+                        self._count(step, (ln,), per_rank * share)
 
     def _expand_stats(self) -> None:
         """Every member of a resource orbit saw what its representative saw."""
@@ -311,27 +326,27 @@ class Engine:
             return nbytes, rt.links
         if s.op == "collective":
             key = (s.ranks, s.bytes, s.coll)
-            rg = self._rings.get(key)
-            if rg is None:  # a ring over many ranks is worked out once per shape, not per layer and step
-                rg = self._rings[key] = ring(self.route, s.ranks, s.bytes, collective_kind(s))
-            if not rg.hops:
+            rc = self._rings.get(key)
+            if rc is None:  # a ring over many ranks is worked out once per shape, not per layer and step
+                rc = self._rings[key] = _RingCache.of(ring(self.route, s.ranks, s.bytes, collective_kind(s)))
+            if not rc.ring.hops:
                 return 0.0, ()
             is_rank = self._is_rank(s)
             sym = self.sym
             if sym is not None and not is_rank and sym.flow_mult.get(s.id, 1.0) > 1.0:
-                for cid in sym.coll_orbit[s.id]:  # this group's collective and its images in the others
-                    for ln, share in sym.coll_hop_links[cid]:
-                        self._count(t.step, (ln,), rg.per_rank * share)
+                # this group's collective and its images in the others: counted here, expanded once at the end
+                by = self._coll_bytes_by_step[t.step]
+                by[s.id] = by.get(s.id, 0.0) + rc.ring.per_rank
             else:
-                for hop, hop_bytes in rg.hop_bytes():  # across nodes, each hop its share (costs.collective)
-                    self._count(t.step, hop.links, hop_bytes, is_rank)
-            lat = rg.latency_s
+                for links, hop_bytes in rc.hop_bytes:  # across nodes, each hop its share (costs.collective)
+                    self._count(t.step, links, hop_bytes, is_rank)
+            lat = rc.ring.latency_s
             if lat > 0:
                 yield env.timeout(lat)
             # the ring's n transfers move in lockstep: one flow using each resource once per ring hop on it
             # (across nodes, each hop its share of it: costs.collective)
-            yield self._start(rg.per_rank, rg.resources, None if rg.weights is None else list(rg.weights), s.id)
-            return rg.moved_bytes, rg.links
+            yield self._start_ring(key, rc, s.id)
+            return rc.moved_bytes, rc.links
         return 0.0, ()  # alloc / free / noop: instantaneous
 
     def _sm(self, device: str, seconds: float, task: str) -> simpy.Event:
@@ -357,6 +372,17 @@ class Engine:
         res, w = self.sym.fold(resources, weights, self.sym.multiplicity(task))
         return self.net.start(amount, res, w)
 
+    def _start_ring(self, key: tuple, rc: _RingCache, task: str) -> simpy.Event:
+        """A collective's flow (``_start``), its quotient form worked out once per ring and multiplicity."""
+        amount = rc.ring.per_rank
+        if self.sym is None or amount <= 0 or not rc.resources:
+            return self.net.start(amount, rc.resources, rc.weights)
+        mult = self.sym.multiplicity(task)
+        got = self._folded_rings.get((key, mult))
+        if got is None:
+            got = self._folded_rings[(key, mult)] = self.sym.fold(rc.resources, rc.weights, mult)
+        return self.net.start(amount, *got)
+
     def _is_rank(self, s: TaskSpec) -> bool:
         return self.sym is not None and s.id in self.sym.rank_tasks
 
@@ -369,6 +395,23 @@ class Engine:
         for ln in links:
             self.link_bytes[ln] += nbytes
             self.link_bytes_by_step[step][ln] += nbytes
+
+
+class _RingCache(NamedTuple):
+    """A ring and what the engine reads of it on every run of a collective (each O(ranks) to derive)."""
+
+    ring: Ring
+    resources: tuple[str, ...]
+    weights: tuple[float, ...] | None
+    links: tuple[str, ...]
+    moved_bytes: float
+    hop_bytes: tuple[tuple[tuple[str, ...], float], ...]
+
+    @classmethod
+    def of(cls, rg: Ring) -> _RingCache:
+        w = rg.weights
+        return cls(rg, rg.resources, w, rg.links, rg.moved_bytes,
+                   tuple((h.links, b) for h, b in rg.hop_bytes()))
 
 
 def plan_symmetry(plan: Plan, hw: HardwareSpec, topology: Topology | None = None) -> Symmetry | str:
