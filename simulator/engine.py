@@ -232,12 +232,25 @@ class Engine:
         """Each kept collective's bytes on the links of its images' rings (``Symmetry.coll_hop_links``):
         once per collective and step instead of once per run of it."""
         sym = self.sym
+        shape_of: dict[str, int] = {}        # kept collective -> index of its links' shares (alike ones share one)
+        shapes: dict[tuple, int] = {}
         for step, by in self._coll_bytes_by_step.items():
+            total: dict[int, float] = defaultdict(float)
             for cid, per_rank in by.items():
-                assert sym is not None
-                for img in sym.coll_orbit[cid]:
-                    for ln, share in sym.coll_hop_links[img]:
-                        self._count(step, (ln,), per_rank * share)
+                if cid not in shape_of:
+                    assert sym is not None
+                    acc: dict[str, float] = defaultdict(float)
+                    for img in sym.coll_orbit[cid]:
+                        for ln, share in sym.coll_hop_links[img]:
+                            acc[ln] += share
+                    shape_of[cid] = shapes.setdefault(tuple(sorted(acc.items())), len(shapes))
+                total[shape_of[cid]] += per_rank
+            links_of = {i: shape for shape, i in shapes.items()}
+            step_bytes = self.link_bytes_by_step[step]
+            for i, per_rank in total.items():
+                for ln, share in links_of[i]:
+                    self.link_bytes[ln] += per_rank * share
+                    step_bytes[ln] += per_rank * share
 
     def _expand_stats(self) -> None:
         """Every member of a resource orbit saw what its representative saw."""

@@ -357,15 +357,25 @@ def _find(plan: Plan, topo: Topology, route: Callable[[str, str], RouteResources
                 if colls.signature(a, {0}) != colls.signature(b, {k}):
                     raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} wait for different collectives")
     orbits = _check_collectives(colls, plan, globals_, maps, owner_of_task, global_ids, gpu_of, tensor_owner)
+    ring_cache: dict[tuple, Ring] = {}
+
+    def rings_of(ranks: tuple[str, ...], nbytes: float, coll: str) -> Ring:
+        """The ring of a collective shape, worked out once (over many ranks each is O(ranks))."""
+        got = ring_cache.get((ranks, nbytes, coll))
+        if got is None:
+            got = ring_cache[(ranks, nbytes, coll)] = ring(route, ranks, nbytes, coll)
+        return got
+
     try:  # a collective's alike hops as one role; failing the load check, each hop its own
-        rep, orbit_size = _resources(plan, base, maps, route, capacity, orbits, shared_host, streams, True)
+        rep, orbit_size = _resources(plan, base, maps, route, capacity, orbits, shared_host, streams, True, rings_of)
     except NotSymmetric:  # (the maps it paired are the same either way)
-        rep, orbit_size = _resources(plan, base, maps, route, capacity, orbits, shared_host, streams, False)
+        rep, orbit_size = _resources(plan, base, maps, route, capacity, orbits, shared_host, streams, False,
+                                     rings_of)
     pool_maps, pool_mult = _pools(plan, topo, maps, n, tensors, tensor_owner)
     rank_tensors = frozenset(maps[0].tensors.fwd)
     dropped = frozenset(t for k in range(1, n) for t in maps[k].tensors.back)
     kept = frozenset(orbits)
-    rings = [(t, ring(route, t.ranks, max(t.bytes, 1.0), t.coll or "")) for o in orbits.values() if len(o) > 1
+    rings = [(t, rings_of(t.ranks, max(t.bytes, 1.0), t.coll or "")) for o in orbits.values() if len(o) > 1
              for t in o]
     kept_streams = frozenset(maps[0].streams.fwd) | {streams_of[c] for c in kept}
     return Symmetry(
@@ -625,7 +635,7 @@ def _flow_routes(t: TaskSpec, device: str, route: Callable[[str, str], RouteReso
 def _resources(plan: Plan, base: list[list[TaskSpec]], maps: list[_RankMaps],
                route: Callable[[str, str], RouteResources], capacity: Mapping[str, float],
                orbits: Mapping[str, list[TaskSpec]], shared_host: bool, streams: Mapping[str, Any],
-               merge_hops: bool
+               merge_hops: bool, rings_of: Callable[[tuple[str, ...], float, str], Ring]
                ) -> tuple[dict[str, str], dict[str, int]]:
     # the distinct flow shapes of rank 0 and their images in every rank
     shapes: dict[tuple, TaskSpec] = {}
@@ -648,6 +658,7 @@ def _resources(plan: Plan, base: list[list[TaskSpec]], maps: list[_RankMaps],
 
     loads: list[dict[str, float]] = []
     rank0_res: set[str] = set()
+    joined_pairs: list[dict[str, str]] = [{} for _ in maps]
     for t in shapes.values():
         dev0 = streams[t.stream].device
         flows0 = _flow_routes(t, dev0, route, capacity, shared_host)
@@ -663,11 +674,14 @@ def _resources(plan: Plan, base: list[list[TaskSpec]], maps: list[_RankMaps],
             for (r0, l0), (rk, lk) in zip(flows0, flows_k, strict=True):
                 if len(r0) != len(rk) or len(l0) != len(lk):
                     raise NotSymmetric(f"rank {k}'s route differs from rank 0's")
+                paired = joined_pairs[k]
                 for a, b in zip(r0, rk, strict=True):
-                    if capacity.get(a) != capacity.get(b):
-                        raise NotSymmetric(f"resources {a!r} and {b!r} differ in capacity")
-                    m.resources.pair(a, b)
-                    union(a, b)
+                    if paired.get(a) != b:  # (a pair seen before in this pass was checked and joined then)
+                        if capacity.get(a) != capacity.get(b):
+                            raise NotSymmetric(f"resources {a!r} and {b!r} differ in capacity")
+                        m.resources.pair(a, b)
+                        union(a, b)
+                        paired[a] = b
                     load[b] += 1.0
                     if k == 0:
                         rank0_res.add(a)
@@ -675,21 +689,27 @@ def _resources(plan: Plan, base: list[list[TaskSpec]], maps: list[_RankMaps],
                     m.links.pair(a, b)
         loads.append(load)
     # a collective of one group of ranks and its images in the other groups: paired hop by hop
+    joined: set[tuple] = set()  # rings (and pairs of rings) whose resources were joined already
     for orbit in orbits.values():
-        rings = [ring(route, c.ranks, max(c.bytes, 1.0), c.coll or "") for c in orbit]
+        rkeys = [(c.ranks, max(c.bytes, 1.0), c.coll or "") for c in orbit]
+        rings = [rings_of(*k) for k in rkeys]
         load = defaultdict(float)
-        for rg in rings:
+        for rkey, rg in zip(rkeys, rings, strict=True):
             for r, x in zip(rg.resources, rg.weights or (1.0,) * len(rg.resources), strict=True):
                 load[r] += x  # what the engine's flow puts on it (a hierarchical ring's hops: their shares)
             if len(rg.resources) != len(rings[0].resources):
                 raise NotSymmetric(f"collective {orbit[0].id!r}'s images cross different routes")
+            if (rkeys[0], rkey) in joined:
+                continue
+            joined.add((rkeys[0], rkey))
             for a, b in zip(rings[0].resources, rg.resources, strict=True):
                 if capacity.get(a) != capacity.get(b):
                     raise NotSymmetric(f"resources {a!r} and {b!r} differ in capacity")
                 union(a, b)
             # a ring's hops play one role where they are alike (the load check decides); a hierarchical
             # ring's hops only where they carry the same share of the flow (costs.collective)
-            if merge_hops:
+            if merge_hops and rkey not in joined:
+                joined.add(rkey)
                 _merge_alike_hops(rg, capacity, union)
         loads.append(load)
     members: dict[str, set[str]] = defaultdict(set)
