@@ -151,6 +151,9 @@ class Topology:
     nodes: int = 1
     gpus_per_node: int = 0  # 0: every GPU is on the one node
     to_network: Mapping[str, Route] = field(default_factory=FrozenDict, repr=False)  # GPU -> its NIC, out
+    # two GPUs of one node, derived on demand (n^2 stored routes were most of a 1024-GPU job's time): "nvlink",
+    # "p2p" (PCIe peer-to-peer where they share a switch, else through the host), "host"; "": stored in routes
+    peer: str = ""
 
     def __post_init__(self) -> None:
         for name in ("pool_of", "pools", "links", "routes", "to_network"):
@@ -162,6 +165,12 @@ class Topology:
         for loc in self.locations:
             if self.pool_of.get(loc) not in self.pools:
                 raise HardwareInputError(f"location {loc!r} has no pool", field="pool_of")
+        if self.peer not in ("", "nvlink", "p2p", "host"):
+            raise HardwareInputError(f"peer must be nvlink, p2p or host, got {self.peer!r}", field="peer")
+        suffix = {"nvlink": ".nvlink", "p2p": ".pcie"}.get(self.peer, "")
+        for loc in self.locations if suffix else ():
+            if loc.startswith("gpu") and loc + suffix not in self.links:
+                raise HardwareInputError(f"GPU {loc!r} has no link {loc + suffix!r} for its peers", field="peer")
         for (src, dst), hops in self.routes.items():
             for hop in hops:
                 if hop.link not in self.links:
@@ -180,9 +189,21 @@ class Topology:
         if src == dst:
             return ()
         got = self.routes.get((src, dst))
-        if got is None and src in self.to_network and dst in self.to_network:
+        if got is not None:
+            return got
+        if self.peer and src.startswith("gpu") and dst.startswith("gpu") and self.node_of(src) == self.node_of(dst):
+            return self._peer_route(src, dst)
+        if src in self.to_network and dst in self.to_network:
             return self.to_network[src] + _reverse(self.to_network[dst])  # GPUs of two nodes
         return self.routes[(src, dst)]
+
+    def _peer_route(self, a: str, b: str) -> Route:
+        if self.peer == "nvlink":
+            return (Hop(f"{a}.nvlink", False), Hop(f"{b}.nvlink", True))
+        down_a, down_b = self.routes[("cpu", a)], self.routes[("cpu", b)]
+        if self.peer == "p2p" and len(down_a) == 2 and down_a[0] == down_b[0]:  # behind one switch
+            return (Hop(f"{a}.pcie", False), Hop(f"{b}.pcie", True))
+        return _reverse(down_a) + down_b
 
     def node_of(self, loc: str) -> int:
         """The node a GPU location is on (``cpu`` and ``nvme``, every node's together, count as node 0)."""
@@ -276,20 +297,10 @@ def _discrete(spec: HardwareSpec) -> Topology:
             links[f"{g}.nvlink"] = Link(f"{g}.nvlink", "nvlink", bw, bw, None, spec.nvlink.latency_s / 2)
 
     routes: dict[tuple[str, str], Route] = {}
-    for i, a in enumerate(gpus):
+    for a in gpus:  # GPU pairs of one node: Topology.peer; across nodes: Topology.to_network
         routes[("cpu", a)] = down[a]
         routes[(a, "cpu")] = _reverse(down[a])
-        first = (i // per_node) * per_node
-        for j in range(first, first + per_node):  # GPU pairs of one node; across nodes: Topology.route
-            if j == i:
-                continue
-            b = gpus[j]
-            if spec.nvlink is not None:
-                routes[(a, b)] = (Hop(f"{a}.nvlink", False), Hop(f"{b}.nvlink", True))
-            elif switched and pcie.p2p and switch(i) == switch(j):
-                routes[(a, b)] = (Hop(f"{a}.pcie", False), Hop(f"{b}.pcie", True))
-            else:
-                routes[(a, b)] = _reverse(down[a]) + down[b]
+    peer = "nvlink" if spec.nvlink is not None else "p2p" if switched and pcie.p2p else "host"
     to_network = _network(spec, gpus, links, down)
 
     locations = [*gpus, "cpu"]
@@ -305,7 +316,7 @@ def _discrete(spec: HardwareSpec) -> Topology:
             routes[(g, "nvme")] = routes[(g, "cpu")] + write
             routes[("nvme", g)] = read + routes[("cpu", g)]
     return Topology(tuple(locations), {loc: loc for loc in locations}, pools, links, routes,
-                    nodes, per_node if nodes > 1 else 0, to_network)
+                    nodes, per_node if nodes > 1 else 0, to_network, peer)
 
 
 def _network(spec: HardwareSpec, gpus: list[str], links: dict[str, Link], down: Mapping[str, Route]

@@ -158,6 +158,7 @@ class Engine:
         self.pricer = plan_pricer(plan, hw, self.dtype)
         self._rings: dict[tuple, _RingCache] = {}
         self._folded_rings: dict[tuple, tuple[tuple[str, ...], tuple[float, ...]]] = {}
+        self._ring_runs_by_step: dict[int, dict[tuple, int]] = defaultdict(dict)  # step -> ring -> runs
         # step -> kept collective standing for several -> its per-rank bytes summed (expanded at the end)
         self._coll_bytes_by_step: dict[int, dict[str, float]] = defaultdict(dict)
 
@@ -229,8 +230,12 @@ class Engine:
                       sym, self.plan, rank_by_step)
 
     def _expand_collective_bytes(self) -> None:
-        """Each kept collective's bytes on the links of its images' rings (``Symmetry.coll_hop_links``):
-        once per collective and step instead of once per run of it."""
+        """The global collectives' bytes on their rings' links, and each kept collective's on the links of its
+        images' rings (``Symmetry.coll_hop_links``): once per ring and step instead of once per run."""
+        for step, runs in self._ring_runs_by_step.items():
+            for key, n_runs in runs.items():
+                for links, hop_bytes in self._rings[key].hop_bytes:
+                    self._count(step, links, hop_bytes * n_runs)
         sym = self.sym
         shape_of: dict[str, int] = {}        # kept collective -> index of its links' shares (alike ones share one)
         shapes: dict[tuple, int] = {}
@@ -350,9 +355,12 @@ class Engine:
                 # this group's collective and its images in the others: counted here, expanded once at the end
                 by = self._coll_bytes_by_step[t.step]
                 by[s.id] = by.get(s.id, 0.0) + rc.ring.per_rank
-            else:
+            elif is_rank:
                 for links, hop_bytes in rc.hop_bytes:  # across nodes, each hop its share (costs.collective)
-                    self._count(t.step, links, hop_bytes, is_rank)
+                    self._count(t.step, links, hop_bytes, True)
+            else:  # runs of one ring counted here, its hops' bytes added once at the end
+                runs = self._ring_runs_by_step[t.step]
+                runs[key] = runs.get(key, 0) + 1
             lat = rc.ring.latency_s
             if lat > 0:
                 yield env.timeout(lat)

@@ -208,8 +208,17 @@ def step_metrics(plan: Plan, raw: RawRun, measured: int | None = None) -> StepMe
         for ln in r.links:
             target[ln].append((r.start, r.end))
     stream_busy = {s: length(union(iv)) for s, iv in sorted(by_stream.items())}
+    busy_of: dict[tuple, float] = {}  # links that carried the same tasks (a ring's) were busy alike
+
+    def busy(iv: list[tuple[float, float]]) -> float:
+        key = tuple(iv)
+        got = busy_of.get(key)
+        if got is None:
+            got = busy_of[key] = length(union(iv))
+        return got
+
     if sym is None:
-        link_busy = {ln: length(union(link_iv.get(ln, []))) for ln in raw.topology.links}
+        link_busy = {ln: busy(link_iv.get(ln, [])) for ln in raw.topology.links}
         compute_busy, exposed = gpu_overlap(mine, raw.records)
     else:  # every rank's tasks ran when rank 0's did: a link is busy when the rank-0 links landing on it are
         sources = sym.link_sources(rank_iv)
@@ -218,7 +227,7 @@ def step_metrics(plan: Plan, raw: RawRun, measured: int | None = None) -> StepMe
             iv = list(link_iv.get(ln, []))
             for src in sources.get(ln, ()):
                 iv.extend(rank_iv[src])
-            link_busy[ln] = length(union(iv))
+            link_busy[ln] = busy(iv)
         stream_busy = sym.expand_streams(stream_busy)
         compute_busy, exposed = gpu_overlap(mine, raw.records, sym.gpus)
     return StepMetrics(hi - lo, dict(raw.link_bytes_by_step.get(last, {})), link_busy, stream_busy, compute_busy,
