@@ -315,10 +315,13 @@ def _find(plan: Plan, topo: Topology, route: Callable[[str, str], RouteResources
                 maps[k].tasks.pair(a.id, b.id)
     tensor_owner: dict[str, int] = {}
     back = [m.tasks.back for m in maps]
+    # rank 0's side of every comparison, worked out once (not once per rank)
+    base_side = {a.id: (_untagged(a), _dep_signature(a, {0}, owner_of_task, global_ids, back))
+                 for seg in base for a in seg}
     for k, o in enumerate(owners):
         for a_seg, b_seg in zip(base, groups[o], strict=True):
             for a, b in zip(a_seg, b_seg, strict=True):
-                _match(a, b, maps[k], streams, owner_of_task, global_ids, k, back)
+                _match(a, b, maps[k], streams, owner_of_task, global_ids, k, back, base_side[a.id])
         for tid in maps[k].tensors.back:
             if tensor_owner.setdefault(tid, k) != k:
                 raise NotSymmetric(f"tensor {tid!r} is used by two ranks")
@@ -346,6 +349,7 @@ def _find(plan: Plan, topo: Topology, route: Callable[[str, str], RouteResources
             raise NotSymmetric("rank 0's own map is not the identity")
     gpu_of = [frozenset(m.locs.fwd[g] for g in gpus0) for m in maps]
     colls = _Collectives(globals_, gpu_of, streams, owner_of_task, back)
+    coll_sig0 = {a.id: colls.signature(a, {0}) for seg in base for a in seg}
     for k, m in enumerate(maps):
         for cls in colls.members:
             c0, ck = colls.member(0, cls), colls.member(k, cls)
@@ -354,7 +358,7 @@ def _find(plan: Plan, topo: Topology, route: Callable[[str, str], RouteResources
                 m.streams.pair(streams_of[c0], streams_of[ck])
         for a_seg, b_seg in zip(base, groups[owners[k]], strict=True):
             for a, b in zip(a_seg, b_seg, strict=True):
-                if colls.signature(a, {0}) != colls.signature(b, {k}):
+                if coll_sig0[a.id] != colls.signature(b, {k}):
                     raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} wait for different collectives")
     orbits = _check_collectives(colls, plan, globals_, maps, owner_of_task, global_ids, gpu_of, tensor_owner)
     ring_cache: dict[tuple, Ring] = {}
@@ -409,14 +413,21 @@ def _places(a: tuple[Placement, ...], b: tuple[Placement, ...], m: _RankMaps) ->
         m.locs.pair(x.loc, y.loc)
 
 
+def _untagged(t: TaskSpec) -> dict[str, Any]:
+    """A task's tags but its rank."""
+    return {x: v for x, v in t.tags.items() if x != "rank"}
+
+
 def _match(a: TaskSpec, b: TaskSpec, m: _RankMaps, streams: Mapping[str, Any], owner_of_task: Mapping[str, int],
-           global_ids: frozenset[str], k: int, back: Sequence[Mapping[str, str]]) -> None:
+           global_ids: frozenset[str], k: int, back: Sequence[Mapping[str, str]],
+           a_side: tuple[dict[str, Any], frozenset[tuple]]) -> None:
+    """Task ``b`` of rank ``k`` is rank 0's ``a`` relabelled (``a_side``: a's tags but its rank, and its
+    dependency signature)."""
     same = (a.op, a.flops, a.hbm_bytes, a.bytes, a.alloc_dst, a.free_src, a.params, a.coll)
     if same != (b.op, b.flops, b.hbm_bytes, b.bytes, b.alloc_dst, b.free_src, b.params, b.coll):
         raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} differ")
-    ta = {x: v for x, v in a.tags.items() if x != "rank"}
-    tb = {x: v for x, v in b.tags.items() if x != "rank"}
-    if ta != tb:
+    ta, a_sig = a_side
+    if ta != _untagged(b):
         raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} differ in tags")
     m.streams.pair(a.stream, b.stream)
     m.locs.pair(streams[a.stream].device, streams[b.stream].device)
@@ -439,8 +450,7 @@ def _match(a: TaskSpec, b: TaskSpec, m: _RankMaps, streams: Mapping[str, Any], o
     _places(a.allocs, b.allocs, m)
     _places(a.frees, b.frees, m)
     _places(a.reads, b.reads, m)
-    if _dep_signature(a, {0}, owner_of_task, global_ids, back) != \
-            _dep_signature(b, {k}, owner_of_task, global_ids, back):
+    if a_sig != _dep_signature(b, {k}, owner_of_task, global_ids, back):
         raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} differ in dependencies")
 
 
