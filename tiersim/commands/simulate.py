@@ -1,9 +1,18 @@
-"""``tiersim simulate`` (and the ``simulate`` entry point); the JSON schema is documented in ``tiersim.cli``."""
+"""``tiersim simulate`` (and the ``simulate`` entry point); the JSON schema is documented in ``tiersim.cli``.
+
+``--budget`` (default :data:`DEFAULT_BUDGET`) bounds the whole command's wall time: past it the command
+stops, says so in one line on stderr and exits 1 (:data:`EXIT_OUT_OF_BUDGET`); ``--budget none`` lifts it.
+"""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from hardware_models import HardwareSpec, build_topology, spec_from_dict
 from planner.job import make_job, make_plan, resolve_hardware
@@ -29,6 +38,10 @@ from tiersim.job_flags import (
 )
 from tiersim.output_files import check_output_dir, check_output_path, write_or_fail
 from tiersim.report_files import write_report_for
+from tiersim.search_flags import parse_budget
+
+DEFAULT_BUDGET = "10m"  # as long as `tiersim plan`'s: a 1024-GPU symmetric job answers in seconds
+EXIT_OUT_OF_BUDGET = 1  # no answer within --budget (the command's failure code; it is not a verdict)
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -47,6 +60,44 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--check", action="store_true", help="also check the simulator's invariants")
     p.add_argument("--no-extrapolate", dest="extrapolate", action="store_false",
                    help="simulate every micro-step even in a steady state")
+    p.add_argument("--budget", default=DEFAULT_BUDGET, metavar="TIME",
+                   help=f"wall-clock budget of the whole command, e.g. 60s, 5m or 1h: past it the command stops "
+                        f"with one line and exit {EXIT_OUT_OF_BUDGET} (default {DEFAULT_BUDGET}; 'none' for no "
+                        "limit; enforced where the platform has interval timers, i.e. not on Windows)")
+
+
+class _OutOfBudget(BaseException):
+    """The budget's timer fired (a BaseException: no ``except Exception`` on the way swallows it)."""
+
+
+@contextmanager
+def _budget(seconds: float | None) -> Iterator[None]:
+    """Raise :class:`_OutOfBudget` in this (the main) thread ``seconds`` from now; None: never."""
+    if seconds is None or not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def ring(_signum: int, _frame: object) -> None:
+        raise _OutOfBudget
+
+    before = signal.signal(signal.SIGALRM, ring)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
+
+
+def run(args: argparse.Namespace) -> int:
+    budget = parse_budget(args.budget)
+    try:
+        with _budget(budget):
+            return _run(args)
+    except _OutOfBudget:
+        print(f"simulate: no answer within the budget of {budget:g} s (--budget {args.budget}); give it more "
+              "time with --budget 30m, or none for no limit", file=sys.stderr)
+        return EXIT_OUT_OF_BUDGET
 
 
 def _saved_plan(args: argparse.Namespace, extra_assumed: list[str]) -> tuple[Plan, HardwareSpec]:
@@ -64,7 +115,7 @@ def _saved_plan(args: argparse.Namespace, extra_assumed: list[str]) -> tuple[Pla
     return plan, hw
 
 
-def run(args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace) -> int:
     from reports import format_result, write_trace
     from reports.text import format_infeasible
 
