@@ -69,6 +69,8 @@ class Ref:
 
     @classmethod
     def parse(cls, text: str, where: str) -> Ref:
+        if isinstance(text, str) and text and not ("@" in text or "^" in text or "\n" in text):
+            return cls(text)  # a plain id (what _REF matches as one), without the regex: plans hold millions
         m = _REF.match(text) if isinstance(text, str) else None
         if not m:
             raise PlanError(f"{where}: malformed reference {text!r}; expected 'id', 'id@k' or 'id^k'")
