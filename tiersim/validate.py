@@ -207,16 +207,6 @@ KNOWN_GAPS: dict[str, str] = {
         "(it scales with s*h, they with s*h^2) - but the 1B row (hidden 2048, 0.60) does not follow that law, "
         "so nothing is refitted; operator-level pricing (gpu.op_overhead, tiersim calibrate) prices that work "
         "apart from the matmuls"),
-    "SynergyScale 114.41B on one A100-80GB: fits": (
-        "the paper's host is not public (abstract only; no full text in the search corpus), and the policy keeps "
-        "the fp32 gradients of its NVMe-tier layers in host DRAM (268 GB for 67B parameters) where DeepSpeed's "
-        "NVMe optimizer path swaps the fp32 gradient partitions out with the optimizer states "
-        "(deepspeed/runtime/swap_tensor/partitioned_optimizer_swapper.py, swap_out_gradients); even with "
-        "host.dram=512GB it is refused, as two NVMe swap buffers of a whole layer's fp32 states (2 x 21.8 GB) "
-        "come on top"),
-    "SynergyScale 547.77B on 8x A100-80GB: fits": (
-        "as the 114.41B case: the NVMe tier's fp32 gradients (80.5B parameters) are held in the a100x8 preset's "
-        "2 TB host instead of going to NVMe with the optimizer states as DeepSpeed's swapper does"),
 }
 
 RUN_CASES: tuple[Case, ...] = tuple(_run_case(r, KNOWN_GAPS.get(r.name, "")) for r in RUNS)

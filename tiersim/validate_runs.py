@@ -262,14 +262,18 @@ RUNS: tuple[Run, ...] = (
     Run(name="SynergyScale 114.41B on one A100-80GB: fits",
         source=("SynergyScale abstract (seed): 'can train a 114.41B-parameter model on a single 80 GB NVIDIA "
                 "A100 GPU'"),
-        hw="a100", overrides=(), hw_note="the a100 preset (its 256 GB DRAM host is an assumption; the abstract "
-                                         "names no host)",
+        hw="a100", overrides=(), hw_note="the a100 preset: the abstract names no host and none was found (searched: "
+                                         "no full text, no public code); the preset's 256 GB DRAM and one 3.84 TB "
+                                         "NVMe drive are its own assumptions, kept (the verdict does not hinge on "
+                                         "DRAM: 188 GB peak)",
         model=gpt_like("gpt-114b (shape assumed: hidden 12288, 63 layers)", 63, 12288, 96, 50304, 1024),
         micro=1, global_batch=1, seq=1024, precision="bf16", ckpt="full", flash=True, policy="synergyscale",
         feasible=True, note="the abstract gives no shape; hidden 12288 x 63 layers = 114.8B is ours"),
     Run(name="SynergyScale 547.77B on 8x A100-80GB: fits",
         source="SynergyScale abstract (seed): 'a 547.77B-parameter model on eight A100 GPUs'",
-        hw="a100x8", overrides=(), hw_note="the a100x8 preset (DGX A100 80GB; the abstract names no host)",
+        hw="a100x8", overrides=(), hw_note=("the a100x8 preset (DGX A100 80GB: 2 TB DRAM, 8 x 3.84 TB NVMe; the "
+                                            "abstract names no host and none was found, so the product's own is "
+                                            "assumed)"),
         model=gpt_like("gpt-548b (shape assumed: hidden 20480, 109 layers)", 109, 20480, 160, 50304, 1024),
         micro=1, global_batch=8, seq=1024, precision="bf16", ckpt="full", flash=True, policy="synergyscale",
         feasible=True, note="the abstract gives no shape; hidden 20480 x 109 layers = 548.6B is ours"),
