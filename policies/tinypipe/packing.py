@@ -108,7 +108,9 @@ class Model:
         self._c, self._x, self._w, self._st, self._a = ([*accumulate((getattr(x, f) for x in ls), initial=0.0)]
                                                         for f in ("compute_s", "swap_s", "param_bytes", "state_bytes",
                                                                   "act_bytes"))
-        self.held = functools.partial(_held, prob.allocator)
+        self._allocator = prob.allocator
+        self._held: dict[float, float] = {}
+        self._fixed: dict[tuple[int, int, int], float] = {}
         self._ah = [*accumulate((self.held(x.act_bytes) for x in ls), initial=0.0)]  # each layer's activations
         self._t1 = [x.transient_bytes for x in ls]
         self._w1 = [self.weights(x, x) for x in range(self.n)]
@@ -135,11 +137,23 @@ class Model:
     def largest_layer(self, i: int, j: int) -> float:
         return _range_max(self._wmax, self._w1, i, j)
 
+    def held(self, nbytes: float) -> float:
+        """Bytes a GPU tensor of ``nbytes`` holds under the problem's allocator (memoised: sizes repeat)."""
+        v = self._held.get(nbytes)
+        if v is None:
+            v = self._held[nbytes] = nbytes + allocator_overhead(nbytes, self._allocator) if nbytes > 0 else 0.0
+        return v
+
     def fixed(self, i: int, j: int, s: int) -> float:
         """Activations in flight and workspace: in every mode (as the allocator holds them)."""
-        k = self.p.inflight[s]
-        acts = self.held(k * (self._a[j + 1] - self._a[i])) if self.p.stash else k * (self._ah[j + 1] - self._ah[i])
-        return acts + self.held(self.workspace(i, j))
+        key = (i, j, s)
+        v = self._fixed.get(key)
+        if v is None:
+            k = self.p.inflight[s]
+            acts = (self.held(k * (self._a[j + 1] - self._a[i])) if self.p.stash
+                    else k * (self._ah[j + 1] - self._ah[i]))
+            v = self._fixed[key] = acts + self.held(self.workspace(i, j))
+        return v
 
     def held_states(self, i: int, j: int) -> float:
         st = self.states(i, j)
@@ -360,11 +374,6 @@ def solve(prob: Problem) -> Solution:
     only in knobs the problem does not see (or an auto knob and its explicit twin) share the answer. A pure
     function of ``prob``, so the cache changes no result."""
     return Model(prob).solve()
-
-
-def _held(allocator: str, nbytes: float) -> float:
-    """Bytes a GPU tensor of ``nbytes`` holds under ``allocator``."""
-    return nbytes + allocator_overhead(nbytes, allocator) if nbytes > 0 else 0.0
 
 
 def _range_max(memo: dict[tuple[int, int], float], values: list[float], i: int, j: int) -> float:
