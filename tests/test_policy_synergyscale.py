@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from hardware_models import load_hardware
 from policies import KnobError, PlanInfeasible, parse_knobs
 from policies import synergyscale as ss
+from policies.base import Job
 from simulator import simulate_plan
 from simulator.invariants import check_invariants
 from tiersim.api import JobRequest, make_job, make_plan
@@ -38,7 +39,7 @@ SMALL_A100_MB2 = ("a100", "opt-1.3b", ("gpu.memory=16GiB",),
 SMALL_A100X8 = ("a100x8", "opt-6.7b", ("gpu.memory=16GiB",), (("seq_len", 1024), ("global_batch", 8)))
 
 
-def job_of(case) -> object:  # noqa: ANN001
+def job_of(case) -> Job:  # noqa: ANN001
     hw, model, ov, req = case
     return job_for(hw, model, ov, **dict(req))
 
