@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from hardware_models import load_hardware
 from policies import KnobError, PlanInfeasible, parse_knobs
 from policies import synergyscale as ss
+from policies.base import Job
 from simulator import simulate_plan
 from simulator.invariants import check_invariants
 from tiersim.api import JobRequest, make_job, make_plan
@@ -38,7 +39,7 @@ SMALL_A100_MB2 = ("a100", "opt-1.3b", ("gpu.memory=16GiB",),
 SMALL_A100X8 = ("a100x8", "opt-6.7b", ("gpu.memory=16GiB",), (("seq_len", 1024), ("global_batch", 8)))
 
 
-def job_of(case) -> object:  # noqa: ANN001
+def job_of(case) -> Job:  # noqa: ANN001
     hw, model, ov, req = case
     return job_for(hw, model, ov, **dict(req))
 
@@ -188,13 +189,17 @@ def test_without_nvme_the_host_is_the_last_tier() -> None:
         ss.plan(job, ss.Knobs(nvme_fraction="0.5"))
 
 
-def test_host_gradient_width_decides_whether_70b_fits_one_a100() -> None:
-    job = job_for("a100", "70b", seq_len=1024, global_batch=1)
+def test_host_gradient_width_decides_whether_70b_fits_one_a100_when_accumulating() -> None:
+    """With gradient accumulation the NVMe tier sums its gradients in a host buffer (``host_grad_bytes``), so
+    DRAM bounds the model; with one micro-step they go to NVMe (tests/test_synergyscale_nvme.py)."""
+    job = job_for("a100", "70b", seq_len=1024, global_batch=4)
     with pytest.raises(PlanInfeasible) as e:  # fp32 host gradients of ~64B parameters exceed its DRAM
         ss.plan(job, ss.Knobs(auto=False))
     assert e.value.pool == "cpu"
     plan = ss.plan(job, ss.Knobs(auto=False, host_grad_bytes=2))  # bf16 host gradients: fits, mostly on NVMe
     assert plan.info["tiers"]["nvme"]["fraction"] > 0.5
+    one = ss.plan(job_for("a100", "70b", seq_len=1024, global_batch=1), ss.Knobs(auto=False))
+    assert one.info["tiers"]["nvme"]["fraction"] > 0.5  # fp32 gradients, swapped to NVMe
 
 
 # (6) ------------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import pytest
 
 from tiersim.cli import main
 from tiersim.validate import ALL_CASES, CASES, KNOWN_GAPS, RUN_CASES, THROUGHPUT_TOLERANCE, Outcome, run_cases
-from tiersim.validate_runs import DEEPSPEED, LLM_FOUNDRY, RUNS, published_both
+from tiersim.validate_runs import DEEPSPEED, LLM_FOUNDRY, MEGATRON, RUNS, published_both
 
 # ZeRO-Infinity's 100B and 1T on one DGX-2 simulate 16 GPUs over 125-128 (tiled) layers, ~75 s together: they
 # run in `tiersim validate`, and tests/test_memory_accounting.py checks the same verdicts (same shapes, machine
@@ -90,6 +90,18 @@ def test_conventions_of_the_sources() -> None:
     assert converted == "mfu" and hfu == pytest.approx(40e12 / 125e12) and mfu == pytest.approx(hfu * 6 / 8)
     foundry = next(r for r in RUNS if r.flops is LLM_FOUNDRY and r.ckpt == "full")
     assert published_both(foundry) == (foundry.mfu, foundry.hfu, "")
+
+
+def test_megatrons_conventions_differ_by_the_recomputed_blocks() -> None:
+    """Narayanan 2021 eq. 3 (recompute counted) against Korthikanti 2022's MFU count: the recomputed forward of the
+    blocks (24*l*h^2*s*(1 + s/6h) per sequence) and nothing of the LM head."""
+    l_, h, s, v = 24, 2304, 2048, 51200
+    extra = MEGATRON.hardware(0.0, l_, h, s, v, True) - MEGATRON.model(0.0, l_, h, s, v)
+    assert extra == pytest.approx(24 * l_ * h * h * s * (1 + s / (6 * h)))
+    assert MEGATRON.hardware(0.0, l_, h, s, v, False) == MEGATRON.model(0.0, l_, h, s, v)
+    run = next(r for r in RUNS if r.flops is MEGATRON)
+    mfu, hfu, converted = published_both(run)
+    assert converted == "mfu" and hfu == pytest.approx(137e12 / 312e12) and mfu < hfu
 
 
 def test_simulated_conventions_agree_with_the_run(by_name: dict[str, Outcome]) -> None:

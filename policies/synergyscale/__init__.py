@@ -17,9 +17,20 @@ Our reading (every point an assumption; the full text was not available to us):
   the shard; only with NVLink and more than one GPU, and only within the spare HBM left after the
   working set and the gpu tier), ``cpu`` (fp16 weights, fp32 master, m, v and a gradient buffer of
   ``host_grad_bytes`` in host DRAM: 18 B/param with fp32 gradients, DeepSpeed's ``18 P`` estimate; CPU
-  Adam) and ``nvme`` (weights, master, m and v on the NVMe set, the gradients in DRAM; per step the
-  optimizer swaps each layer's fp32 states in, runs CPU Adam and writes states and weights back,
-  double-buffered).
+  Adam) and ``nvme`` (weights, master, m and v on the NVMe set; per step the optimizer swaps each layer's
+  fp32 states in, runs CPU Adam and writes states and weights back, double-buffered). The NVMe tier's
+  gradients follow DeepSpeed's NVMe optimizer path (ZeRO-3, ``deepspeed/runtime/zero/stage3.py``
+  ``partition_grads`` -> ``_swap_out_offload_fp32_gradients`` -> ``swap_tensor/partitioned_optimizer_swapper.py``
+  ``swap_out_gradients``): with one micro-step per step each rank's reduced partition lands in a pinned host
+  buffer as fp32 (4 B/param; we convert on the host), is written to NVMe, and is read back with the
+  optimizer states (``swap_in_optimizer_state``: one pinned buffer per state tensor plus one for the
+  gradient, so 16 B/param of the layer per buffer set). Host DRAM holds only pinned buffers for this tier:
+  ``NVME_SWAP_BUFFERS`` (2) sets of one layer's master, m, v and gradient, and the fp32 gradients of at
+  most ``GRAD_STAGING_LAYERS`` (2) layers on their way to NVMe (the next layer's copy to the host waits for
+  the oldest write, as DeepSpeed's ``AsyncTensorSwapper`` waits when its pinned buffers are full); the
+  writes and reads are NVMe traffic priced on the drives. With gradient accumulation (more than one
+  micro-step) the partitions are summed in a host buffer of ``host_grad_bytes`` per parameter instead
+  (DeepSpeed 0.3-0.4's ``grads_in_partition``; we keep the sum there and the optimizer reads it from DRAM).
 - Offloaded weights are fetched per use, forward and backward (recompute + backward), by every GPU.
   With NVLink each rank uploads 1/n of the chunk over its PCIe link and an NVLink all-gather assembles it
   (ZeRO-Infinity's bandwidth-centric partitioning); without NVLink every GPU uploads the whole chunk.
@@ -73,9 +84,10 @@ Where our reading is weakest:
 - The search space and objective are ours (the paper's selector may use profiling); the analytic estimate
   ignores bandwidth sharing between concurrent streams beyond aggregate per-link bounds.
 - Activation offload is a plain switch (checkpointed layer inputs of fetched layers go to DRAM), not
-  searched. The NVMe tier keeps its gradients in DRAM (fp32 by default), so DRAM, not NVMe, bounds the
-  largest model: 70B does not fit one a100 preset (256 GB) with fp32 host gradients; the paper's 114B on
-  one A100 implies a larger host or gradients kept elsewhere. CPU-side gradient accumulation is free.
+  searched. Our swapper works per layer (a DeepSpeed sub-group of one layer), so its pinned buffers
+  grow with the largest NVMe-tier layer (2 x 16 B/param of it: 58 GB at hidden 12288); DeepSpeed bounds them
+  by ``sub_group_size``. With gradient accumulation the NVMe tier's host gradient buffer makes DRAM, not
+  NVMe, bound the largest model. CPU-side gradient accumulation and the fp32 conversion are free.
 - Fill-fastest-first is per layer in a fixed priority order; the GPU working-set bound used while
   filling assumes every layer may be fetched, so some HBM (a few GB) stays unused.
 
@@ -90,8 +102,9 @@ Knobs (defaults in brackets):
 - ``order`` (str, "auto"; fixed default tail): tail | spread.
 - ``offload_activations`` (bool, False): move fetched layers' saved activations to DRAM between their
   forward and backward.
-- ``host_grad_bytes`` (float, 4): bytes per parameter of the host gradient buffer of the cpu and nvme
-  tiers (4: fp32 as DeepSpeed's offload path; 2 keeps them in bf16/fp16 and lets bigger models fit).
+- ``host_grad_bytes`` (float, 4): bytes per parameter of the host gradient buffer of the cpu tier (and of
+  the nvme tier when it accumulates over micro-steps) (4: fp32 as DeepSpeed's offload path; 2 keeps them
+  in bf16/fp16 and lets bigger models fit).
 
 Modules: ``context`` (knobs and their validation, per-job facts, the ``Choice``), ``placement`` (which
 tier holds each layer), ``search`` (the analytic cost model, priced with ``costs``; the parameter search;

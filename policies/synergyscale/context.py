@@ -22,7 +22,9 @@ DEFAULT_STREAMS = 2
 DEFAULT_PREFETCH = 2.0
 DEFAULT_ORDER = "tail"
 BUCKETS_IN_FLIGHT = 3                  # gradient buckets alive at once (bounded: bwd of layer i waits for i+3)
-NVME_SWAP_BUFFERS = 2                  # host buffers of the NVMe optimizer swap (double buffering)
+NVME_SWAP_BUFFERS = 2                  # pinned host sets of the NVMe optimizer swap (double buffering)
+GRAD_STAGING_LAYERS = 2                # NVMe-tier layers whose fp32 gradients may sit in pinned DRAM at once
+GRAD32_BYTES = 4.0                     # the fp32 gradient the optimizer swapper writes to NVMe (per parameter)
 
 
 @dataclass(frozen=True)
@@ -138,6 +140,7 @@ class Ctx:
     nvme_write: float
     nvme_lat: float
     host_grad_bytes: float = 4.0    # host gradient buffer per parameter (fp32 in DeepSpeed's offload path)
+    grads_to_nvme: bool = False     # the NVMe tier's gradients go to NVMe (one micro-step per step), not to DRAM
     _ct: dict[tuple[int, str, int], float] = field(default_factory=dict)
 
     @property
@@ -156,14 +159,31 @@ class Ctx:
         return {"gpu": ly.param_bytes + rest / self.n, "peer": (ly.param_bytes + rest) / self.n}.get(tier, 0.0)
 
     def host_cost(self, i: int, tier: str) -> float:
-        """Bytes in the host pool for layer i's states in ``tier``."""
+        """Bytes in the host pool for layer i's states in ``tier`` (the NVMe tier: its gradient accumulation
+        buffer, none when its gradients go to NVMe; the pinned swap buffers are ``placement.host_fixed_bytes``)."""
         ly = self.layers[i]
         grads = self.host_grad_bytes * ly.params
-        return {"cpu": ly.param_bytes + ly.master_bytes + ly.optimizer_bytes + grads, "nvme": grads}.get(tier, 0.0)
+        nvme = 0.0 if self.grads_to_nvme else grads
+        return {"cpu": ly.param_bytes + ly.master_bytes + ly.optimizer_bytes + grads, "nvme": nvme}.get(tier, 0.0)
 
     def nvme_cost(self, i: int, tier: str) -> float:
+        """Bytes on the NVMe set for layer i's states in ``tier``: 16-bit weights, fp32 master, m and v, and the
+        fp32 gradient when it is swapped out there."""
         ly = self.layers[i]
-        return ly.param_bytes + ly.master_bytes + ly.optimizer_bytes if tier == "nvme" else 0.0
+        if tier != "nvme":
+            return 0.0
+        return ly.param_bytes + ly.master_bytes + ly.optimizer_bytes + self.grad32_bytes(i)
+
+    def grad32_bytes(self, i: int) -> float:
+        """Layer i's fp32 gradient on NVMe (0 when the NVMe tier accumulates its gradients in DRAM)."""
+        return GRAD32_BYTES * self.layers[i].params if self.grads_to_nvme else 0.0
+
+    def swap_in_bytes(self, i: int) -> float:
+        """What the optimizer reads from NVMe for NVMe-tier layer i into its pinned buffers: fp32 master, m, v
+        and (``grads_to_nvme``) the fp32 gradient (DeepSpeed ``swap_in_optimizer_state``: one buffer per state
+        tensor plus one for the gradient)."""
+        ly = self.layers[i]
+        return ly.master_bytes + ly.optimizer_bytes + self.grad32_bytes(i)
 
     def grad_part(self, i: int) -> float:
         """Bytes of layer i's gradients one rank copies to the host (its 1/n partition)."""
@@ -213,8 +233,11 @@ def make_ctx(job: Job, host_grad_bytes: float = 4.0) -> Ctx:
     ring_rate, ring_lat = (slowest_transfer_rate(topo, [(gpus[r], gpus[(r + 1) % n]) for r in range(n)], cap)
                            if n > 1 else (math.inf, 0.0))  # a ring over all GPUs: every hop at once
     has_nvme, nv = "nvme" in topo.locations, hw.nvme
+    # one micro-step per step: each reduced gradient partition is final, so the NVMe tier's go to NVMe through
+    # pinned buffers (DeepSpeed); with accumulation they are summed in a host buffer first (``host_grad_bytes``)
+    grads_to_nvme = has_nvme and job.accumulation(n) == 1
     return Ctx(job, topo, n, topo.pool_of["gpu0"] == topo.pool_of["cpu"], has_nvme, n > 1 and hw.nvlink is not None,
                gpu_pool(job).capacity_bytes, topo.pools[topo.pool_of["cpu"]].capacity_bytes,
                topo.pools["nvme"].capacity_bytes if has_nvme else 0.0, up_rate, up_lat, down_rate, ring_rate,
                ring_lat, nv.read_bw if nv else 1.0, nv.write_bw if nv else 1.0, nv.latency_s if nv else 0.0,
-               host_grad_bytes)
+               host_grad_bytes, grads_to_nvme)

@@ -9,7 +9,18 @@ from typing import Any
 
 from policies import kit
 from policies.builder import PlanBuilder
-from policies.synergyscale.context import FETCHED, HOST, NAME, NVME_SWAP_BUFFERS, TIERS, Choice, Ctx, Knobs, chunk_hbm
+from policies.synergyscale.context import (
+    FETCHED,
+    GRAD_STAGING_LAYERS,
+    HOST,
+    NAME,
+    NVME_SWAP_BUFFERS,
+    TIERS,
+    Choice,
+    Ctx,
+    Knobs,
+    chunk_hbm,
+)
 from policies.synergyscale.placement import gpu_fixed_bytes
 from simulator import Plan
 from simulator.phase import Phase
@@ -72,10 +83,12 @@ class _Emitter:
             for (name, kind), nbytes in per_gpu.items():
                 if nbytes > 0:
                     self.b.tensor(f"{name}.{g}", nbytes, kind, home=g, persistent=True)
-        grads = self.ctx.host_grad_bytes * (tsum("cpu", "params") + tsum("nvme", "params"))
+        host_grad_params = tsum("cpu", "params") + (0.0 if self.ctx.grads_to_nvme else tsum("nvme", "params"))
+        grads = {"cpu": self.ctx.host_grad_bytes * host_grad_params,
+                 "nvme": sum(self.ctx.grad32_bytes(i) for i in self.nvme_layers)}
         for home in ("cpu", "nvme"):
             tensors = [(name, kind, tsum(home, attr)) for name, kind, attr in _STATES]
-            for name, kind, nbytes in tensors + ([("g32", "grad32", grads)] if home == "cpu" else []):
+            for name, kind, nbytes in [*tensors, ("g32", "grad32", grads[home])]:
                 if nbytes > 0:
                     self.b.tensor(f"{name}.{home}", nbytes, kind, home=home, persistent=True)
         kit.workspace(self.b, self.ctx.job, kit.Layout(n, 1))
@@ -89,7 +102,9 @@ class _Emitter:
         for i in self.nvme_layers:
             for k, p in itertools.product(range(c), "fb"):
                 b.tensor(f"s{p}{i}_{k}", self.L[i].param_bytes / c, "buffer", scope="iteration", layer=i)
-            b.tensor(f"sw{i}", self.L[i].master_bytes + self.L[i].optimizer_bytes, "buffer", scope="step", layer=i)
+            b.tensor(f"sw{i}", self.ctx.swap_in_bytes(i), "buffer", scope="step", layer=i)
+            for r in range(n if self.ctx.grads_to_nvme else 0):  # a rank's fp32 gradient slice on its way to NVMe
+                b.tensor(f"gst{i}.r{r}", self.ctx.grad32_bytes(i) / n, "buffer", scope="iteration", layer=i)
 
     # -- fetches -------------------------------------------------------------------------------------
     def window(self, ui: int, g: str) -> list[str]:
@@ -241,9 +256,19 @@ class _Emitter:
             self.consumed("b", i, k, g, st)
         self.prev[g] = (f"bw{i}_{c - 1}.{g}", self.cs(g, c - 1))
 
+    def staging_gate(self, i: int) -> list[str]:
+        """The NVMe write that must end before NVMe-tier layer i's gradients may be staged in pinned DRAM: the
+        one ``GRAD_STAGING_LAYERS`` NVMe layers back in backward order (DeepSpeed's gradient swapper waits for a
+        write when its pinned buffers are full, ``swap_tensor/async_swapper.py``)."""
+        order = self.nvme_layers[::-1]
+        j = order.index(i)
+        return [f"gw{order[j - GRAD_STAGING_LAYERS]}"] if j >= GRAD_STAGING_LAYERS else []
+
     def backward(self) -> None:
         """Per layer in reverse order its backward on every GPU, then its gradients reduce-scattered over the
-        ranks and (host tiers) each rank's partition copied to the host."""
+        ranks and (host tiers) each rank's partition copied to the host; with ``grads_to_nvme`` an NVMe-tier
+        layer's partitions land in pinned staging buffers, converted to fp32, and are written to NVMe."""
+        n = self.n
         for i in reversed(range(len(self.L))):
             for r, g in enumerate(self.gpus):
                 (self.backward_chunks if self.fetched[i] else self.backward_resident)(i, r, g)
@@ -255,9 +280,14 @@ class _Emitter:
                                                  list(done.values()), layer=i,
                                                  frees=[] if host or self.held else [(f"gb{i}.{g}", g) for g in
                                                                                      self.gpus])
+            swap = self.tiers[i] == "nvme" and self.ctx.grads_to_nvme
+            wait = self.staging_gate(i) if swap else []
             for r, g in enumerate(self.gpus if host else []):
-                kit.offload(self.b, f"gd{i}.{g}", g, self.ctx.grad_part(i), [red or done[g]], layer=i, rank=r,
-                            reads=[(f"gb{i}.{g}", g)])
+                kit.offload(self.b, f"gd{i}.{g}", g, self.ctx.grad_part(i), [red or done[g], *wait], layer=i, rank=r,
+                            reads=[(f"gb{i}.{g}", g)], allocs=[(f"gst{i}.r{r}", "cpu")] if swap else [])
+            if swap:  # every rank's fp32 slice, converted on the host, written to NVMe as one flow
+                kit.swap(self.b, f"gw{i}", "nvme.wr", Phase.GRAD_SWAP_OUT, "cpu", "nvme", self.ctx.grad32_bytes(i),
+                         [f"gd{i}.{g}" for g in self.gpus], layer=i, frees=[(f"gst{i}.r{r}", "cpu") for r in range(n)])
         for g in self.gpus:  # the last buckets, after the last backward
             self.release(None, g, self.cs(g, 0))
 
@@ -277,8 +307,9 @@ class _Emitter:
                            [f"gopt.{g}" for g in gpus])
 
     def host_optimizer(self) -> None:
-        """CPU Adam per host-tier layer in backward order, NVMe layers' states swapped in before it (two
-        buffers: a swap-in waits for the swap-out two layers back) and written back after it."""
+        """CPU Adam per host-tier layer in backward order, NVMe layers' states (and fp32 gradients when they went
+        to NVMe) swapped in before it (two buffer sets: a swap-in waits for the swap-out two layers back) and
+        master, m, v and the 16-bit weights written back after it."""
         b, n = self.b, self.n
         nv_order = self.nvme_layers[::-1]
         for i in reversed(self.host_layers):
@@ -287,8 +318,9 @@ class _Emitter:
             if nvme:
                 j = nv_order.index(i)
                 back = [f"swo{nv_order[j - NVME_SWAP_BUFFERS]}"] if j >= NVME_SWAP_BUFFERS else []
-                kit.swap(b, f"swi{i}", "nvme.rd", Phase.OPTIMIZER_SWAP_IN, "nvme", "cpu",
-                         ly.master_bytes + ly.optimizer_bytes, back, layer=i, allocs=[(f"sw{i}", "cpu")])
+                grads = [f"gw{i}"] if self.ctx.grads_to_nvme else []  # its fp32 gradient, read back with the states
+                kit.swap(b, f"swi{i}", "nvme.rd", Phase.OPTIMIZER_SWAP_IN, "nvme", "cpu", self.ctx.swap_in_bytes(i),
+                         back + grads, layer=i, allocs=[(f"sw{i}", "cpu")])
             for r, g in enumerate(self.gpus):
                 kit.cpu_adam(b, f"adam{i}.r{r}", r, [f"gd{i}.{g}"] + ([f"swi{i}"] if nvme else []), ly.params / n,
                              layer=i)

@@ -6,7 +6,15 @@ from __future__ import annotations
 import itertools
 
 from policies.base import PlanInfeasible
-from policies.synergyscale.context import BUCKETS_IN_FLIGHT, FETCHED, NVME_SWAP_BUFFERS, TIERS, Ctx, Fractions
+from policies.synergyscale.context import (
+    BUCKETS_IN_FLIGHT,
+    FETCHED,
+    GRAD_STAGING_LAYERS,
+    NVME_SWAP_BUFFERS,
+    TIERS,
+    Ctx,
+    Fractions,
+)
 
 GPU_HEADROOM = 0.01  # fraction of a GPU's usable memory the placement leaves free
 
@@ -34,13 +42,17 @@ def gpu_fixed_bytes(ctx: Ctx, tiers: tuple[str, ...] | None, chunks: int, buffer
 
 def host_fixed_bytes(ctx: Ctx, tiers: tuple[str, ...], chunks: int, buffers: int,
                      offload_activations: bool) -> float:
-    """Host-pool bytes besides model states: NVMe staging and swap buffers, every rank's offloaded activations."""
+    """Host-pool bytes besides model states: the NVMe tier's pinned buffers (parameter chunk staging, the
+    optimizer swap's ``NVME_SWAP_BUFFERS`` sets of one layer's fp32 states and gradient, and with
+    ``grads_to_nvme`` the fp32 gradients of ``GRAD_STAGING_LAYERS`` layers on their way to NVMe), every rank's
+    offloaded activations."""
     L = ctx.layers
     nv = [i for i, t in enumerate(tiers) if t == "nvme"]
     out = 0.0
     if nv:
         out += buffers * max(L[i].param_bytes / chunks for i in nv)
-        out += NVME_SWAP_BUFFERS * max(L[i].master_bytes + L[i].optimizer_bytes for i in nv)
+        out += NVME_SWAP_BUFFERS * max(ctx.swap_in_bytes(i) for i in nv)
+        out += GRAD_STAGING_LAYERS * max(ctx.grad32_bytes(i) for i in nv)
     if offload_activations:
         out += ctx.n * sum(L[i].activation_bytes for i, t in enumerate(tiers) if t in FETCHED)
     return out
@@ -93,9 +105,13 @@ class _Fill:
         nv = used["nvme"] + sum(ctx.nvme_cost(j, tier) for j in rest)
         if tier == "nvme" and nv > ctx.nvme_cap:
             return PlanInfeasible(self.policy, "nvme", nv, ctx.nvme_cap, what)
-        extra = (ctx.cpu_cap - self.host_cap) if ctx.unified else 0.0
+        # what the host pool holds besides model states: the NVMe tier's pinned buffers (and, on a unified
+        # machine, the GPU's working set): the fill's capacity is what is left after them
+        fixed = ctx.cpu_cap - self.host_cap
+        if fixed > 0:
+            what += f", plus {fixed / 1e9:,.1f} GB of host buffers (NVMe staging and swap)"
         return PlanInfeasible(self.policy, ctx.topo.pool_of["cpu"],
-                              extra + used["host"] + sum(ctx.host_cost(j, tier) for j in rest), ctx.cpu_cap, what)
+                              fixed + used["host"] + sum(ctx.host_cost(j, tier) for j in rest), ctx.cpu_cap, what)
 
     def _fits(self, i: int, tier: str, keep: float, cap_gpu: float) -> bool:
         ctx, used = self.ctx, self.used

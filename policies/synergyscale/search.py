@@ -129,7 +129,7 @@ def _link_loads(ctx: Ctx, ch: Choice, red_t: list[float], d2h_t: list[float]) ->
         if t in HOST:
             pcie += 2 * ly.param_bytes / (n if ctx.sliced else 1) / ctx.up_rate + d2h_t[i]
         if t == "nvme":
-            nvme += 2 * ly.param_bytes / ctx.nvme_read
+            nvme += 2 * ly.param_bytes / ctx.nvme_read + ctx.grad32_bytes(i) / ctx.nvme_write
     return {"nvlink": nvl, "pcie": pcie, "nvme": nvme}
 
 
@@ -153,9 +153,10 @@ def _host_optimizer_exposed(ctx: Ctx, ch: Choice, gd_end: dict[int, float], end:
         arrive = gd_end.get(i, end)
         work = cpu_adam_seconds(ctx.job.hw, ly.params)
         if t == "nvme":
-            io_in = (ly.master_bytes + ly.optimizer_bytes) / ctx.nvme_read
+            io_in = ctx.swap_in_bytes(i) / ctx.nvme_read
             io_out = (ly.master_bytes + ly.optimizer_bytes + ly.param_bytes) / ctx.nvme_write
-            io_end = max(io_end, arrive - work) + io_in + io_out
+            grad_out = ctx.grad32_bytes(i) / ctx.nvme_write  # its gradient first goes out and comes back in
+            io_end = (max(io_end, arrive) + grad_out if grad_out else max(io_end, arrive - work)) + io_in + io_out
             a_end = max(a_end, arrive, io_end - io_out) + work
             done = max(a_end, io_end)
         else:
@@ -285,7 +286,7 @@ def sim_tasks(ctx: Ctx, ch: Choice, micro_steps: int) -> int:
         if t in FETCHED:
             per_unit = {"peer": 1, "cpu": n + (ctx.sliced and 1), "nvme": n + (ctx.sliced and 1) + 2}[t]
             micro += 2 * cc * per_unit + (2 * n if ch.offload_activations else 0)
-        micro += (n > 1) + (n if t in ("cpu", "nvme") else 0)
+        micro += (n > 1) + (n if t in ("cpu", "nvme") else 0) + (t == "nvme" and ctx.grads_to_nvme)
         opt += (n if t in ("cpu", "nvme") else 0) + (2 if t == "nvme" else 0)
     return micro * (micro_steps + 1) + 2 * (opt + n + 1)
 

@@ -9,7 +9,11 @@ Costs per stage (a model for the search; the simulator is the judge of the chose
 overhead`` (a pack's transfers overlap its neighbours' compute, so packing a compute-heavy with a transfer-heavy
 layer lets them hide each other). GPU memory: ``in_flight * activations + workspace`` plus ``2 * weights``
 (+ ``states`` for ``gpu``), or for ``swap`` ``(prefetch + 1) * largest pack`` of weights (fetched packs resident
-at once) ``+ 2 * largest pack`` of gradient buffers (one being written, one going down).
+at once) ``+ 2 * largest pack`` of gradient buffers (one being written, one going down). Each of these is a
+tensor of the plan, and each is charged as the simulator charges it (``Problem.allocator``: PyTorch's caching
+allocator rounds every GPU tensor, ``hardware_models.allocator``): the workspace, each layer's activations per
+micro-batch (one stash of all of them with ``stash``), the stage's weights and gradients, each part of its states
+(``state_split``), each pack buffer. The rounding only grows with the size, so the search stays exact.
 
 The search is exact for this model: a min-max dynamic programme over stage boundaries (three passes: ``T*`` by
 time; the least peak memory with every stage time <= ``(1 + tol) T*``; then, among partitions with that peak,
@@ -27,6 +31,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import accumulate
+
+from hardware_models.allocator import allocator_overhead
 
 MODES = ("gpu", "resident", "swap")
 MAX_PACK_LAYERS = 16
@@ -60,6 +66,9 @@ class Problem:
     shared_param_bytes: float = 0.0    # tied embedding table: in the first and the last layer's figures,
     shared_state_bytes: float = 0.0    # but held once by a range (or pack) that has both
     max_pack_layers: int = MAX_PACK_LAYERS
+    allocator: str = "exact"           # how the GPU's allocator rounds a tensor ("caching": PyTorch's; "exact": none)
+    stash: bool = False                # a stage's activations are one tensor for every micro-batch (GPipe)
+    state_split: tuple[float, ...] = (1.0,)  # shares of ``state_bytes`` held as separate tensors (master; Adam m+v)
 
     def __post_init__(self) -> None:
         if not 1 <= self.stages <= len(self.layers):
@@ -99,6 +108,10 @@ class Model:
         self._c, self._x, self._w, self._st, self._a = ([*accumulate((getattr(x, f) for x in ls), initial=0.0)]
                                                         for f in ("compute_s", "swap_s", "param_bytes", "state_bytes",
                                                                   "act_bytes"))
+        self._allocator = prob.allocator
+        self._held: dict[float, float] = {}
+        self._fixed: dict[tuple[int, int, int], float] = {}
+        self._ah = [*accumulate((self.held(x.act_bytes) for x in ls), initial=0.0)]  # each layer's activations
         self._t1 = [x.transient_bytes for x in ls]
         self._w1 = [self.weights(x, x) for x in range(self.n)]
         self._tmax: dict[tuple[int, int], float] = {}
@@ -124,13 +137,31 @@ class Model:
     def largest_layer(self, i: int, j: int) -> float:
         return _range_max(self._wmax, self._w1, i, j)
 
+    def held(self, nbytes: float) -> float:
+        """Bytes a GPU tensor of ``nbytes`` holds under the problem's allocator (memoised: sizes repeat)."""
+        v = self._held.get(nbytes)
+        if v is None:
+            v = self._held[nbytes] = nbytes + allocator_overhead(nbytes, self._allocator) if nbytes > 0 else 0.0
+        return v
+
     def fixed(self, i: int, j: int, s: int) -> float:
-        """Activations in flight and workspace: in every mode."""
-        return self.p.inflight[s] * (self._a[j + 1] - self._a[i]) + self.workspace(i, j)
+        """Activations in flight and workspace: in every mode (as the allocator holds them)."""
+        key = (i, j, s)
+        v = self._fixed.get(key)
+        if v is None:
+            k = self.p.inflight[s]
+            acts = (self.held(k * (self._a[j + 1] - self._a[i])) if self.p.stash
+                    else k * (self._ah[j + 1] - self._ah[i]))
+            v = self._fixed[key] = acts + self.held(self.workspace(i, j))
+        return v
+
+    def held_states(self, i: int, j: int) -> float:
+        st = self.states(i, j)
+        return sum(self.held(f * st) for f in self.p.state_split)
 
     def mode_memory(self, i: int, j: int, s: int, mode: str) -> float:
-        base = self.fixed(i, j, s) + 2 * self.weights(i, j)
-        return base + self.states(i, j) if mode == "gpu" else base
+        base = self.fixed(i, j, s) + 2 * self.held(self.weights(i, j))
+        return base + self.held_states(i, j) if mode == "gpu" else base
 
     def mode(self, i: int, j: int, s: int) -> str:
         """The first allowed mode that fits, in order; ``swap`` only where it needs less memory than every
@@ -139,8 +170,8 @@ class Model:
         key = (i, j, s)
         hit = self._mode.get(key)
         if hit is None:
-            base = self.fixed(i, j, s) + 2 * self.weights(i, j)   # mode_memory, the common part once
-            other = {m: base + self.states(i, j) if m == "gpu" else base for m in self.p.modes if m != "swap"}
+            base = self.fixed(i, j, s) + 2 * self.held(self.weights(i, j))   # mode_memory, the common part once
+            other = {m: base + self.held_states(i, j) if m == "gpu" else base for m in self.p.modes if m != "swap"}
             hit = min(other, key=other.__getitem__) if other else "swap"
             for m in self.p.modes:
                 if m == "swap":
@@ -157,7 +188,7 @@ class Model:
         return max(self.compute(u, t), self._x[t + 1] - self._x[u]) + self.p.pack_overhead_s
 
     def swap_memory(self, i: int, j: int, s: int, largest_pack: float) -> float:
-        return (self.p.prefetch + 3) * largest_pack + self.fixed(i, j, s)
+        return (self.p.prefetch + 3) * self.held(largest_pack) + self.fixed(i, j, s)
 
     def stage_time(self, i: int, j: int, s: int, packs: tuple[tuple[int, int], ...]) -> float:
         if self.mode(i, j, s) != "swap":
@@ -176,6 +207,11 @@ class Model:
         cap of any range is one of its own pack sizes, so bisecting this list finds it exactly."""
         k = self.p.max_pack_layers
         return sorted({self.weights(u, t) for u in range(self.n) for t in range(u, min(self.n - 1, u + k - 1) + 1)})
+
+    @functools.cached_property
+    def held_caps(self) -> list[float]:
+        """What a pack buffer of each of :attr:`caps` holds (ascending too: the rounding never shrinks a tensor)."""
+        return [self.held(c) for c in self.caps]
 
     def _row(self, i: int, cap: float, j: int) -> tuple[list[float], list[int]]:
         """Least swapped time of layers i..t for t up to j (packs <= cap), extended on demand."""
@@ -257,11 +293,11 @@ class Model:
         return INF if cap is None else self.swap_memory(i, j, s, cap)
 
     def _swap_cap(self, i: int, j: int, s: int, peak: float) -> float | None:
-        cap = (peak * (1 + _REL) - self.fixed(i, j, s)) / (self.p.prefetch + 3)
-        if cap < self.largest_layer(i, j) * (1 - _REL):
+        room = (peak * (1 + _REL) - self.fixed(i, j, s)) / (self.p.prefetch + 3)  # for one held pack buffer
+        k = bisect.bisect_right(self.held_caps, room * (1 + _REL)) - 1
+        if k < 0 or self.caps[k] < self.largest_layer(i, j) * (1 - _REL):
             return None
-        k = bisect.bisect_right(self.caps, cap * (1 + _REL)) - 1
-        return None if k < 0 else self.caps[k]
+        return self.caps[k]
 
     def time_within(self, i: int, j: int, s: int, peak: float) -> float:
         self.evals["stage"] += 1

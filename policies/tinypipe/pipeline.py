@@ -190,9 +190,16 @@ def _search(job: Job, knobs: Knobs, S: int, dp: int, tolerance: float | None) ->
     costs, overhead = layer_costs(job)
     inflight = tuple(M if knobs.schedule == "gpipe" else min(S - s, M) for s in range(S))
     table = table_params(job)
-    prob = Problem(tuple(costs), S, inflight, gpu_pool(job).capacity_bytes, knobs.prefetch_packs, overhead,
+    pool, master = gpu_pool(job), master_bytes(job)
+    prob = Problem(tuple(costs), S, inflight, pool.capacity_bytes, knobs.prefetch_packs, overhead,
                    knobs.balance_tolerance if tolerance is None else tolerance, ("gpu",) if unified(job) else MODES,
-                   table * dtype_bytes(job), table * (master_bytes(job) + ADAM_BYTES))
+                   table * dtype_bytes(job), table * (master + ADAM_BYTES),
+                   # each GPU tensor as the simulator charges it (``build.declare_gpu_side``, ``tasks``): rounded by
+                   # the GPU's allocator in an HBM pool; ``gpu`` mode's states are m32 (if any) and adam
+                   allocator=job.hw.gpu.allocator if pool.kind == "hbm" else "exact",
+                   stash=knobs.schedule == "gpipe",
+                   state_split=(master / (master + ADAM_BYTES), ADAM_BYTES / (master + ADAM_BYTES)) if master
+                   else (1.0,))
     return prob, solve(prob)
 
 
