@@ -40,11 +40,27 @@ RTOL = RTOL_FP32  # fp32; bf16 / fp16 replays: replay.precision.tolerance
 # 7x margin; a missed or doubled micro-batch or a stale weight is still 1e-3 to 5e-2 (above), and two
 # ranks, whose sum is exact in any order, are held to RTOL (they match to the last bit).
 RTOL_MANY_RANKS = 1e-4
+# Tensor parallelism splits every matrix product of a block over its ranks and sums the parts (a row-parallel
+# product adds tp partial sums of the inner dimension; its all-reduce adds them in the collective's order), so
+# activations differ from the reference by a few ulps from the first layer on, which Adam amplifies where a
+# gradient is small against its own rounding noise. Measured (fp32, tp=2, 2 steps of 4 micro-steps, the tiny
+# models of tests/test_replay_tp.py): losses within 2e-7, weights within 9e-5 (none, LLaMA-style). 1e-3 keeps
+# 10x margin; a skipped or doubled all-reduce changes the losses by O(1) and a stale weight is 5e-2 (above).
+RTOL_TP = 1e-3
 
 
-def rtol_for(world: int, precision: str = "fp32") -> float:
-    """The verify tolerance of a replay of ``world`` ranks in ``precision`` (the looser of the two causes)."""
-    return max(tolerance(precision), RTOL if world <= 2 else RTOL_MANY_RANKS)
+def rtol_for(world: int, precision: str = "fp32", tp: int = 1) -> float:
+    """The verify tolerance of a replay of ``world`` data-parallel ranks of ``tp`` tensor-parallel ranks in
+    ``precision`` (the loosest of the causes)."""
+    return max(tolerance(precision), RTOL if world <= 2 else RTOL_MANY_RANKS, RTOL_TP if tp > 1 else 0.0)
+
+
+def noise_only(dims: Dims) -> frozenset[str]:
+    """Parameters whose gradient is zero in exact arithmetic, so Adam moves them by rounding noise alone: a
+    key bias without rotary positions (softmax is invariant to adding ``q . b_k`` to every score of a query).
+    Two computations that round differently (tensor-parallel sums) cannot agree on them; the comparison of a
+    tensor-parallel replay leaves them out and says so."""
+    return frozenset({"k.bias"}) if dims.bias and dims.learned_pos else frozenset()
 
 
 def train_reference(dims: Dims, batching: Batching, steps: int, accum: dict[int, int], *, delayed: bool,
@@ -179,9 +195,10 @@ class Verdict:
 
 def compare(losses: dict[tuple[int, int], float], weights: list[dict[str, Tensor]],
             ref_losses: dict[tuple[int, int], float], ref_weights: list[dict[str, Tensor]],
-            reference: str, rtol: float = RTOL) -> Verdict:
+            reference: str, rtol: float = RTOL, skip: frozenset[str] = frozenset()) -> Verdict:
     """Largest relative error of any loss (per micro-step) and of any final weight tensor (max abs diff
-    over the tensor's max abs value); ``worst`` names the figure with the largest error of all."""
+    over the tensor's max abs value); ``worst`` names the figure with the largest error of all; ``skip``:
+    parameter names left out (``noise_only``)."""
     missing = sorted(set(losses) ^ set(ref_losses))
     if missing:
         s, m = missing[0]
@@ -192,6 +209,8 @@ def compare(losses: dict[tuple[int, int], float], weights: list[dict[str, Tensor
         errs.append((abs(losses[(s, m)] - ref) / max(abs(ref), 1e-12), "loss", f"loss of step {s} micro-step {m}"))
     for i, (mine, ref_w) in enumerate(zip(weights, ref_weights, strict=True)):
         for n, r in ref_w.items():
+            if n in skip:
+                continue
             scale = max(float(r.abs().max()), 1e-12)
             errs.append((float((mine[n] - r).abs().max()) / scale, "weight", f"layer {i} {n}"))
     lerr = max((e for e, kind, _ in errs if kind == "loss"), default=0.0)
