@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,11 +27,11 @@ from tiersim.api import JobRequest, make_job  # noqa: E402
 from tiersim.cli import main  # noqa: E402
 from workloads import ModelSpec  # noqa: E402
 
-LLAMA = dict(name="tiny-llama", family="custom", n_layers=2, hidden=64, n_heads=4, n_kv_heads=2, ffn=192,
-             vocab=256, max_pos=128, tied_embeddings=False, mlp="swiglu", norm="rmsnorm", bias=False,
+LLAMA: dict[str, Any] = dict(name="tiny-llama", family="custom", n_layers=2, hidden=64, n_heads=4, n_kv_heads=2,
+             ffn=192, vocab=256, max_pos=128, tied_embeddings=False, mlp="swiglu", norm="rmsnorm", bias=False,
              learned_pos=False)
-GPT = dict(name="tiny-gpt", family="custom", n_layers=2, hidden=64, n_heads=4, n_kv_heads=4, ffn=256, vocab=256,
-           max_pos=128, tied_embeddings=True, mlp="gelu", norm="layernorm", bias=True, learned_pos=True)
+GPT: dict[str, Any] = dict(name="tiny-gpt", family="custom", n_layers=2, hidden=64, n_heads=4, n_kv_heads=4, ffn=256,
+           vocab=256, max_pos=128, tied_embeddings=True, mlp="gelu", norm="layernorm", bias=True, learned_pos=True)
 SEED = 1234
 
 
@@ -54,7 +55,8 @@ def test_shards_join_back_to_the_model() -> None:
             layers = build_layers(d, SEED)
             shard_layers(layers, d, TpPlace(j, 2, not d.tied))
             parts.append(layers)
-        assert parts[0][1].q.weight.shape == (32, 64) and parts[1][1].down.weight.shape == (64, d.ffn // 2)
+        assert parts[0][1].get_parameter("q.weight").shape == (32, 64)
+        assert parts[1][1].get_parameter("down.weight").shape == (64, d.ffn // 2)
         for i, m in enumerate(whole):
             got = unshard(i, len(whole), [dict(p[i].named_parameters()) for p in parts], not d.tied)
             assert set(got) == set(dict(m.named_parameters()))
