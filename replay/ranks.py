@@ -82,6 +82,11 @@ def stream_owners(plan: Plan) -> dict[str, frozenset[int]]:
         else:
             tagged = {t.tags.get("rank") for t in ts}
             rank = next(iter(tagged)) if len(tagged) == 1 else None
+            if tagged == {None}:
+                raise ReplayError(f"stream {s.id!r} on {s.device!r} serves every rank at once (e.g. task "
+                                  f"{ts[0].id!r}: one {ts[0].op} for all ranks' shares, no 'rank' tag); replay runs "
+                                  "each rank's host work in that rank's process, so it needs a plan with per-rank "
+                                  "host tasks (zero-infinity: param_device=cpu optimizer_device=cpu), or one GPU")
             if not isinstance(rank, int) or not 0 <= rank < len(gpus):
                 raise ReplayError(f"stream {s.id!r} on {s.device!r}: its tasks carry no single 'rank' tag "
                                   f"(found {sorted(map(str, tagged))}); replay cannot tell which rank runs it")

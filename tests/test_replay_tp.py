@@ -18,7 +18,7 @@ from replay.dist_launch import run_ranks  # noqa: E402
 from replay.dist_merge import replica_spread  # noqa: E402
 from replay.errors import ReplayError  # noqa: E402
 from replay.model import Dims, build_layers  # noqa: E402
-from replay.ranks import check_multi_rank, inner_groups, shared_groups  # noqa: E402
+from replay.ranks import check_multi_rank, inner_groups, rank_view, shared_groups  # noqa: E402
 from replay.reference import RTOL_TP, compare, noise_only, rtol_for, train_reference  # noqa: E402
 from replay.store import Batching  # noqa: E402
 from replay.tensor_parallel import TpPlace, shard_layers, unshard  # noqa: E402
@@ -146,3 +146,13 @@ def test_a_vocab_that_does_not_split_is_refused() -> None:
     plan = tp_plan("none", dict(LLAMA, vocab=255), {"tp": 2})
     with pytest.raises(ReplayError, match=r"tp=2: the vocabulary of 255 does not split over 2 ranks"):
         check_multi_rank(plan)
+
+
+def test_a_host_stream_serving_every_rank_is_refused_in_one_line() -> None:
+    """zero-infinity's NVMe reads of every rank's slices in one task (no rank tag): refused, with the knobs
+    that give a replayable plan."""
+    plan = tp_plan("zero-infinity", LLAMA, {"param_device": "nvme"})
+    with pytest.raises(ReplayError, match=r"stream 'cpu.pread' on 'cpu' serves every rank at once .* "
+                                          r"param_device=cpu optimizer_device=cpu"):
+        check_multi_rank(plan)
+        rank_view(plan, 0)
