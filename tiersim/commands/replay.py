@@ -108,6 +108,9 @@ def run(args: argparse.Namespace) -> int:
     if world > 1 and not args.json:
         print(f"ranks: {world} processes ({'NCCL' if meas.device.startswith('cuda') else 'gloo'}), "
               f"{replicas} data-parallel replica(s); replicas' weights differ by at most {spread:.3g}")
+    if d["verify"] is not None and d["verify"].get("not_compared") and not args.json:
+        print(f"verify: not compared: {', '.join(d['verify']['not_compared'])} (their gradient is zero in exact "
+              "arithmetic: Adam moves them by rounding noise; replay.reference.noise_only)")
     if note and not args.json:
         print(note)
     if d["verify"] is not None and not d["verify"]["ok"]:
