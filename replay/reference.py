@@ -57,6 +57,15 @@ def rtol_for(world: int, precision: str = "fp32", tp: int = 1) -> float:
     return max(tolerance(precision), RTOL if world <= 2 else RTOL_MANY_RANKS, RTOL_TP if tp > 1 else 0.0)
 
 
+def weights_gated(precision: str, tp: int) -> bool:
+    """Does ``--verify`` hold the final weights to its tolerance? Not for a tensor-parallel replay in bf16 /
+    fp16: its split sums round at 16-bit precision where the reference's whole sums round once, and Adam turns
+    those differences into steps of ``lr`` on small gradients (measured, tp=2 on the tiny models of
+    tests/test_replay_tp.py: 5e-2 of a weight's scale, 1.0 of a zero-initialised bias). Its losses are held to
+    the precision's tolerance (measured within 7e-5) and its weights reported; verify in fp32 for the weights."""
+    return tp <= 1 or precision == "fp32"
+
+
 def noise_only(dims: Dims) -> frozenset[str]:
     """Parameters whose gradient is zero in exact arithmetic, so Adam moves them by rounding noise alone: a
     key bias without rotary positions (softmax is invariant to adding ``q . b_k`` to every score of a query).
@@ -197,10 +206,12 @@ class Verdict:
 
 def compare(losses: dict[tuple[int, int], float], weights: list[dict[str, Tensor]],
             ref_losses: dict[tuple[int, int], float], ref_weights: list[dict[str, Tensor]],
-            reference: str, rtol: float = RTOL, skip: frozenset[str] = frozenset()) -> Verdict:
+            reference: str, rtol: float = RTOL, skip: frozenset[str] = frozenset(), gate_weights: bool = True
+            ) -> Verdict:
     """Largest relative error of any loss (per micro-step) and of any final weight tensor (max abs diff
     over the tensor's max abs value); ``worst`` names the figure with the largest error of all; ``skip``:
-    parameter names left out (``noise_only``)."""
+    parameter names left out (``noise_only``); ``gate_weights`` False: the weights' error is reported but
+    the verdict rests on the losses (``weights_gated``)."""
     missing = sorted(set(losses) ^ set(ref_losses))
     if missing:
         s, m = missing[0]
@@ -218,4 +229,5 @@ def compare(losses: dict[tuple[int, int], float], weights: list[dict[str, Tensor
     lerr = max((e for e, kind, _ in errs if kind == "loss"), default=0.0)
     werr = max((e for e, kind, _ in errs if kind == "weight"), default=0.0)
     top = max(errs, default=(0.0, "", ""))
-    return Verdict(lerr <= rtol and werr <= rtol, reference, lerr, werr, top[2] if top[0] > 0 else "", rtol)
+    ok = lerr <= rtol and (werr <= rtol or not gate_weights)
+    return Verdict(ok, reference, lerr, werr, top[2] if top[0] > 0 else "", rtol)

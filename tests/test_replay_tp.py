@@ -19,7 +19,7 @@ from replay.dist_merge import replica_spread  # noqa: E402
 from replay.errors import ReplayError  # noqa: E402
 from replay.model import Dims, build_layers  # noqa: E402
 from replay.ranks import check_multi_rank, inner_groups, rank_view, shared_groups  # noqa: E402
-from replay.reference import RTOL_TP, compare, noise_only, rtol_for, train_reference  # noqa: E402
+from replay.reference import RTOL_TP, compare, noise_only, rtol_for, train_reference, weights_gated  # noqa: E402
 from replay.store import Batching  # noqa: E402
 from replay.tensor_parallel import TpPlace, shard_layers, unshard  # noqa: E402
 from simulator import Plan  # noqa: E402
@@ -156,3 +156,14 @@ def test_a_host_stream_serving_every_rank_is_refused_in_one_line() -> None:
                                           r"param_device=cpu optimizer_device=cpu"):
         check_multi_rank(plan)
         rank_view(plan, 0)
+
+
+def test_cli_tp2_in_bf16_is_verified_by_its_losses(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """simulate's default precision (bf16): the losses are held to bf16's tolerance, the weights reported (16-bit
+    split sums round unlike one process's and Adam amplifies it: replay.reference.weights_gated)."""
+    tp_plan("none", LLAMA, {"tp": 2}, precision="bf16").save(tmp_path / "p.json")
+    rc = main(["replay", str(tmp_path / "p.json"), "--verify", "--json", "--device", "cpu"])
+    d = json.loads(capsys.readouterr().out)["verify"]
+    assert rc == 0 and d["ok"] and d["weights_gated"] is False and d["tensor_parallel"] == 2, d
+    assert d["max_loss_rel_err"] < 1e-3 and d["max_weight_rel_err"] > 0
+    assert weights_gated("fp32", 2) and weights_gated("bf16", 1) and not weights_gated("fp16", 2)

@@ -108,6 +108,10 @@ def run(args: argparse.Namespace) -> int:
     if world > 1 and not args.json:
         print(f"ranks: {world} processes ({'NCCL' if meas.device.startswith('cuda') else 'gloo'}), "
               f"{replicas} data-parallel replica(s); replicas' weights differ by at most {spread:.3g}")
+    if d["verify"] is not None and not d["verify"].get("weights_gated", True) and not args.json:
+        print(f"verify: the weights' error is reported, not held to the tolerance: tensor-parallel sums in "
+              f"{plan.workload.config.precision} round unlike one process's (replay.reference.weights_gated); "
+              "plan with --precision fp32 to check the weights")
     if d["verify"] is not None and d["verify"].get("not_compared") and not args.json:
         print(f"verify: not compared: {', '.join(d['verify']['not_compared'])} (their gradient is zero in exact "
               "arithmetic: Adam moves them by rounding noise; replay.reference.noise_only)")
@@ -125,7 +129,7 @@ def _verify(plan: Plan, seed: int, accum: dict[int, int], world: int, meas: Any,
     stages share their micro-batches); ``tp``: the tensor-parallel ranks of a layer (their sums round
     differently: ``replay.reference.RTOL_TP``); the replicas of a data-parallel replay must agree too."""
     from replay.model import Dims
-    from replay.reference import compare, noise_only, rtol_for, train_reference
+    from replay.reference import compare, noise_only, rtol_for, train_reference, weights_gated
     from replay.runner import pick_device
     from replay.store import Batching
 
@@ -136,9 +140,11 @@ def _verify(plan: Plan, seed: int, accum: dict[int, int], world: int, meas: Any,
     ref_losses, ref_weights = train_reference(dims, batching, plan.steps, accum,
                                               delayed=delayed, device=pick_device(meas.device), world=world)
     skip = noise_only(dims) if tp > 1 else frozenset()
+    gated = weights_gated(cfg.precision, tp)
     v = compare(meas.losses, meas.weights, ref_losses, ref_weights, "delayed-update" if delayed else "plain",
-                rtol_for(world, cfg.precision, tp), skip).to_dict()
+                rtol_for(world, cfg.precision, tp), skip, gated).to_dict()
     v["tensor_parallel"] = tp
+    v["weights_gated"] = gated  # False: tp in 16-bit precision, losses only (replay.reference.weights_gated)
     v["not_compared"] = sorted(skip)  # gradients of pure rounding noise (replay.reference.noise_only)
     v["replicas"] = world
     v["replica_spread"] = spread
