@@ -10,6 +10,10 @@ Rank ``K`` is the plan's ``K``-th GPU (``plan_gpus`` order: gpu0, gpu1, ...). It
   copy is its side of the real ``torch.distributed`` call. Each shared stream gets its own process group,
   so collectives issued concurrently from two streams can never pair up wrongly across ranks.
 
+A tensor-parallel group's stream (``tp{k}``: the all-reduces closing each layer's forward, recomputation and
+backward) is such a shared stream; its ranks also share a second group, ``tp{k}/inner`` (``inner_groups``),
+for the all-reduce inside each block's compute (``replay.tensor_parallel``).
+
 A copy from one GPU to another (a pipeline stage's activations or input gradients) is run by both ends:
 a real ``send`` on the sender, a real ``recv`` on the receiver, each in its stream's order.
 

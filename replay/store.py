@@ -399,6 +399,8 @@ class Store:
                 self.upstream[(s, m, i - 1)] = g_x
                 self.grads[(loc, i, s, m)] = pg
                 self.tp_done[(i, s, m)].set()
+                for old in [k for k in self.tp_done if k[1] < s - 1]:  # two steps back: every consumer has run
+                    del self.tp_done[old]
             return g_h1.numel() * 4 + inner
         with self.lock:
             pend = self.tp_pending.pop((phase, *key), None)
