@@ -10,7 +10,9 @@ The plan is unrolled with ``simulator.unroll.Unroller`` (every step in full). Ea
   every layer's) master parameters where the plan puts them; ``param-upload`` (a layer, or a pack of
   layers swapped in) and ``grad-offload`` copies move those tensors; other copies
   move a real buffer of the plan's size (files under ``--nvme-dir`` for nvme); collectives over one rank
-  are no-ops;
+  are no-ops; over several (``replay.ranks``) they are real: gradient reductions, parameter gathers, the
+  tensor-parallel all-reduces of Megatron-style shards (``replay.tensor_parallel``) and the sum of a tied
+  table's two gradients between a pipeline's first and last stage;
 - *ends*: its frees are applied.
 
 Recorded: per-task start/end (``simulator.engine.TaskRecord``, so the simulator's metrics and trace
@@ -574,8 +576,8 @@ class Runner:
         elif phase in TP_PHASES and isinstance(s.tags.get("layer"), int):
             real = self.store.tp_close(t.uid, TP_PHASES[phase], (t.step, self._micro(t), s.tags["layer"]), s.bytes)
         else:
-            raise ReplayError(f"task {t.uid!r}: a {coll or 'collective'} in phase {phase!r} is not replayed yet "
-                              "(gradient reductions and parameter gathers are)")
+            raise ReplayError(f"task {t.uid!r}: a {coll or 'collective'} in phase {phase!r} is not replayed (gradient "
+                              "reductions, parameter gathers, tensor-parallel all-reduces and tied-gradient sums are)")
         if self.gpu not in s.ranks:
             raise ReplayError(f"task {t.uid!r}: runs on {self.gpu!r}, which is not one of its ranks {s.ranks}")
         n = len(s.ranks)
