@@ -36,10 +36,12 @@ RTOL = RTOL_FP32  # fp32; bf16 / fp16 replays: replay.precision.tolerance
 # Beyond two ranks a collective sums the ranks' gradients in an order of its own (gloo's ring and halving
 # algorithms, NCCL's trees), which the one-process reference cannot follow: a few ulps per sum, which Adam
 # amplifies where a gradient is small against its own noise. Measured with zero-offload at 4 ranks on the
-# tiny LLaMA of tests/test_replay_ranks.py: 1.5e-5 (one micro-step per rank) and 1.9e-6 (two). 1e-4 keeps
-# 7x margin; a missed or doubled micro-batch or a stale weight is still 1e-3 to 5e-2 (above), and two
-# ranks, whose sum is exact in any order, are held to RTOL (they match to the last bit).
-RTOL_MANY_RANKS = 1e-4
+# tiny LLaMA of tests/test_replay_ranks.py: 1.5e-5 (one micro-step per rank) and 1.9e-6 (two); at 8 ranks
+# (a100x8, a 4-layer GPT-style model, 2 micro-steps per rank; synergyscale, lazytrain and zero-infinity alike,
+# docs/replay_tp.md): 8.2e-5 (the key bias, whose gradient is pure noise, left out: not_compared). 3e-4 keeps
+# 3.6x margin over that; a missed or doubled micro-batch or a stale weight is still 1e-3 to 5e-2 (above), and
+# two ranks, whose sum is exact in any order, are held to RTOL (they match to the last bit).
+RTOL_MANY_RANKS = 3e-4
 # Tensor parallelism splits every matrix product of a block over its ranks and sums the parts (a row-parallel
 # product adds tp partial sums of the inner dimension; its all-reduce adds them in the collective's order), so
 # activations differ from the reference by a few ulps from the first layer on, which Adam amplifies where a
@@ -69,9 +71,17 @@ def weights_gated(precision: str, tp: int) -> bool:
 def noise_only(dims: Dims) -> frozenset[str]:
     """Parameters whose gradient is zero in exact arithmetic, so Adam moves them by rounding noise alone: a
     key bias without rotary positions (softmax is invariant to adding ``q . b_k`` to every score of a query).
-    Two computations that round differently (tensor-parallel sums) cannot agree on them; the comparison of a
-    tensor-parallel replay leaves them out and says so."""
+    Two computations that round differently (tensor-parallel sums, a collective's sum over more than two ranks)
+    cannot agree on them; their comparison leaves them out and says so."""
     return frozenset({"k.bias"}) if dims.bias and dims.learned_pos else frozenset()
+
+
+def not_compared(dims: Dims, world: int, tp: int) -> frozenset[str]:
+    """What ``--verify`` leaves out of a replay of ``world`` data-parallel and ``tp`` tensor-parallel ranks:
+    nothing where it matches one process bit for bit (two replicas, no tensor parallelism), else
+    ``noise_only``. Measured: the key bias of the 4-layer GPT-style model on 8 ranks (synergyscale, 8
+    replicas) differs by 0.52 of its own scale, every other weight within 8.2e-5."""
+    return noise_only(dims) if tp > 1 or world > 2 else frozenset()
 
 
 def train_reference(dims: Dims, batching: Batching, steps: int, accum: dict[int, int], *, delayed: bool,

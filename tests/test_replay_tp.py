@@ -19,7 +19,15 @@ from replay.dist_merge import replica_spread  # noqa: E402
 from replay.errors import ReplayError  # noqa: E402
 from replay.model import Dims, build_layers  # noqa: E402
 from replay.ranks import check_multi_rank, inner_groups, rank_view, shared_groups  # noqa: E402
-from replay.reference import RTOL_TP, compare, noise_only, rtol_for, train_reference, weights_gated  # noqa: E402
+from replay.reference import (  # noqa: E402
+    RTOL_TP,
+    compare,
+    noise_only,
+    not_compared,
+    rtol_for,
+    train_reference,
+    weights_gated,
+)
 from replay.store import Batching  # noqa: E402
 from replay.tensor_parallel import TpPlace, shard_layers, unshard  # noqa: E402
 from simulator import Plan  # noqa: E402
@@ -167,3 +175,12 @@ def test_cli_tp2_in_bf16_is_verified_by_its_losses(tmp_path: Path, capsys: pytes
     assert rc == 0 and d["ok"] and d["weights_gated"] is False and d["tensor_parallel"] == 2, d
     assert d["max_loss_rel_err"] < 1e-3 and d["max_weight_rel_err"] > 0
     assert weights_gated("fp32", 2) and weights_gated("bf16", 1) and not weights_gated("fp16", 2)
+
+
+def test_what_verify_leaves_out() -> None:
+    """Exact replays compare every weight; a tensor-parallel one, or one of more than two replicas, leaves out
+    the key bias of a model without rotary positions (its gradient is rounding noise)."""
+    gpt, llama = Dims.from_model(ModelSpec(**GPT)), Dims.from_model(ModelSpec(**LLAMA))
+    assert not_compared(gpt, 2, 1) == frozenset() and not_compared(gpt, 1, 2) == {"k.bias"}
+    assert not_compared(gpt, 8, 1) == {"k.bias"} and not_compared(llama, 8, 2) == frozenset()
+    assert rtol_for(2, "fp32") < rtol_for(8, "fp32") < rtol_for(2, "fp32", tp=2) == RTOL_TP

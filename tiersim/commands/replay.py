@@ -129,7 +129,7 @@ def _verify(plan: Plan, seed: int, accum: dict[int, int], world: int, meas: Any,
     stages share their micro-batches); ``tp``: the tensor-parallel ranks of a layer (their sums round
     differently: ``replay.reference.RTOL_TP``); the replicas of a data-parallel replay must agree too."""
     from replay.model import Dims
-    from replay.reference import compare, noise_only, rtol_for, train_reference, weights_gated
+    from replay.reference import compare, not_compared, rtol_for, train_reference, weights_gated
     from replay.runner import pick_device
     from replay.store import Batching
 
@@ -139,7 +139,7 @@ def _verify(plan: Plan, seed: int, accum: dict[int, int], world: int, meas: Any,
     dims = Dims.from_model(plan.workload.model)
     ref_losses, ref_weights = train_reference(dims, batching, plan.steps, accum,
                                               delayed=delayed, device=pick_device(meas.device), world=world)
-    skip = noise_only(dims) if tp > 1 else frozenset()
+    skip = not_compared(dims, world, tp)
     gated = weights_gated(cfg.precision, tp)
     v = compare(meas.losses, meas.weights, ref_losses, ref_weights, "delayed-update" if delayed else "plain",
                 rtol_for(world, cfg.precision, tp), skip, gated).to_dict()
