@@ -29,6 +29,7 @@ from torch import Tensor
 from hardware_models import HardwareSpec, build_topology
 from replay.errors import ReplayError, ReplayOom
 from replay.runner import Measurement, Runner
+from replay.tensor_parallel import TpPlace, is_tp_layer, unshard
 from simulator.engine import TaskRecord
 from simulator.errors import PlanError
 from simulator.memory import MemoryTracker
@@ -58,6 +59,7 @@ class RankResult:
     owned: frozenset[int]  # the layers this rank computes (its pipeline stage's; every layer without one)
     dp_world: int  # the data-parallel replicas of its layers (the reference trains that many waves)
     leaked: list[str] = field(default_factory=list)
+    tp: TpPlace = TpPlace(0, 1, False)  # its place in its tensor-parallel group (replay.tensor_parallel)
 
     @classmethod
     def of(cls, rank: int, runner: Runner, m: Measurement) -> RankResult:
@@ -65,7 +67,7 @@ class RankResult:
         records = [r._replace(tags=dict(r.tags)) for r in m.records]
         return cls(rank, m.device, records, list(runner.mem.log), m.link_bytes, m.link_bytes_by_step,
                    m.real_link_bytes, m.step_end, m.wall_s, m.losses, m.weights, frozenset(runner.sharded), shapes,
-                   dict(runner.accum), frozenset(runner.computes), runner.dp_world, list(m.leaked))
+                   dict(runner.accum), frozenset(runner.computes), runner.dp_world, list(m.leaked), runner.tp)
 
 
 def _records(results: list[RankResult]) -> list[TaskRecord]:
@@ -106,35 +108,59 @@ def _memory(plan: Plan, hw: HardwareSpec, results: list[RankResult]) -> MemoryTr
     return mem
 
 
+def _joined(i: int, holders: list[RankResult]) -> dict[str, Tensor]:
+    """Layer i as its data-parallel holders hold it: the first one's, or a partition's shards joined."""
+    first = holders[0]
+    if i not in first.sharded:
+        return first.weights[i]
+    flat = torch.cat([r.weights[i]["flat"] for r in holders])
+    layer, k = {}, 0
+    for name, shape in first.shapes[i]:
+        size = int(torch.Size(shape).numel())
+        layer[name] = flat[k:k + size].view(shape).clone()
+        k += size
+    return layer
+
+
+def _tp_split(i: int, n: int, holders: list[RankResult]) -> list[list[RankResult]]:
+    """The holders of layer i by tensor-parallel rank (one list when the layer is not split)."""
+    tp = holders[0].tp
+    if not tp.active:
+        return [holders]
+    by_rank = [[r for r in holders if r.tp.rank == j] for j in range(tp.world)]
+    return by_rank if is_tp_layer(i, n) else by_rank[:1]  # a replicated layer: the first rank's group holds it
+
+
 def _weights(results: list[RankResult]) -> list[dict[str, Tensor]]:
     out: list[dict[str, Tensor]] = []
-    for i in range(len(results[0].weights)):
+    n = len(results[0].weights)
+    for i in range(n):
         holders = [r for r in results if i in r.owned] or results[:1]
-        first = holders[0]
-        if i not in first.sharded:
-            out.append(first.weights[i])
-            continue
-        flat = torch.cat([r.weights[i]["flat"] for r in holders])
-        layer, k = {}, 0
-        for name, shape in first.shapes[i]:
-            size = int(torch.Size(shape).numel())
-            layer[name] = flat[k:k + size].view(shape).clone()
-            k += size
-        out.append(layer)
+        parts = [_joined(i, hs) for hs in _tp_split(i, n, holders)]
+        out.append(parts[0] if len(parts) == 1 else unshard(i, n, parts, holders[0].tp.vocab_parallel))
     return out
 
 
 def replica_spread(results: list[RankResult]) -> float:
     """Largest difference between rank 0's final weights of a replicated layer and another rank's copy
-    (0.0 when data parallelism kept the replicas identical, as it must)."""
+    (0.0 when data parallelism kept the replicas identical, as it must), the last pipeline stage's copy of
+    a tied table included."""
     spread = 0.0
-    for i in range(len(results[0].weights)):
-        holders = [r for r in results if i in r.owned]
-        if len(holders) < 2 or i in holders[0].sharded:
-            continue
-        for res in holders[1:]:
-            for n, t in holders[0].weights[i].items():
-                spread = max(spread, float((res.weights[i][n] - t).abs().max()))
+    n = len(results[0].weights)
+    for i in range(n):
+        every = [r for r in results if i in r.owned]
+        groups = _tp_split(i, n, every) if every and is_tp_layer(i, n) else [every]
+        for holders in groups:
+            if len(holders) < 2 or i in holders[0].sharded:
+                continue
+            for res in holders[1:]:
+                for name, t in holders[0].weights[i].items():
+                    spread = max(spread, float((res.weights[i][name] - t).abs().max()))
+    table = [r for r in results if 0 in r.owned][:1]
+    for res in results:  # a pipeline's last stage keeps its own copy of the tied table: the same as the first's
+        head = res.weights[-1]
+        if "wte" in head and table:
+            spread = max(spread, float((head["wte"] - table[0].weights[0]["wte"]).abs().max()))
     return spread
 
 

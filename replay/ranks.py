@@ -10,6 +10,10 @@ Rank ``K`` is the plan's ``K``-th GPU (``plan_gpus`` order: gpu0, gpu1, ...). It
   copy is its side of the real ``torch.distributed`` call. Each shared stream gets its own process group,
   so collectives issued concurrently from two streams can never pair up wrongly across ranks.
 
+A tensor-parallel group's stream (``tp{k}``: the all-reduces closing each layer's forward, recomputation and
+backward) is such a shared stream; its ranks also share a second group, ``tp{k}/inner`` (``inner_groups``),
+for the all-reduce inside each block's compute (``replay.tensor_parallel``).
+
 A copy from one GPU to another (a pipeline stage's activations or input gradients) is run by both ends:
 a real ``send`` on the sender, a real ``recv`` on the receiver, each in its stream's order.
 
@@ -25,6 +29,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from replay.errors import ReplayError
+from replay.model import Dims
+from replay.tensor_parallel import check_dims, inner_stream
 from simulator.phase import Phase
 from simulator.plan import Plan, TaskSpec
 
@@ -80,6 +86,11 @@ def stream_owners(plan: Plan) -> dict[str, frozenset[int]]:
         else:
             tagged = {t.tags.get("rank") for t in ts}
             rank = next(iter(tagged)) if len(tagged) == 1 else None
+            if tagged == {None}:
+                raise ReplayError(f"stream {s.id!r} on {s.device!r} serves every rank at once (e.g. task "
+                                  f"{ts[0].id!r}: one {ts[0].op} for all ranks' shares, no 'rank' tag); replay runs "
+                                  "each rank's host work in that rank's process, so it needs a plan with per-rank "
+                                  "host tasks (zero-infinity: param_device=cpu optimizer_device=cpu), or one GPU")
             if not isinstance(rank, int) or not 0 <= rank < len(gpus):
                 raise ReplayError(f"stream {s.id!r} on {s.device!r}: its tasks carry no single 'rank' tag "
                                   f"(found {sorted(map(str, tagged))}); replay cannot tell which rank runs it")
@@ -110,24 +121,32 @@ class RankView:
         return t.id in self.tasks
 
 
-REPLAYED_COLLECTIVES = (Phase.GRAD_REDUCE, Phase.PARAM_GATHER)
+REPLAYED_COLLECTIVES = (Phase.GRAD_REDUCE, Phase.PARAM_GATHER, Phase.TP_FWD, Phase.TP_RECOMPUTE, Phase.TP_BWD,
+                        Phase.TIED_GRAD_SYNC)
+TP_COLLECTIVES = (Phase.TP_FWD, Phase.TP_RECOMPUTE, Phase.TP_BWD)
 REPLAYED_SENDS = (Phase.SEND_ACT, Phase.SEND_GRAD)
 
 
 def check_multi_rank(plan: Plan) -> None:
-    """Refuse, before any process starts, what a multi-rank replay does not run yet: tensor-parallel layers
-    (their collectives inside a layer), other GPU-to-GPU copies, a tied head on another stage than its
-    embedding."""
+    """Refuse, before any process starts, what a multi-rank replay does not run: collectives of other
+    phases, other GPU-to-GPU copies, a tied head on another stage than its embedding without the plan's
+    sum of the two gradient copies on their GPUs."""
+    tied_sums: list[TaskSpec] = []
     for seg in plan.segments:
         for t in seg.tasks:
             phase = t.tags.get("phase")
+            if phase == Phase.TIED_GRAD_SYNC:
+                tied_sums.append(t)
             if t.op == "collective" and len(t.ranks) > 1 and phase not in REPLAYED_COLLECTIVES:
-                what = "tensor-parallel layers" if str(phase).startswith("tp-") else f"{phase} collectives"
-                raise ReplayError(f"task {t.id!r}: {what} are not replayed yet (gradient reductions, parameter "
-                                  "gathers and pipeline sends are); replay a plan without them (e.g. --set tp=1)")
+                raise ReplayError(f"task {t.id!r}: {phase} collectives are not replayed (gradient reductions, "
+                                  "parameter gathers, tensor-parallel all-reduces, tied-gradient sums and pipeline "
+                                  "sends are)")
             if is_p2p(t) and phase not in REPLAYED_SENDS:
-                raise ReplayError(f"task {t.id!r}: a GPU-to-GPU copy in phase {phase!r} is not replayed yet "
+                raise ReplayError(f"task {t.id!r}: a GPU-to-GPU copy in phase {phase!r} is not replayed "
                                   "(pipeline activations and gradients are)")
+    tp = {len(t.ranks) for seg in plan.segments for t in seg.tasks if t.tags.get("phase") in TP_COLLECTIVES}
+    for n in sorted(tp):
+        check_dims(Dims.from_model(plan.workload.model), n)
     if plan.workload.model.tied_embeddings:
         computes: dict[int, set[str]] = defaultdict(set)
         devices = {s.id: s.device for s in plan.streams}
@@ -137,8 +156,15 @@ def check_multi_rank(plan: Plan) -> None:
                     computes[t.tags["layer"]].add(devices[t.stream])
         head = plan.workload.model.n_layers + 1
         if computes.get(head, set()) - computes.get(0, set()):
-            raise ReplayError("the tied head runs on another pipeline stage than the embedding whose matrix it "
-                              "shares; replay a model without tied embeddings, or one stage")
+            on_host = [t for t in tied_sums if t.op != "collective"]
+            if on_host:
+                raise ReplayError(f"task {on_host[0].id!r}: the tied table's two gradient copies are summed on the "
+                                  "host (a stage swaps), but each copy lives in its own rank's process; replay a "
+                                  "plan whose stages keep their gradients on the GPU, or an untied model")
+            if not tied_sums:
+                raise ReplayError("the tied head runs on another pipeline stage than the embedding whose matrix it "
+                                  "shares, and the plan never sums the two copies' gradients (a tied-grad-sync "
+                                  "task); replay a model without tied embeddings, or one stage")
 
 
 def rank_view(plan: Plan, rank: int) -> RankView:
@@ -168,3 +194,11 @@ def shared_groups(plan: Plan) -> list[tuple[str, tuple[int, ...]]]:
         for t in seg.tasks:
             ranks[t.stream] |= task_ranks(t, owners, index)
     return [(s.id, tuple(sorted(ranks[s.id]))) for s in plan.streams if len(ranks[s.id]) > 1]
+
+
+def inner_groups(plan: Plan) -> list[tuple[str, tuple[int, ...]]]:
+    """The process groups of the all-reduces a tensor-parallel layer runs inside its compute tasks
+    (``replay.tensor_parallel``): one per tensor-parallel stream, named ``{stream}/inner``, so they never
+    pair up with the stream's own collectives."""
+    tp = {t.stream for seg in plan.segments for t in seg.tasks if t.tags.get("phase") in TP_COLLECTIVES}
+    return [(inner_stream(s), r) for s, r in shared_groups(plan) if s in tp]

@@ -36,15 +36,52 @@ RTOL = RTOL_FP32  # fp32; bf16 / fp16 replays: replay.precision.tolerance
 # Beyond two ranks a collective sums the ranks' gradients in an order of its own (gloo's ring and halving
 # algorithms, NCCL's trees), which the one-process reference cannot follow: a few ulps per sum, which Adam
 # amplifies where a gradient is small against its own noise. Measured with zero-offload at 4 ranks on the
-# tiny LLaMA of tests/test_replay_ranks.py: 1.5e-5 (one micro-step per rank) and 1.9e-6 (two). 1e-4 keeps
-# 7x margin; a missed or doubled micro-batch or a stale weight is still 1e-3 to 5e-2 (above), and two
-# ranks, whose sum is exact in any order, are held to RTOL (they match to the last bit).
-RTOL_MANY_RANKS = 1e-4
+# tiny LLaMA of tests/test_replay_ranks.py: 1.5e-5 (one micro-step per rank) and 1.9e-6 (two); at 8 ranks
+# (a100x8, a 4-layer GPT-style model, 2 micro-steps per rank; synergyscale, lazytrain and zero-infinity alike,
+# docs/replay_tp.md): 8.2e-5 (the key bias, whose gradient is pure noise, left out: not_compared). 3e-4 keeps
+# 3.6x margin over that; a missed or doubled micro-batch or a stale weight is still 1e-3 to 5e-2 (above), and
+# two ranks, whose sum is exact in any order, are held to RTOL (they match to the last bit).
+RTOL_MANY_RANKS = 3e-4
+# Tensor parallelism splits every matrix product of a block over its ranks and sums the parts (a row-parallel
+# product adds tp partial sums of the inner dimension; its all-reduce adds them in the collective's order), so
+# activations differ from the reference by a few ulps from the first layer on, which Adam amplifies where a
+# gradient is small against its own rounding noise. Measured (fp32, tp=2, 2 steps of 4 micro-steps, the tiny
+# models of tests/test_replay_tp.py): losses within 2e-7, weights within 9e-5 (none, LLaMA-style, 2 ranks) and
+# 3.2e-4 (none, 4-layer GPT-style, tp=2 x dp=4 on 8 ranks, whose data-parallel sums add their own reordering).
+# 1e-3 keeps 3x to 10x margin; a skipped or doubled all-reduce changes the losses by O(1) and a stale weight
+# is 5e-2 (above).
+RTOL_TP = 1e-3
 
 
-def rtol_for(world: int, precision: str = "fp32") -> float:
-    """The verify tolerance of a replay of ``world`` ranks in ``precision`` (the looser of the two causes)."""
-    return max(tolerance(precision), RTOL if world <= 2 else RTOL_MANY_RANKS)
+def rtol_for(world: int, precision: str = "fp32", tp: int = 1) -> float:
+    """The verify tolerance of a replay of ``world`` data-parallel ranks of ``tp`` tensor-parallel ranks in
+    ``precision`` (the loosest of the causes)."""
+    return max(tolerance(precision), RTOL if world <= 2 else RTOL_MANY_RANKS, RTOL_TP if tp > 1 else 0.0)
+
+
+def weights_gated(precision: str, tp: int) -> bool:
+    """Does ``--verify`` hold the final weights to its tolerance? Not for a tensor-parallel replay in bf16 /
+    fp16: its split sums round at 16-bit precision where the reference's whole sums round once, and Adam turns
+    those differences into steps of ``lr`` on small gradients (measured, tp=2 on the tiny models of
+    tests/test_replay_tp.py: 5e-2 of a weight's scale, 1.0 of a zero-initialised bias). Its losses are held to
+    the precision's tolerance (measured within 7e-5) and its weights reported; verify in fp32 for the weights."""
+    return tp <= 1 or precision == "fp32"
+
+
+def noise_only(dims: Dims) -> frozenset[str]:
+    """Parameters whose gradient is zero in exact arithmetic, so Adam moves them by rounding noise alone: a
+    key bias without rotary positions (softmax is invariant to adding ``q . b_k`` to every score of a query).
+    Two computations that round differently (tensor-parallel sums, a collective's sum over more than two ranks)
+    cannot agree on them; their comparison leaves them out and says so."""
+    return frozenset({"k.bias"}) if dims.bias and dims.learned_pos else frozenset()
+
+
+def not_compared(dims: Dims, world: int, tp: int) -> frozenset[str]:
+    """What ``--verify`` leaves out of a replay of ``world`` data-parallel and ``tp`` tensor-parallel ranks:
+    nothing where it matches one process bit for bit (two replicas, no tensor parallelism), else
+    ``noise_only``. Measured: the key bias of the 4-layer GPT-style model on 8 ranks (synergyscale, 8
+    replicas) differs by 0.52 of its own scale, every other weight within 8.2e-5."""
+    return noise_only(dims) if tp > 1 or world > 2 else frozenset()
 
 
 def train_reference(dims: Dims, batching: Batching, steps: int, accum: dict[int, int], *, delayed: bool,
@@ -179,9 +216,12 @@ class Verdict:
 
 def compare(losses: dict[tuple[int, int], float], weights: list[dict[str, Tensor]],
             ref_losses: dict[tuple[int, int], float], ref_weights: list[dict[str, Tensor]],
-            reference: str, rtol: float = RTOL) -> Verdict:
+            reference: str, rtol: float = RTOL, skip: frozenset[str] = frozenset(), gate_weights: bool = True
+            ) -> Verdict:
     """Largest relative error of any loss (per micro-step) and of any final weight tensor (max abs diff
-    over the tensor's max abs value); ``worst`` names the figure with the largest error of all."""
+    over the tensor's max abs value); ``worst`` names the figure with the largest error of all; ``skip``:
+    parameter names left out (``noise_only``); ``gate_weights`` False: the weights' error is reported but
+    the verdict rests on the losses (``weights_gated``)."""
     missing = sorted(set(losses) ^ set(ref_losses))
     if missing:
         s, m = missing[0]
@@ -192,9 +232,12 @@ def compare(losses: dict[tuple[int, int], float], weights: list[dict[str, Tensor
         errs.append((abs(losses[(s, m)] - ref) / max(abs(ref), 1e-12), "loss", f"loss of step {s} micro-step {m}"))
     for i, (mine, ref_w) in enumerate(zip(weights, ref_weights, strict=True)):
         for n, r in ref_w.items():
+            if n in skip:
+                continue
             scale = max(float(r.abs().max()), 1e-12)
             errs.append((float((mine[n] - r).abs().max()) / scale, "weight", f"layer {i} {n}"))
     lerr = max((e for e, kind, _ in errs if kind == "loss"), default=0.0)
     werr = max((e for e, kind, _ in errs if kind == "weight"), default=0.0)
     top = max(errs, default=(0.0, "", ""))
-    return Verdict(lerr <= rtol and werr <= rtol, reference, lerr, werr, top[2] if top[0] > 0 else "", rtol)
+    ok = lerr <= rtol and (werr <= rtol or not gate_weights)
+    return Verdict(ok, reference, lerr, werr, top[2] if top[0] > 0 else "", rtol)

@@ -10,7 +10,9 @@ The plan is unrolled with ``simulator.unroll.Unroller`` (every step in full). Ea
   every layer's) master parameters where the plan puts them; ``param-upload`` (a layer, or a pack of
   layers swapped in) and ``grad-offload`` copies move those tensors; other copies
   move a real buffer of the plan's size (files under ``--nvme-dir`` for nvme); collectives over one rank
-  are no-ops;
+  are no-ops; over several (``replay.ranks``) they are real: gradient reductions, parameter gathers, the
+  tensor-parallel all-reduces of Megatron-style shards (``replay.tensor_parallel``) and the sum of a tied
+  table's two gradients between a pipeline's first and last stage;
 - *ends*: its frees are applied.
 
 Recorded: per-task start/end (``simulator.engine.TaskRecord``, so the simulator's metrics and trace
@@ -34,7 +36,7 @@ from typing import Any
 
 import simpy
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from costs.collective import ring_per_rank_bytes
 from hardware_models import HardwareSpec, Topology, build_topology
@@ -43,6 +45,7 @@ from replay.model import Dims, build_layers
 from replay.pools import Pools
 from replay.ranks import RankView, is_p2p, plan_gpus, rank_view
 from replay.store import Batching, Sharding, Store
+from replay.tensor_parallel import TpPlace, inner_stream, shard_layers
 from replay.threads import cpu_op_threads, pin_this_thread
 from simulator.engine import RawRun, TaskRecord, collective_kind, task_gpus
 from simulator.errors import PlanError
@@ -54,6 +57,7 @@ from simulator.result import Result, SimInfo, build_result, step_metrics
 from simulator.unroll import ConcreteTask, Unroller
 
 DEFAULT_SEED = 1234
+TP_PHASES = {Phase.TP_FWD: "f", Phase.TP_RECOMPUTE: "r", Phase.TP_BWD: "b"}
 
 
 def task_layers(tags: dict | object) -> list[int] | None:
@@ -206,6 +210,7 @@ class Runner:
         self.sharded: set[int] = set()
         self.computes: set[int] = set()
         dp_group: tuple[str, ...] = (self.gpu,)
+        tp_groups: set[tuple[tuple[str, ...], str]] = set()
         gathers: list[TaskSpec] = []
         for t in self._mine():
             layer = t.tags.get("layer")
@@ -236,6 +241,8 @@ class Runner:
                     self.sharded |= set(layers if layers is not None else range(self.n_layers))
                 if t.tags.get("phase") == Phase.PARAM_GATHER:
                     gathers.append(t)
+                if t.tags.get("phase") in TP_PHASES:
+                    tp_groups.add((tuple(t.ranks), t.stream))
         for t in gathers:  # a gather of partitioned layers makes their versions (an upload or update of a shard
             layers = task_layers(t.tags)  # does not)
             self.producers[t.id] = set(layers) if layers is not None else set(self.sharded)
@@ -250,6 +257,11 @@ class Runner:
                 del self.producers[tid]
         # this rank's place among the replicas of its layers: its micro-batches are its own (replay.store)
         self.dp_rank, self.dp_world = dp_group.index(self.gpu), len(dp_group)
+        if len(tp_groups) > 1:
+            raise ReplayError(f"{self.gpu} is in {len(tp_groups)} tensor-parallel groups "
+                              f"({', '.join(sorted(s for _, s in tp_groups))}); replay runs one per rank")
+        tp_ranks, self.tp_stream = next(iter(tp_groups)) if tp_groups else ((self.gpu,), "")
+        self.tp = TpPlace(tp_ranks.index(self.gpu), len(tp_ranks), not self.dims.tied)
         self.keep_graph = [i not in recompute for i in range(self.n_layers)]
         self.master_loc = [master.get(i, self.gpu) for i in range(self.n_layers)]
 
@@ -280,8 +292,15 @@ class Runner:
             raise ReplayOom(f"out of memory on {o.pool} before the first task: {o.tensor!r} ({o.requested_bytes:.0f} "
                             f"bytes) with {o.free_bytes:.0f} of {o.capacity_bytes:.0f} bytes free")
         self.pools = Pools(self.device, self.nvme_dir)
-        self.store = Store(self.dims, build_layers(self.dims, self.seed), self.gpu, self.master_loc, self.pools,
-                           self.batching, Sharding(self.dp_rank, self.dp_world, frozenset(self.sharded)))
+        layers = build_layers(self.dims, self.seed)
+        if self.dims.tied and self.n_layers - 1 in self.computes and 0 not in self.computes:
+            # the last pipeline stage keeps its own copy of the tied table, as Megatron does (same init)
+            layers[-1].register_parameter("wte", nn.Parameter(layers[0].get_parameter("wte").detach().clone()))
+        shard_layers(layers, self.dims, self.tp)  # this rank's tensor-parallel shards (none without tp)
+        self.store = Store(self.dims, layers, self.gpu, self.master_loc, self.pools, self.batching,
+                           Sharding(self.dp_rank, self.dp_world, frozenset(self.sharded)), self.tp)
+        if self.tp.active:
+            self.store.tp_link(self.comm, self.tp_stream, inner_stream(self.tp_stream))
         self.mem.log.clear()  # the initial tensors: every rank holds the plan's, merged once (replay.dist_merge)
         self.mem_lock = threading.Lock()
         self.records: list[TaskRecord] = []
@@ -292,6 +311,7 @@ class Runner:
         self.events = {t.uid: threading.Event() for t in tasks}
         self.error: BaseException | None = None
         self.abort = threading.Event()
+        self.store.abort = self.abort
         # the stream with the most compute runs in the calling thread: torch's CPU kernels run 1.5-2x slower
         # from a freshly started thread than from the main one here (measured: a decoder block's forward +
         # backward 24-29 ms in a new thread vs 13-19 ms in the main thread, same process, same minute)
@@ -551,9 +571,13 @@ class Runner:
         elif phase == Phase.PARAM_GATHER:
             real = self.store.gather_params(t.uid, self.comm, s.stream,
                                             layers if layers is not None else sorted(self.sharded))
+        elif phase == Phase.TIED_GRAD_SYNC:
+            real = self.store.sync_tied(t.uid, self.comm, s.stream, t.step, self.gpu)
+        elif phase in TP_PHASES and isinstance(s.tags.get("layer"), int):
+            real = self.store.tp_close(t.uid, TP_PHASES[phase], (t.step, self._micro(t), s.tags["layer"]), s.bytes)
         else:
-            raise ReplayError(f"task {t.uid!r}: a {coll or 'collective'} in phase {phase!r} is not replayed yet "
-                              "(gradient reductions and parameter gathers are)")
+            raise ReplayError(f"task {t.uid!r}: a {coll or 'collective'} in phase {phase!r} is not replayed (gradient "
+                              "reductions, parameter gathers, tensor-parallel all-reduces and tied-gradient sums are)")
         if self.gpu not in s.ranks:
             raise ReplayError(f"task {t.uid!r}: runs on {self.gpu!r}, which is not one of its ranks {s.ranks}")
         n = len(s.ranks)

@@ -34,6 +34,20 @@ from replay.errors import ReplayError
 from replay.model import Dims
 from replay.pools import Held, Pools
 from replay.precision import Precision
+from replay.tensor_parallel import (
+    BlockBackward,
+    BlockGraph,
+    EmbedGraph,
+    TpPlace,
+    block_backward,
+    block_backward_close,
+    block_forward,
+    block_output,
+    embed_backward,
+    embed_forward,
+    embed_output,
+    local_dims,
+)
 
 LR = 1e-3
 KEEP_VERSIONS = 3  # parameter versions kept per layer besides those in use (a delayed update lags by 2)
@@ -56,6 +70,7 @@ class Saved:
     version: int                # parameter version the forward used
     wte_version: int | None     # head with tied embeddings: the embedding's version
     graph: Graph | None = None
+    tp: BlockGraph | EmbedGraph | None = None  # a tensor-parallel layer's pieces (replay.tensor_parallel)
 
 
 @dataclass(frozen=True)
@@ -78,9 +93,17 @@ class Sharding:
 
 class Store:
     def __init__(self, dims: Dims, layers: list[nn.Module], compute_loc: str, master_loc: list[str],
-                 pools: Pools, batching: Batching, sharding: Sharding | None = None):
+                 pools: Pools, batching: Batching, sharding: Sharding | None = None, tp: TpPlace | None = None):
         self.dims = dims
         self.sharding = sharding or Sharding()
+        self.tp = tp or TpPlace(0, 1, False)
+        self.tp_dims = local_dims(dims, self.tp.world)
+        self.tp_comm: tuple[Any, str, str] | None = None  # comm, the group's stream, its inner group (tp_link)
+        self.tp_pending: dict[tuple[str, int, int, int], BlockGraph | EmbedGraph] = {}
+        self.tp_bwd: dict[tuple[int, int, int], tuple[BlockGraph, BlockBackward, str]] = {}
+        self.tp_done: dict[tuple[int, int, int], threading.Event] = {}
+        self.tp_inner_bytes: dict[tuple[int, int, int], int] = {}
+        self.abort: threading.Event | None = None
         self.names = [[n for n, _ in m.named_parameters()] for m in layers]
         self.shapes = [{n: p.shape for n, p in m.named_parameters()} for m in layers]
         self.numel = [sum(p.numel() for p in m.parameters()) for m in layers]
@@ -124,6 +147,11 @@ class Store:
         self.buffers: dict[tuple[str, str], Held] = {}
 
     @property
+    def own_table(self) -> bool:
+        """Does the head hold its own copy of the tied table (its pipeline stage is not the embedding's)?"""
+        return self.dims.tied and "wte" in self.names[self.head]
+
+    @property
     def head(self) -> int:
         return len(self.layers) - 1
 
@@ -162,6 +190,8 @@ class Store:
             _, targets = batch(self.batching.seed, s, self.global_micro(m), self.batching.micro_batch,
                                self.batching.seq_len, self.dims.vocab)
             with self.precision.autocast():
+                if wte is None and self.own_table:  # the head's own copy of the tied table (another stage)
+                    wte = params["wte"]
                 return functional_call(self.layers[i], params, (x, targets.to(x.device), wte))
         with self.precision.autocast():
             return functional_call(self.layers[i], params, (x,))
@@ -170,7 +200,7 @@ class Store:
         params = {n: p.detach().requires_grad_(True) for n, p in self.versions[i][saved.version].items()}
         x = saved.x.detach().requires_grad_(True) if i > 0 else None
         wte = None
-        if i == self.head and self.dims.tied:
+        if i == self.head and self.dims.tied and not self.own_table:
             assert saved.wte_version is not None
             wte = self.versions[0][saved.wte_version]["wte"].detach().requires_grad_(True)
         with torch.enable_grad():
@@ -179,6 +209,9 @@ class Store:
 
     def forward(self, uid: str, key: tuple[int, int, int], version: int, keep_graph: bool) -> None:
         s, m, i = key
+        if self.tp.active and i < self.head:
+            self._tp_forward(uid, key, version, keep_graph)
+            return
         if i == 0:
             tokens, _ = batch(self.batching.seed, s, self.global_micro(m), self.batching.micro_batch,
                               self.batching.seq_len, self.dims.vocab)
@@ -191,7 +224,7 @@ class Store:
                                   f"micro-step {m}) is not there: that layer's forward has not run")
             x = got
         wte_version = None
-        if i == self.head and self.dims.tied:
+        if i == self.head and self.dims.tied and not self.own_table:
             emb = self.saved.get((s, m, 0))
             if emb is None:
                 raise ReplayError(f"task {uid!r}: the tied head needs the embedding of step {s}, micro-step {m}")
@@ -225,11 +258,19 @@ class Store:
 
     def recompute(self, uid: str, key: tuple[int, int, int]) -> None:
         saved = self._saved(uid, key, pop=False)
+        if self.tp.active and key[2] < self.head:
+            saved.tp = self._tp_graph(key[2], saved, key, grad=True)
+            with self.lock:
+                self.tp_pending[("r", *key)] = saved.tp
+            return
         saved.graph = self._graph(key[2], saved, key)
 
     def backward(self, uid: str, key: tuple[int, int, int], accum: int, loc: str) -> None:
         s, m, i = key
         saved = self._saved(uid, key, pop=True)
+        if self.tp.active and i < self.head:
+            self._tp_backward(uid, key, saved, loc)
+            return
         g = saved.graph if saved.graph is not None else self._graph(i, saved, key)
         if i == self.head:
             # what (loss * scale / accum).backward() feeds in (scale: replay.precision, fp16 only)
@@ -261,6 +302,132 @@ class Store:
                     pg["wte"] = extra + pg["wte"]  # autograd sums the head's and the lookup's contributions
             self.grads[(loc, i, s, m)] = pg
 
+    # -- tensor parallelism (replay.tensor_parallel) ------------------------------------------------------
+    def tp_link(self, comm: Any, stream: str, inner: str) -> None:
+        """The tensor-parallel group this rank belongs to: its plan stream and the inner group's name."""
+        self.tp_comm = (comm, stream, inner)
+
+    def _all_reduce(self, t: Tensor, inner: bool) -> Tensor:
+        """The group's sum of ``t`` (a real all-reduce, in fp32), in ``t``'s dtype."""
+        if self.tp_comm is None:
+            raise ReplayError("a tensor-parallel layer without its group (replay.runner links it)")
+        comm, stream, inner_name = self.tp_comm
+        flat = t.detach().to(torch.float32).contiguous().clone()
+        comm.all_reduce(flat, inner_name if inner else stream)
+        return flat.to(t.dtype)
+
+    def _inner(self, key: tuple[int, int, int]) -> Any:
+        def reduce(t: Tensor) -> Tensor:
+            with self.lock:
+                self.tp_inner_bytes[key] = self.tp_inner_bytes.get(key, 0) + t.numel() * 4
+            return self._all_reduce(t, inner=True)
+        return reduce
+
+    def _tp_graph(self, i: int, saved: Saved, key: tuple[int, int, int], grad: bool) -> BlockGraph | EmbedGraph:
+        params = {n: p.detach().requires_grad_(grad) for n, p in self.versions[i][saved.version].items()}
+        with self.precision.autocast():
+            if i == 0:
+                return embed_forward(self.dims, self.tp, params, saved.x, grad)
+            return block_forward(self.tp_dims, params, saved.x, self._inner(key), grad)
+
+    def _tp_forward(self, uid: str, key: tuple[int, int, int], version: int, keep_graph: bool) -> None:
+        """A tensor-parallel layer's forward up to its closing all-reduce (the plan's tp-fwd task: tp_close)."""
+        s, m, i = key
+        if i == 0:
+            tokens, _ = batch(self.batching.seed, s, self.global_micro(m), self.batching.micro_batch,
+                              self.batching.seq_len, self.dims.vocab)
+            x = tokens.to(self.pools.device)
+        else:
+            with self.lock:
+                got = self.outputs.pop((s, m, i - 1), None)
+            if got is None:
+                raise ReplayError(f"task {uid!r}: the input of layer {i} (output of layer {i - 1}, step {s}, "
+                                  f"micro-step {m}) is not there: that layer's forward (and its tp-fwd) has not run")
+            x = got
+        if version not in self.versions[i]:
+            raise ReplayError(f"task {uid!r}: uses version {version} of layer {i}'s parameters, which is no longer "
+                              f"held (the runner keeps the last {KEEP_VERSIONS})")
+        saved = Saved(x, version, None)
+        g = self._tp_graph(i, saved, key, grad=keep_graph)
+        if keep_graph:
+            saved.tp = g
+        with self.lock:
+            self.saved[key] = saved
+            self.tp_pending[("f", *key)] = g
+
+    def _tp_backward(self, uid: str, key: tuple[int, int, int], saved: Saved, loc: str) -> None:
+        s, m, i = key
+        with self.lock:
+            got = self.upstream.pop(key, None)
+        if got is None:
+            raise ReplayError(f"task {uid!r}: the gradient of layer {i}'s output (step {s}, micro-step {m}) "
+                              f"is not there: the backward of layer {i + 1} has not run")
+        g = saved.tp if saved.tp is not None else self._tp_graph(i, saved, key, grad=True)
+        if isinstance(g, EmbedGraph):
+            pg = embed_backward(g, got)
+            with self.lock:
+                extra = self.tied_grad.pop((s, m), None) if self.dims.tied else None
+                if extra is not None:
+                    pg["wte"] = extra + pg["wte"]
+                self.grads[(loc, i, s, m)] = pg
+            return
+        bb = block_backward(g, got, self._inner(key))
+        with self.lock:
+            self.tp_done[(i, s, m)] = threading.Event()
+            self.tp_bwd[key] = (g, bb, loc)
+
+    def tp_close(self, uid: str, phase: str, key: tuple[int, int, int], nbytes: float) -> int:
+        """The plan's collective closing a tensor-parallel layer's forward, recomputation or backward (module
+        docstring of replay.tensor_parallel); the real bytes of this and the layer's inner all-reduces."""
+        s, m, i = key
+        with self.lock:
+            inner = self.tp_inner_bytes.pop(key, 0)
+        if phase == "b":
+            with self.lock:
+                got = self.tp_bwd.pop(key, None)
+            if got is None:
+                if i == 0:  # the embedding: no gradient to sum (Megatron has none); the plan's bytes of zeros
+                    zeros = torch.zeros(max(int(nbytes) // 4, 1), dtype=torch.float32, device=self.pools.device)
+                    self._all_reduce(zeros, inner=False)
+                    return zeros.numel() * 4 + inner
+                raise ReplayError(f"task {uid!r}: closes the backward of layer {i} (step {s}, micro-step {m}), "
+                                  "which has not run")
+            g, bb, loc = got
+            g_h1 = self._all_reduce(bb.g_h1_part, inner=False)
+            g_x, pg = block_backward_close(g, bb, g_h1)
+            with self.lock:
+                self.upstream[(s, m, i - 1)] = g_x
+                self.grads[(loc, i, s, m)] = pg
+                self.tp_done[(i, s, m)].set()
+                for old in [k for k in self.tp_done if k[1] < s - 1]:  # two steps back: every consumer has run
+                    del self.tp_done[old]
+            return g_h1.numel() * 4 + inner
+        with self.lock:
+            pend = self.tp_pending.pop((phase, *key), None)
+        if pend is None:
+            raise ReplayError(f"task {uid!r}: closes the {'forward' if phase == 'f' else 'recomputation'} of "
+                              f"layer {i} (step {s}, micro-step {m}), which has not run")
+        part = pend.contrib if isinstance(pend, EmbedGraph) else pend.m_part
+        summed = self._all_reduce(part, inner=False)
+        if phase == "f":
+            out = embed_output(pend, summed) if isinstance(pend, EmbedGraph) else block_output(pend, summed)
+            with self.lock:
+                self.outputs[key] = out.detach()
+        return summed.numel() * 4 + inner
+
+    def _tp_wait(self, uid: str, i: int, step: int, micro: int | None) -> None:
+        """Wait until the tp-bwd tasks of layer i (step, micro-step or all of the step's) completed its
+        gradients: the plan's consumers of a gradient wait for the backward only (replay.tensor_parallel)."""
+        if not self.tp.active:
+            return
+        with self.lock:
+            evs = [e for (j, s, m), e in self.tp_done.items() if j == i and s == step and micro in (None, m)]
+        for ev in evs:
+            while not ev.wait(0.2):
+                if self.abort is not None and self.abort.is_set():
+                    raise ReplayError(f"task {uid!r}: stopped while waiting for layer {i}'s tensor-parallel "
+                                      "gradients")
+
     # -- optimizer -------------------------------------------------------------------------------------
     def optimizer(self, uid: str, loc: str, layers: list[int], step: int, n_micro: int) -> None:
         made: dict[int, int] = {}
@@ -269,6 +436,7 @@ class Store:
                 raise ReplayError(f"task {uid!r}: updates layer {i} on {loc!r}, but its master parameters and "
                                   f"optimizer states are on {self.master_loc[i]!r}")
             total: dict[str, Tensor] | None = None
+            self._tp_wait(uid, i, step, None)
             for m in range(n_micro):
                 with self.lock:
                     held = self.grads.pop((loc, i, step, m), None)
@@ -360,6 +528,7 @@ class Store:
     def move_grads(self, uid: str, layer: int, step: int, micro: int | None, src: str, dst: str) -> int:
         """Move one micro-step's gradients of ``layer``; ``micro`` None: every micro-step's held on ``src``
         (a copy after the step's last backward, of gradients accumulated where they were made)."""
+        self._tp_wait(uid, layer, step, micro)
         if micro is None:
             with self.lock:
                 held_micro = sorted(m for (loc, i, s, m) in self.grads if (loc, i, s) == (src, layer, step))
@@ -418,6 +587,7 @@ class Store:
         moved = 0
         n = self.sharding.world
         for i in layers:
+            self._tp_wait(uid, i, step, None if micros is None else micros[0])
             with self.lock:
                 keys = sorted(k for k in self.grads if k[0] == loc and k[1] == i and k[2] == step
                               and (micros is None or k[3] in micros) and k not in self.reduced)
@@ -441,6 +611,28 @@ class Store:
                 with self.lock:
                     self.grads[k] = out
                     self.reduced.add(k)
+        return moved
+
+    def sync_tied(self, uid: str, comm: Any, stream: str, step: int, loc: str) -> int:
+        """The tied table's two gradients summed (Megatron's embedding all-reduce between the first and the
+        last pipeline stage): this rank's (the embedding's ``wte``, or the head's copy) with the other's,
+        micro-step by micro-step, in place; each stage's optimizer then updates its copy identically."""
+        i = self.head if self.own_table else 0
+        with self.lock:
+            keys = sorted(k for k in self.grads if k[0] == loc and k[1] == i and k[2] == step)
+        if not keys:
+            raise ReplayError(f"task {uid!r}: sums the tied table's gradients of step {step}, but layer {i}'s are "
+                              f"not on {loc!r}: its backward has not run or they already moved")
+        moved = 0
+        for k in keys:
+            held = self.grads[k]
+            if isinstance(held, Path):
+                raise ReplayError(f"task {uid!r}: sums tied gradients held on nvme; sum them on the GPU")
+            g = held["wte"]
+            flat = g.detach().to(torch.float32).contiguous().clone()
+            comm.all_reduce(flat, stream)
+            g.copy_(flat.view_as(g))
+            moved += flat.numel() * 4
         return moved
 
     def send_boundary(self, uid: str, comm: Any, stream: str, peer: int, step: int, m: int, grad: bool) -> int:

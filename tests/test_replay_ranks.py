@@ -182,8 +182,12 @@ def test_more_ranks_than_cores_needs_verify(tmp_path: Path, capsys: pytest.Captu
     assert rc == 2 and "2 GPUs" in err and "--verify" in err
 
 
-def test_tensor_parallel_is_refused_before_any_rank_starts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    ranks_plan("none", knobs={"tp": 2}).save(tmp_path / "p.json")
+def test_tensor_parallel_it_cannot_split_is_refused_before_any_rank_starts(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """Tensor-parallel plans replay (tests/test_replay_tp.py); one whose vocabulary does not split over its
+    ranks (the vocab-parallel embedding) is refused in one line before any process starts."""
+    ranks_plan("none", model=dict(LLAMA, vocab=255), knobs={"tp": 2}).save(tmp_path / "p.json")
     rc = main(["replay", str(tmp_path / "p.json"), "--device", "cpu", "--verify"])
     out, err = capsys.readouterr()
-    assert rc == 2 and out == "" and "tensor-parallel layers are not replayed yet" in err
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "the vocabulary of 255 does not split over 2 ranks" in err
