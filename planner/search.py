@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import heapq
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -59,6 +60,7 @@ from planner.candidates import Candidate, enumerate_candidates, memory_frugal
 from planner.deadline import WAIT_STEP_S, Deadline
 from planner.job import JobRequest, make_job, make_plan, resolve_hardware
 from planner.pareto import pareto_front
+from planner.screen import Screener
 from planner.search_outcome import Evaluated, SearchOutcome
 from planner.search_state import CPU_KINDS, GPU_KINDS, OBJECTIVES, Objective, PlanSummary, SimSummary
 from planner.workers import Workers
@@ -582,6 +584,162 @@ def _best_first_parallel(f: _Frontier) -> None:
                 f.note(c, plan)
 
 
+# -- screened best-first: plans built lazily in screen order ---------------------------------------------------
+SCREENED_OUT = "screen: slower than best"
+
+
+def _screened(config: SearchConfig) -> bool:
+    """Whether the search builds plans lazily in screen order (``planner.screen``): a pruned search for
+    step time (tokens_per_s). Memory objectives, first_feasible and the exhaustive search build every plan."""
+    return config.prune and not config.first_feasible and config.objective == "tokens_per_s"
+
+
+class _Lazy:
+    """The queue of the screened search: (key, index, planned) with key = the screen until the plan is built,
+    then the plan's bound (never lower: the screen is a lower bound of it), so keys pop in order."""
+
+    def __init__(self, s: _Search, cands: list[Candidate]):
+        self.s = s
+        self.cands = {c.index: c for c in cands}
+        self.heap: list[tuple[float, int, bool]] = []
+        self.best: tuple[float, int] | None = None
+        self.first_of: dict[str, int] = {}  # plan fingerprint -> the lowest index planned with it
+
+    def push(self, key: float, index: int, planned: bool) -> None:
+        heapq.heappush(self.heap, (key, index, planned))
+
+    def note(self, index: int, plan: Plan | None, result: Result | None) -> None:
+        v = self.s.objective.done_value(self.s.summaries[index])
+        if v is not None and (self.best is None or (v, index) < self.best):
+            self.best = (v, index)
+            self.s.sim_plans = {index: plan} if plan is not None else {}
+            self.s.results = {index: result} if result is not None else {}
+
+    def planned(self, c: Candidate) -> None:
+        """A built plan: queue it by its bound, unless a lower-index candidate has the same plan (the
+        enumeration's first of equal plans is the one kept, as in the exhaustive search)."""
+        s = self.s
+        summary = s.summaries[c.index]
+        if not summary.bounded:
+            return
+        fp = summary.fingerprint
+        other = self.first_of.get(fp) if fp is not None else None
+        if other is not None and other < c.index:
+            s.skipped[c.index] = "duplicate plan"
+            s.plans.pop(c.index, None)
+            return
+        if fp is not None:
+            self.first_of[fp] = c.index
+        if other is not None:  # c comes first: it takes over the other's place (and its simulation)
+            s.skipped[other] = "duplicate plan"
+            s.plans.pop(other, None)
+            done = s.summaries[other].sim
+            if done is not None:
+                s.store_sim(c, done)
+                if self.best is not None and self.best[1] == other:
+                    self.best = None
+                self.note(c.index, s.sim_plans.get(other), s.results.get(other))
+        self.push(s.objective.bound(s.summaries[c.index]), c.index, True)
+
+    def cut(self, reason: str, note: str, key: float, index: int, planned: bool) -> None:
+        """The cap or the budget stops the search: what the rule would still look at is skipped."""
+        for k, i, p in [(key, index, planned), *self.heap]:
+            if i in self.s.skipped or (p and self.s.summaries[i].sim is not None):
+                continue
+            if self.best is None or (k, i) <= self.best:
+                self.s.skipped[i] = reason
+            elif not p:
+                self.s.skipped[i] = SCREENED_OUT
+        self.heap = []
+        self.s.cut_note(note)
+
+    def stop_reason(self, planned: bool) -> tuple[str, str] | None:
+        """Why the search stops before its next step (simulating ``planned`` or building a plan), if it does."""
+        s = self.s
+        cap = s.config.max_candidates
+        if cap is not None and s.n_sims >= cap:
+            return "skipped: max candidates", f"simulated the maximum of {cap} candidates"
+        if s.over_budget():
+            return "skipped: budget", (f"wall-time {s.deadline.describe()} reached while "
+                                       f"{'simulating' if planned else 'building plans'}")
+        return None
+
+
+def _screen_plan(s: _Search, c: Candidate) -> bool:
+    """Build, bound and record ``c``'s plan (in a worker process under a deadline); False at the deadline."""
+    if s.deadline.bounded:
+        done, summary = s.bounded_call(c.index, _plan_task, s.ready_job(c), c)
+        if not done:
+            return False
+        s.store(c, summary)
+    else:
+        summary, plan = plan_summary(s.ready_job(c), c, s.topo)
+        s.store(c, summary)
+        if plan is not None and summary.bounded:
+            s.keep_plan(c.index, plan, s.objective.bound(summary))
+    s.say(f"[plan] {c.label()}: {_plan_label(summary)}")
+    return True
+
+
+def _screen_simulate(s: _Search, lz: _Lazy, c: Candidate) -> bool:
+    """Simulate ``c`` (in a worker process under a deadline); False at the deadline."""
+    s.say(f"[simulate] {c.label()} (bound {s.objective.bound(s.summaries[c.index]):.4g})")
+    if s.deadline.bounded:
+        got = _sim_bounded(s, c)
+        if got is None:
+            return False
+        s.n_sims += 1
+        lz.note(c.index, got[0], None)
+    else:
+        plan, r = s.sim_one(c)
+        s.n_sims += 1
+        lz.note(c.index, plan, r)
+    return True
+
+
+def _screened_search(s: _Search, cands: list[Candidate]) -> None:
+    """Best-first over screens and plan bounds: pop the lowest key; an unbuilt candidate gets its plan built
+    and comes back with its plan bound, a built one is simulated; stop once the best simulated is at least
+    as good as the lowest key (every candidate left, built or not, is pruned: its step time is at least its
+    key). The same best as the exhaustive search, because screen <= plan bound <= simulated."""
+    lz = _Lazy(s, cands)
+    screener = Screener()
+    for c in _to_plan(s, cands):
+        lz.push(screener.time(s.ready_job(c), c.policy).time_s, c.index, False)
+    for c in cands:  # answered by the cache
+        if c.index in s.summaries and s.summaries[c.index].bounded:
+            lz.planned(c)
+            if s.summaries[c.index].sim is not None and c.index not in s.skipped:
+                lz.note(c.index, None, None)
+    while lz.heap:
+        key, index, planned = heapq.heappop(lz.heap)
+        if index in s.skipped:
+            continue
+        if lz.best is not None and (key, index) > lz.best:  # a built plan left reads as the bound's pruning
+            for _, i, p in [(key, index, planned), *lz.heap]:
+                if not p and i not in s.skipped:
+                    s.skipped[i] = SCREENED_OUT
+            return
+        c = lz.cands[index]
+        if planned and s.summaries[index].sim is not None:
+            lz.note(index, None, None)
+            continue
+        stop = lz.stop_reason(planned)
+        if stop is not None:
+            lz.cut(*stop, key, index, planned)
+            return
+        if not planned:
+            if not _screen_plan(s, c):
+                lz.cut("skipped: budget", f"wall-time {s.deadline.describe()} reached while building plans",
+                       key, index, planned)
+                return
+            lz.planned(c)
+        elif not _screen_simulate(s, lz, c):
+            lz.cut("skipped: budget", f"wall-time {s.deadline.describe()} reached while simulating",
+                   key, index, planned)
+            return
+
+
 # -- the outcome: the sequential rule over what is known ----------------------------------------------------
 def _counted(s: _Search, cands: list[Candidate]) -> set[int]:
     """The candidates the sequential rule simulates (a speculative extra simulation is not one of them)."""
@@ -693,10 +851,13 @@ def search(hw: str | HardwareSpec, model: str | ModelSpec, *, request: JobReques
                                       checkpointing=req.checkpointing, knobs=knobs))
     s = _Search(spec, m, base, config, cache, progress, t0, limit)
     try:
-        _plan_phase(s, cands)
-        survivors = _survivors(s, cands)
-        if not first_feasible and survivors:
-            _best_first(s, survivors)
+        if _screened(config):
+            _screened_search(s, cands)
+        else:
+            _plan_phase(s, cands)
+            survivors = _survivors(s, cands)
+            if not first_feasible and survivors:
+                _best_first(s, survivors)
     finally:
         s.close()
     return _outcome(s, cands, assumed, c0.to_dict())

@@ -91,9 +91,28 @@ def test_a_deadline_reached_after_planning_stops_before_simulating(monkeypatch: 
         return real(s, cands)
 
     monkeypatch.setattr(search_mod, "_survivors", survivors_then_time_is_up)
-    out = search(**SMALL, deadline=Deadline.after(60.0, clock))  # type: ignore[arg-type]
+    # the exhaustive search plans every candidate before it simulates
+    out = search(**SMALL, deadline=Deadline.after(60.0, clock), prune=False)  # type: ignore[arg-type]
     assert out.best is None and out.n_simulated == 0
     assert out.cut_short is not None and "wall-time budget of 60 s reached while simulating" in out.cut_short
+    assert out.rejected.get("skipped: budget", 0) >= 1
+
+
+def test_a_deadline_reached_in_a_screened_search_stops_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The screened search (plans built lazily in screen order) looks at the deadline before every plan
+    and every simulation: time up after the first plan, nothing is simulated and the rest is skipped."""
+    clock = FakeClock()
+    real = search_mod._screen_plan
+
+    def plan_then_time_is_up(s, c):  # noqa: ANN001, ANN202
+        done = real(s, c)
+        clock.now += 1e6
+        return done
+
+    monkeypatch.setattr(search_mod, "_screen_plan", plan_then_time_is_up)
+    out = search(**SMALL, deadline=Deadline.after(60.0, clock))  # type: ignore[arg-type]
+    assert out.best is None and out.n_simulated == 0
+    assert out.cut_short is not None and "wall-time budget of 60 s reached while" in out.cut_short
     assert out.rejected.get("skipped: budget", 0) >= 1
 
 
