@@ -24,16 +24,26 @@ curve's highest efficiency instead (still a lower bound, looser). Policies that 
 
 Everything is per distinct (micro-batch, checkpointing) job and policy class, so screening every candidate
 of a search costs a few hundred kernel prices (memoised), not a plan.
+
+Memory (:func:`memory_screen`), where a sound figure is cheap: ZeRO-Offload's GPU holds, from the start to the
+end of the step, its fp16 parameter share (1/tp of the model) and the workspace (homed, never freed), and at
+the forward/backward turn every layer's saved activations of the micro-batch (allocated by the forward and
+freed by the backward on the same compute stream) -- exactly what ``planner.bounds.memory_lower_bound``
+counts of its plan, less the gradient buckets and staging buffers. Above the GPU's capacity, the candidate is
+rejected ("screen: gpu memory") without building its plan: its plan would be rejected by the policy or by
+the memory bound. Other policies: None (no screen; their plans are built).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from costs.compute import gemm_kernels_seconds
 from hardware_models import HardwareSpec
-from policies import Job
+from policies import Job, KnobError, get_policy, kit, parse_knobs
+from policies.zero_offload import auto_tp
 from workloads.ops import LayerOps, layer_ops
 
 #: policies whose plans recompute each layer as ``job.config.checkpointing`` says (the trace's
@@ -118,3 +128,26 @@ def screen_all(jobs: Iterable[tuple[Job, str]]) -> list[Screen]:
     """The screen of each (job, policy) pair, in order (one Screener: the jobs share hardware and model)."""
     sc = Screener()
     return [sc.time(job, policy) for job, policy in jobs]
+
+
+def memory_screen(job: Job, policy: str, knobs: Mapping[str, Any]) -> tuple[float, str] | None:
+    """Bytes the busiest GPU's pool holds at least at some instant, and what they are, for the policies where
+    that is cheap and sound (see the module docstring); None for the others, and for knobs the policy would
+    refuse (its plan says why)."""
+    if policy != "zero-offload":
+        return None
+    try:
+        k = parse_knobs(get_policy(policy), dict(knobs))
+        k.validate()
+        tp = k.tp or auto_tp(job)
+        kit.check_tp(job, tp, policy)
+        job.accumulation(job.n_gpus // tp)
+    except KnobError:
+        return None
+    layers = job.trace.layers
+    params = kit.dtype_bytes(job) * float(job.trace.params) / tp
+    workspace = max(ly.peak_transient_bytes for ly in layers) / tp
+    saved = sum(kit.saved_activation_bytes(job, ly.activation_bytes, ly.kind, tp) for ly in layers)
+    return (params + workspace + saved,
+            f"the fp16 parameters (tp={tp}), the workspace and one micro-batch's saved activations")
+

@@ -60,7 +60,7 @@ from planner.candidates import Candidate, enumerate_candidates, memory_frugal
 from planner.deadline import WAIT_STEP_S, Deadline
 from planner.job import JobRequest, make_job, make_plan, resolve_hardware
 from planner.pareto import pareto_front
-from planner.screen import Screener
+from planner.screen import Screener, memory_screen
 from planner.search_outcome import Evaluated, SearchOutcome
 from planner.search_state import CPU_KINDS, GPU_KINDS, OBJECTIVES, Objective, PlanSummary, SimSummary
 from planner.workers import Workers
@@ -72,6 +72,7 @@ __all__ = ["CPU_KINDS", "GPU_KINDS", "OBJECTIVES", "Evaluated", "SearchConfig", 
            "search"]
 
 KEEP_PLANS = 16  # built plans kept in memory for their simulation; others are built again when simulated
+SHIP_PLAN_AFTER_S = 2.0  # a plan built in a worker process comes back when building it took longer than this
 
 
 def pool_label(topo: Topology, pool: str) -> str:
@@ -116,11 +117,12 @@ def plan_summary(job: Job, cand: Candidate, topo: Topology) -> tuple[PlanSummary
         return PlanSummary.rejected("knobs: invalid", None, str(e)), None
     b = plan_bounds(plan, job.hw, topo)
     caps = {p: topo.pools[p].capacity_bytes for p in sorted(topo.pools)}
-    summary = PlanSummary("bounded", fingerprint=plan_fingerprint(plan), bound_time_s=b.time_s,
+    over = [p for p, need in b.memory_bytes.items() if need > caps[p] * (1 + 1e-9)]
+    # the fingerprint finds duplicate plans among the bounded ones only (a rejected plan needs none)
+    summary = PlanSummary("bounded", fingerprint=None if over else plan_fingerprint(plan), bound_time_s=b.time_s,
                           bound_resource=b.time_resource, bound_memory_bytes=b.memory_bytes, capacity_bytes=caps,
                           model_flops_per_step=float(plan.metrics.get("model_flops_per_step", 0.0)),
                           n_gpus=int(plan.metrics.get("n_gpus", job.n_gpus)))
-    over = [p for p, need in b.memory_bytes.items() if need > caps[p] * (1 + 1e-9)]
     if over:
         p = max(over, key=lambda x: (b.memory_bytes[x] - caps[x], x))
         summary = dataclasses.replace(
@@ -157,6 +159,20 @@ def _plan_sim_task(job: Job, cand: Candidate, simulate: bool) -> tuple[PlanSumma
         return summary, None
     r = simulate_plan(plan, job.hw)
     return summary.with_sim(SimSummary.of(r)), plan if r.feasible else None
+
+
+def _plan_keep_task(job: Job, cand: Candidate) -> tuple[PlanSummary, Plan | None]:
+    """Plan and bound in a worker process; the plan comes back too when building it took longer than
+    SHIP_PLAN_AFTER_S (shipping a plan costs about as much as building a cheap one; a MILP's takes seconds)."""
+    t0 = time.perf_counter()
+    summary, plan = plan_summary(job, cand, build_topology(job.hw))
+    keep = plan is not None and summary.bounded and time.perf_counter() - t0 > SHIP_PLAN_AFTER_S
+    return summary, plan if keep else None
+
+
+def _sim_plan_task(plan: Plan, hw: HardwareSpec) -> SimSummary:
+    """Simulate a plan built earlier, in a worker process."""
+    return SimSummary.of(simulate_plan(plan, hw))
 
 
 def _sim_task(job: Job, cand: Candidate) -> tuple[SimSummary, Plan]:
@@ -320,9 +336,26 @@ def _to_plan(s: _Search, order: list[Candidate]) -> list[Candidate]:
         got = s.cached(k)
         if got is not None:
             s.summaries[c.index] = got
+        elif (over := _memory_screened(s, c, job)) is not None:
+            s.store(c, over)
         else:
             todo.append(c)
     return todo
+
+
+def _memory_screened(s: _Search, c: Candidate, job: Job) -> PlanSummary | None:
+    """The rejection of a candidate whose GPU must hold more than its capacity by the memory screen
+    (``planner.screen.memory_screen``: its plan would be rejected too), without building it; else None."""
+    got = memory_screen(job, c.policy, c.knob_dict)
+    if got is None:
+        return None
+    need, what = got
+    pool = s.topo.pool_of["gpu0"]
+    cap = s.topo.pools[pool].capacity_bytes
+    if need <= cap * (1 + 1e-9):
+        return None
+    return PlanSummary.rejected(f"screen: {pool_label(s.topo, pool)}", pool,
+                                f"{pool}: {what} need {need / 1e9:.1f} GB, capacity {cap / 1e9:.1f} GB")
 
 
 def _plan_parallel(s: _Search, todo: list[Candidate]) -> None:
@@ -665,13 +698,79 @@ class _Lazy:
         return None
 
 
-def _screen_plan(s: _Search, c: Candidate) -> bool:
-    """Build, bound and record ``c``'s plan (in a worker process under a deadline); False at the deadline."""
-    if s.deadline.bounded:
-        done, summary = s.bounded_call(c.index, _plan_task, s.ready_job(c), c)
+class _Runner:
+    """Where the screened search builds plans and simulates under a deadline or with ``workers > 1``: in
+    worker processes, stopped at the deadline. Idle workers build the next unbuilt candidates in key order
+    ahead of need (speculatively); a result is used only when the sequential search asks for it, so the
+    outcome is the sequential one whatever the worker count (a speculative plan it never asks for is
+    dropped). Task keys: a candidate's index for its plan, ``-(index + 1)`` for its simulation."""
+
+    def __init__(self, s: _Search, lz: _Lazy):
+        self.s, self.lz = s, lz
+        self.n = max(1, s.config.workers)
+        self.pool: Workers | None = None
+        self.done: dict[int, Any] = {}
+        self.submitted: set[int] = set()
+
+    @property
+    def parallel(self) -> bool:
+        return self.s.deadline.bounded or self.s.config.workers > 1
+
+    def call(self, key: int, fn: Callable[..., Any], *args: Any) -> tuple[bool, Any]:
+        """``(True, fn(*args))`` from a worker (or from a speculative run of it), ``(False, None)`` when the
+        deadline passes first (the workers are stopped)."""
+        if key in self.done:
+            return True, self.done.pop(key)
+        if self.pool is None:
+            self.pool = Workers(self.n)
+        if key not in self.submitted:
+            self.pool.submit(key, fn, *args)
+            self.submitted.add(key)
+        while True:
+            self.speculate()
+            for k, v in self.pool.wait(timeout=self.s.wait_s()):
+                self.submitted.discard(k)
+                self.done[k] = v
+            if key in self.done:
+                return True, self.done.pop(key)
+            if self.s.over_budget():
+                self.close()
+                return False, None
+
+    def speculate(self) -> None:
+        """Fill idle workers with the plans of the next unbuilt candidates in key order (not pruned yet)."""
+        assert self.pool is not None
+        s, lz = self.s, self.lz
+        free = self.n - len(self.pool.pending())
+        if free <= 0:
+            return
+        for key, index, planned in sorted(lz.heap):
+            if free <= 0 or (lz.best is not None and (key, index) > lz.best):
+                return
+            if planned or index in s.skipped or index in self.submitted or index in self.done:
+                continue
+            self.pool.submit(index, _plan_keep_task, s.ready_job(lz.cands[index]), lz.cands[index])
+            self.submitted.add(index)
+            free -= 1
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.stop()
+            self.pool = None
+        self.submitted.clear()
+
+
+def _screen_plan(s: _Search, run: _Runner, c: Candidate) -> bool:
+    """Build, bound and record ``c``'s plan (in a worker process under a deadline or with workers); False at
+    the deadline."""
+    if run.parallel:
+        done, got = run.call(c.index, _plan_keep_task, s.ready_job(c), c)
         if not done:
             return False
+        summary, plan = got
         s.store(c, summary)
+        if plan is not None:
+            s.keep_plan(c.index, plan, s.objective.bound(summary))
     else:
         summary, plan = plan_summary(s.ready_job(c), c, s.topo)
         s.store(c, summary)
@@ -681,15 +780,25 @@ def _screen_plan(s: _Search, c: Candidate) -> bool:
     return True
 
 
-def _screen_simulate(s: _Search, lz: _Lazy, c: Candidate) -> bool:
-    """Simulate ``c`` (in a worker process under a deadline); False at the deadline."""
+def _screen_simulate(s: _Search, run: _Runner, lz: _Lazy, c: Candidate) -> bool:
+    """Simulate ``c`` (in a worker process under a deadline or with workers); False at the deadline."""
     s.say(f"[simulate] {c.label()} (bound {s.objective.bound(s.summaries[c.index]):.4g})")
-    if s.deadline.bounded:
-        got = _sim_bounded(s, c)
-        if got is None:
+    if run.parallel and c.index in s.plans:  # built before, kept: simulated without building it again
+        plan = s.plans.pop(c.index)
+        done, sim = run.call(-(c.index + 1), _sim_plan_task, plan, s.hw)
+        if not done:
             return False
+        s.store_sim(c, sim)
         s.n_sims += 1
-        lz.note(c.index, got[0], None)
+        lz.note(c.index, plan, None)
+    elif run.parallel:
+        done, got = run.call(-(c.index + 1), _sim_task, s.ready_job(c), c)
+        if not done:
+            return False
+        sim, plan = got
+        s.store_sim(c, sim)
+        s.n_sims += 1
+        lz.note(c.index, plan, None)
     else:
         plan, r = s.sim_one(c)
         s.n_sims += 1
@@ -703,6 +812,14 @@ def _screened_search(s: _Search, cands: list[Candidate]) -> None:
     as good as the lowest key (every candidate left, built or not, is pruned: its step time is at least its
     key). The same best as the exhaustive search, because screen <= plan bound <= simulated."""
     lz = _Lazy(s, cands)
+    run = _Runner(s, lz)
+    try:
+        _screened_loop(s, lz, run, cands)
+    finally:
+        run.close()
+
+
+def _screened_loop(s: _Search, lz: _Lazy, run: _Runner, cands: list[Candidate]) -> None:
     screener = Screener()
     for c in _to_plan(s, cands):
         lz.push(screener.time(s.ready_job(c), c.policy).time_s, c.index, False)
@@ -729,12 +846,12 @@ def _screened_search(s: _Search, cands: list[Candidate]) -> None:
             lz.cut(*stop, key, index, planned)
             return
         if not planned:
-            if not _screen_plan(s, c):
+            if not _screen_plan(s, run, c):
                 lz.cut("skipped: budget", f"wall-time {s.deadline.describe()} reached while building plans",
                        key, index, planned)
                 return
             lz.planned(c)
-        elif not _screen_simulate(s, lz, c):
+        elif not _screen_simulate(s, run, lz, c):
             lz.cut("skipped: budget", f"wall-time {s.deadline.describe()} reached while simulating",
                    key, index, planned)
             return

@@ -198,3 +198,19 @@ def test_every_searching_command_has_a_default_budget_said_in_its_help(capsys: p
         assert f"(default {default}; 'none' for no limit)" in text, command
         assert parse_budget(default) is not None
     assert parse_budget("none") is None and parse_budget("2m") == 120.0
+
+
+@pytest.mark.parametrize("argv", [
+    ["plan", "--hw", "a100", "--model", "gpt2", "--workers", "1"],
+    ["max-model", "--hw", "a100", "--policy", "none", "--shape", "gpt", "--hidden", "1024"],
+])
+def test_a_search_cut_before_any_answer_is_not_settled_not_infeasible(argv: list[str],
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """A cut is no proof of infeasibility: exit 4 (not settled) and a line that says so, never 3."""
+    from tiersim.cli import main
+    from tiersim.exit_codes import EXIT_CUT
+
+    assert main([*argv, "--budget", "0.001s", "--no-cache"]) == EXIT_CUT == 4
+    out = capsys.readouterr().out
+    assert "NOT SETTLED" in out and "CUT SHORT" in out
+

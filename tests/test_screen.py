@@ -13,11 +13,11 @@ import dataclasses
 import pytest
 
 from hardware_models import Curve, HardwareSpec, build_topology
-from planner.bounds import plan_bounds
+from planner.bounds import memory_lower_bound, plan_bounds
 from planner.candidates import enumerate_candidates
 from planner.job import JobRequest, make_job, make_plan, resolve_hardware
-from planner.screen import SCREEN_SLACK, Screener, compute_screen, monotone_curve
-from planner.search import SCREENED_OUT, search
+from planner.screen import SCREEN_SLACK, Screener, compute_screen, memory_screen, monotone_curve
+from planner.search import SCREENED_OUT, plan_summary, search
 from policies import POLICIES, KnobError, PlanInfeasible
 from simulator import simulate_plan
 from workloads import load_model
@@ -138,3 +138,63 @@ def test_a_capped_screened_search_says_it_was_cut() -> None:
     assert out.n_simulated == 1 and out.best is not None
     assert out.cut_short is not None and "maximum of 1" in out.cut_short
     assert out.rejected.get("skipped: max candidates", 0) >= 1
+
+
+MEMORY = [
+    ("a100x8", (), JobRequest(seq_len=256, global_batch=16)),
+    ("a100", ("gpu.memory=1.3GB",), JobRequest(seq_len=512, global_batch=4)),
+    ("dgx-spark", (), JobRequest(seq_len=256, global_batch=4)),
+]
+
+
+@pytest.mark.parametrize(("hw", "sets", "request_"), MEMORY, ids=[c[0] for c in MEMORY])
+def test_memory_screen_never_exceeds_the_plan_memory_bound(hw: str, sets: tuple[str, ...],
+                                                           request_: JobRequest) -> None:
+    """ZeRO-Offload over tp, micro-batch and checkpointing: the screen <= the plan's GPU memory bound, and a
+    candidate the screen rejects is one whose plan the policy or the memory bound rejects too."""
+    spec = resolve_hardware(hw, sets)
+    topo = build_topology(spec)
+    pool = topo.pool_of["gpu0"]
+    cap = topo.pools[pool].capacity_bytes
+    m = load_model("gpt2")
+    n = rejected = 0
+    for tp in (1, 2, 4, 8):
+        if spec.gpu.count % tp:
+            continue
+        for mb in (1, 2):
+            for ck in ("none", "selective", "full"):
+                job, _ = make_job(spec, m, dataclasses.replace(request_, micro_batch=mb, checkpointing=ck))
+                got = memory_screen(job, "zero-offload", {"tp": tp})
+                try:
+                    plan = make_plan(job, "zero-offload", {"tp": tp})
+                except KnobError:
+                    assert got is None  # a tp the model's heads refuse: the plan says why, not the screen
+                    continue
+                except PlanInfeasible:
+                    continue  # the policy's own verdict (the fp16 parameters alone)
+                assert got is not None
+                bound = max(v for p, v in memory_lower_bound(plan, topo).items() if topo.pools[p].kind in
+                            ("hbm", "unified") or p == pool)
+                assert got[0] <= bound * (1 + 1e-12), (tp, mb, ck, got[0], bound)
+                n += 1
+                if got[0] > cap:
+                    rejected += 1
+                    assert plan_summary(job, next(enumerate_candidates(["zero-offload"], spec.gpu.count,
+                                                                       job.global_batch, micro_batch=mb,
+                                                                       checkpointing=ck, knobs=[f"tp={tp}"])),
+                                        topo)[0].reason == "bound: gpu memory"
+    assert n >= 6
+    assert rejected >= 1 or cap > 10e9  # the tight GPU rejects some on the screen alone
+    assert memory_screen(job, "tinypipe", {}) is None
+    assert memory_screen(job, "zero-offload", {"tp": 3}) is None  # the policy refuses it: its plan says why
+
+
+
+def test_screened_search_does_not_depend_on_workers_or_a_far_deadline() -> None:
+    """Worker processes build the next plans speculatively; the outcome is the sequential one."""
+    kw = {"request": JobRequest(seq_len=512, global_batch=8), "policies": ("none", "zero-offload", "lazytrain")}
+    one = search("a100", "gpt2", **kw)  # type: ignore[arg-type]
+    two = search("a100", "gpt2", workers=2, **kw)  # type: ignore[arg-type]
+    far = search("a100", "gpt2", budget_s=600.0, **kw)  # type: ignore[arg-type]
+    assert one.n_simulated >= 2 and one.rejected.get(SCREENED_OUT, 0) > 0
+    assert two.to_dict() == one.to_dict() == far.to_dict()

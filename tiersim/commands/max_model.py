@@ -142,8 +142,9 @@ def run(args: argparse.Namespace) -> int:
         if o.cut_short:
             print(f"CUT SHORT ({o.policy}): {o.cut_short}")
     if rc == EXIT_CUT:
-        print(f"NOT SETTLED (exit 4): the budget ran out before {', '.join(unsettled)} found a size that fits or "
-              "proved that none does; no policy is known to train the smallest model (a larger --budget settles it)")
+        names = ", ".join(f"'{p}'" for p in unsettled)
+        print(f"NOT SETTLED (exit 4): no policy is known to train the smallest model, and the budget cut {names} "
+              "before finding a size that fits or proving that none does (a larger --budget settles it)")
     print("searched: sizes checked by a search that simulates; screened: sizes judged by plan-level checks alone "
           "(a policy's verdict and the memory bounds; a rejection there is final)")
     if limit is None:
