@@ -104,8 +104,8 @@ def test_a_deadline_reached_in_a_screened_search_stops_it(monkeypatch: pytest.Mo
     clock = FakeClock()
     real = search_mod._screen_plan
 
-    def plan_then_time_is_up(s, c):  # noqa: ANN001, ANN202
-        done = real(s, c)
+    def plan_then_time_is_up(s, run, c):  # noqa: ANN001, ANN202
+        done = real(s, run, c)
         clock.now += 1e6
         return done
 
