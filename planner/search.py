@@ -637,6 +637,7 @@ class _Lazy:
         self.heap: list[tuple[float, int, bool]] = []
         self.best: tuple[float, int] | None = None
         self.first_of: dict[str, int] = {}  # plan fingerprint -> the lowest index planned with it
+        self.n_built = 0  # plans built so far (progress)
 
     def push(self, key: float, index: int, planned: bool) -> None:
         heapq.heappush(self.heap, (key, index, planned))
@@ -776,7 +777,8 @@ def _screen_plan(s: _Search, run: _Runner, c: Candidate) -> bool:
         s.store(c, summary)
         if plan is not None and summary.bounded:
             s.keep_plan(c.index, plan, s.objective.bound(summary))
-    s.say(f"[plan] {c.label()}: {_plan_label(summary)}")
+    run.lz.n_built += 1
+    s.say(f"[plan {run.lz.n_built}/{len(run.lz.cands)}] {c.label()}: {_plan_label(summary)}")
     return True
 
 
