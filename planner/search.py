@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import heapq
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -59,6 +60,7 @@ from planner.candidates import Candidate, enumerate_candidates, memory_frugal
 from planner.deadline import WAIT_STEP_S, Deadline
 from planner.job import JobRequest, make_job, make_plan, resolve_hardware
 from planner.pareto import pareto_front
+from planner.screen import Screener, memory_screen
 from planner.search_outcome import Evaluated, SearchOutcome
 from planner.search_state import CPU_KINDS, GPU_KINDS, OBJECTIVES, Objective, PlanSummary, SimSummary
 from planner.workers import Workers
@@ -70,6 +72,7 @@ __all__ = ["CPU_KINDS", "GPU_KINDS", "OBJECTIVES", "Evaluated", "SearchConfig", 
            "search"]
 
 KEEP_PLANS = 16  # built plans kept in memory for their simulation; others are built again when simulated
+SHIP_PLAN_AFTER_S = 2.0  # a plan built in a worker process comes back when building it took longer than this
 
 
 def pool_label(topo: Topology, pool: str) -> str:
@@ -114,11 +117,12 @@ def plan_summary(job: Job, cand: Candidate, topo: Topology) -> tuple[PlanSummary
         return PlanSummary.rejected("knobs: invalid", None, str(e)), None
     b = plan_bounds(plan, job.hw, topo)
     caps = {p: topo.pools[p].capacity_bytes for p in sorted(topo.pools)}
-    summary = PlanSummary("bounded", fingerprint=plan_fingerprint(plan), bound_time_s=b.time_s,
+    over = [p for p, need in b.memory_bytes.items() if need > caps[p] * (1 + 1e-9)]
+    # the fingerprint finds duplicate plans among the bounded ones only (a rejected plan needs none)
+    summary = PlanSummary("bounded", fingerprint=None if over else plan_fingerprint(plan), bound_time_s=b.time_s,
                           bound_resource=b.time_resource, bound_memory_bytes=b.memory_bytes, capacity_bytes=caps,
                           model_flops_per_step=float(plan.metrics.get("model_flops_per_step", 0.0)),
                           n_gpus=int(plan.metrics.get("n_gpus", job.n_gpus)))
-    over = [p for p, need in b.memory_bytes.items() if need > caps[p] * (1 + 1e-9)]
     if over:
         p = max(over, key=lambda x: (b.memory_bytes[x] - caps[x], x))
         summary = dataclasses.replace(
@@ -155,6 +159,20 @@ def _plan_sim_task(job: Job, cand: Candidate, simulate: bool) -> tuple[PlanSumma
         return summary, None
     r = simulate_plan(plan, job.hw)
     return summary.with_sim(SimSummary.of(r)), plan if r.feasible else None
+
+
+def _plan_keep_task(job: Job, cand: Candidate) -> tuple[PlanSummary, Plan | None]:
+    """Plan and bound in a worker process; the plan comes back too when building it took longer than
+    SHIP_PLAN_AFTER_S (shipping a plan costs about as much as building a cheap one; a MILP's takes seconds)."""
+    t0 = time.perf_counter()
+    summary, plan = plan_summary(job, cand, build_topology(job.hw))
+    keep = plan is not None and summary.bounded and time.perf_counter() - t0 > SHIP_PLAN_AFTER_S
+    return summary, plan if keep else None
+
+
+def _sim_plan_task(plan: Plan, hw: HardwareSpec) -> SimSummary:
+    """Simulate a plan built earlier, in a worker process."""
+    return SimSummary.of(simulate_plan(plan, hw))
 
 
 def _sim_task(job: Job, cand: Candidate) -> tuple[SimSummary, Plan]:
@@ -318,9 +336,26 @@ def _to_plan(s: _Search, order: list[Candidate]) -> list[Candidate]:
         got = s.cached(k)
         if got is not None:
             s.summaries[c.index] = got
+        elif (over := _memory_screened(s, c, job)) is not None:
+            s.store(c, over)
         else:
             todo.append(c)
     return todo
+
+
+def _memory_screened(s: _Search, c: Candidate, job: Job) -> PlanSummary | None:
+    """The rejection of a candidate whose GPU must hold more than its capacity by the memory screen
+    (``planner.screen.memory_screen``: its plan would be rejected too), without building it; else None."""
+    got = memory_screen(job, c.policy, c.knob_dict)
+    if got is None:
+        return None
+    need, what = got
+    pool = s.topo.pool_of["gpu0"]
+    cap = s.topo.pools[pool].capacity_bytes
+    if need <= cap * (1 + 1e-9):
+        return None
+    return PlanSummary.rejected(f"screen: {pool_label(s.topo, pool)}", pool,
+                                f"{pool}: {what} need {need / 1e9:.1f} GB, capacity {cap / 1e9:.1f} GB")
 
 
 def _plan_parallel(s: _Search, todo: list[Candidate]) -> None:
@@ -582,6 +617,248 @@ def _best_first_parallel(f: _Frontier) -> None:
                 f.note(c, plan)
 
 
+# -- screened best-first: plans built lazily in screen order ---------------------------------------------------
+SCREENED_OUT = "screen: slower than best"
+
+
+def _screened(config: SearchConfig) -> bool:
+    """Whether the search builds plans lazily in screen order (``planner.screen``): a pruned search for
+    step time (tokens_per_s). Memory objectives, first_feasible and the exhaustive search build every plan."""
+    return config.prune and not config.first_feasible and config.objective == "tokens_per_s"
+
+
+class _Lazy:
+    """The queue of the screened search: (key, index, planned) with key = the screen until the plan is built,
+    then the plan's bound (never lower: the screen is a lower bound of it), so keys pop in order."""
+
+    def __init__(self, s: _Search, cands: list[Candidate]):
+        self.s = s
+        self.cands = {c.index: c for c in cands}
+        self.heap: list[tuple[float, int, bool]] = []
+        self.best: tuple[float, int] | None = None
+        self.first_of: dict[str, int] = {}  # plan fingerprint -> the lowest index planned with it
+        self.n_built = 0  # plans built so far (progress)
+
+    def push(self, key: float, index: int, planned: bool) -> None:
+        heapq.heappush(self.heap, (key, index, planned))
+
+    def note(self, index: int, plan: Plan | None, result: Result | None) -> None:
+        v = self.s.objective.done_value(self.s.summaries[index])
+        if v is not None and (self.best is None or (v, index) < self.best):
+            self.best = (v, index)
+            self.s.sim_plans = {index: plan} if plan is not None else {}
+            self.s.results = {index: result} if result is not None else {}
+
+    def planned(self, c: Candidate) -> None:
+        """A built plan: queue it by its bound, unless a lower-index candidate has the same plan (the
+        enumeration's first of equal plans is the one kept, as in the exhaustive search)."""
+        s = self.s
+        summary = s.summaries[c.index]
+        if not summary.bounded:
+            return
+        fp = summary.fingerprint
+        other = self.first_of.get(fp) if fp is not None else None
+        if other is not None and other < c.index:
+            s.skipped[c.index] = "duplicate plan"
+            s.plans.pop(c.index, None)
+            return
+        if fp is not None:
+            self.first_of[fp] = c.index
+        if other is not None:  # c comes first: it takes over the other's place (and its simulation)
+            s.skipped[other] = "duplicate plan"
+            s.plans.pop(other, None)
+            done = s.summaries[other].sim
+            if done is not None:
+                s.store_sim(c, done)
+                if self.best is not None and self.best[1] == other:
+                    self.best = None
+                self.note(c.index, s.sim_plans.get(other), s.results.get(other))
+        self.push(s.objective.bound(s.summaries[c.index]), c.index, True)
+
+    def cut(self, reason: str, note: str, key: float, index: int, planned: bool) -> None:
+        """The cap or the budget stops the search: what the rule would still look at is skipped."""
+        for k, i, p in [(key, index, planned), *self.heap]:
+            if i in self.s.skipped or (p and self.s.summaries[i].sim is not None):
+                continue
+            if self.best is None or (k, i) <= self.best:
+                self.s.skipped[i] = reason
+            elif not p:
+                self.s.skipped[i] = SCREENED_OUT
+        self.heap = []
+        self.s.cut_note(note)
+
+    def stop_reason(self, planned: bool) -> tuple[str, str] | None:
+        """Why the search stops before its next step (simulating ``planned`` or building a plan), if it does."""
+        s = self.s
+        cap = s.config.max_candidates
+        if cap is not None and s.n_sims >= cap:
+            return "skipped: max candidates", f"simulated the maximum of {cap} candidates"
+        if s.over_budget():
+            return "skipped: budget", (f"wall-time {s.deadline.describe()} reached while "
+                                       f"{'simulating' if planned else 'building plans'}")
+        return None
+
+
+class _Runner:
+    """Where the screened search builds plans and simulates under a deadline or with ``workers > 1``: in
+    worker processes, stopped at the deadline. Idle workers build the next unbuilt candidates in key order
+    ahead of need (speculatively); a result is used only when the sequential search asks for it, so the
+    outcome is the sequential one whatever the worker count (a speculative plan it never asks for is
+    dropped). Task keys: a candidate's index for its plan, ``-(index + 1)`` for its simulation."""
+
+    def __init__(self, s: _Search, lz: _Lazy):
+        self.s, self.lz = s, lz
+        self.n = max(1, s.config.workers)
+        self.pool: Workers | None = None
+        self.done: dict[int, Any] = {}
+        self.submitted: set[int] = set()
+
+    @property
+    def parallel(self) -> bool:
+        return self.s.deadline.bounded or self.s.config.workers > 1
+
+    def call(self, key: int, fn: Callable[..., Any], *args: Any) -> tuple[bool, Any]:
+        """``(True, fn(*args))`` from a worker (or from a speculative run of it), ``(False, None)`` when the
+        deadline passes first (the workers are stopped)."""
+        if key in self.done:
+            return True, self.done.pop(key)
+        if self.pool is None:
+            self.pool = Workers(self.n)
+        if key not in self.submitted:
+            self.pool.submit(key, fn, *args)
+            self.submitted.add(key)
+        while True:
+            self.speculate()
+            for k, v in self.pool.wait(timeout=self.s.wait_s()):
+                self.submitted.discard(k)
+                self.done[k] = v
+            if key in self.done:
+                return True, self.done.pop(key)
+            if self.s.over_budget():
+                self.close()
+                return False, None
+
+    def speculate(self) -> None:
+        """Fill idle workers with the plans of the next unbuilt candidates in key order (not pruned yet)."""
+        assert self.pool is not None
+        s, lz = self.s, self.lz
+        free = self.n - len(self.pool.pending())
+        if free <= 0:
+            return
+        for key, index, planned in sorted(lz.heap):
+            if free <= 0 or (lz.best is not None and (key, index) > lz.best):
+                return
+            if planned or index in s.skipped or index in self.submitted or index in self.done:
+                continue
+            self.pool.submit(index, _plan_keep_task, s.ready_job(lz.cands[index]), lz.cands[index])
+            self.submitted.add(index)
+            free -= 1
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.stop()
+            self.pool = None
+        self.submitted.clear()
+
+
+def _screen_plan(s: _Search, run: _Runner, c: Candidate) -> bool:
+    """Build, bound and record ``c``'s plan (in a worker process under a deadline or with workers); False at
+    the deadline."""
+    if run.parallel:
+        done, got = run.call(c.index, _plan_keep_task, s.ready_job(c), c)
+        if not done:
+            return False
+        summary, plan = got
+        s.store(c, summary)
+        if plan is not None:
+            s.keep_plan(c.index, plan, s.objective.bound(summary))
+    else:
+        summary, plan = plan_summary(s.ready_job(c), c, s.topo)
+        s.store(c, summary)
+        if plan is not None and summary.bounded:
+            s.keep_plan(c.index, plan, s.objective.bound(summary))
+    run.lz.n_built += 1
+    s.say(f"[plan {run.lz.n_built}/{len(run.lz.cands)}] {c.label()}: {_plan_label(summary)}")
+    return True
+
+
+def _screen_simulate(s: _Search, run: _Runner, lz: _Lazy, c: Candidate) -> bool:
+    """Simulate ``c`` (in a worker process under a deadline or with workers); False at the deadline."""
+    s.say(f"[simulate] {c.label()} (bound {s.objective.bound(s.summaries[c.index]):.4g})")
+    if run.parallel and c.index in s.plans:  # built before, kept: simulated without building it again
+        plan = s.plans.pop(c.index)
+        done, sim = run.call(-(c.index + 1), _sim_plan_task, plan, s.hw)
+        if not done:
+            return False
+        s.store_sim(c, sim)
+        s.n_sims += 1
+        lz.note(c.index, plan, None)
+    elif run.parallel:
+        done, got = run.call(-(c.index + 1), _sim_task, s.ready_job(c), c)
+        if not done:
+            return False
+        sim, plan = got
+        s.store_sim(c, sim)
+        s.n_sims += 1
+        lz.note(c.index, plan, None)
+    else:
+        plan, r = s.sim_one(c)
+        s.n_sims += 1
+        lz.note(c.index, plan, r)
+    return True
+
+
+def _screened_search(s: _Search, cands: list[Candidate]) -> None:
+    """Best-first over screens and plan bounds: pop the lowest key; an unbuilt candidate gets its plan built
+    and comes back with its plan bound, a built one is simulated; stop once the best simulated is at least
+    as good as the lowest key (every candidate left, built or not, is pruned: its step time is at least its
+    key). The same best as the exhaustive search, because screen <= plan bound <= simulated."""
+    lz = _Lazy(s, cands)
+    run = _Runner(s, lz)
+    try:
+        _screened_loop(s, lz, run, cands)
+    finally:
+        run.close()
+
+
+def _screened_loop(s: _Search, lz: _Lazy, run: _Runner, cands: list[Candidate]) -> None:
+    screener = Screener()
+    for c in _to_plan(s, cands):
+        lz.push(screener.time(s.ready_job(c), c.policy).time_s, c.index, False)
+    for c in cands:  # answered by the cache
+        if c.index in s.summaries and s.summaries[c.index].bounded:
+            lz.planned(c)
+            if s.summaries[c.index].sim is not None and c.index not in s.skipped:
+                lz.note(c.index, None, None)
+    while lz.heap:
+        key, index, planned = heapq.heappop(lz.heap)
+        if index in s.skipped:
+            continue
+        if lz.best is not None and (key, index) > lz.best:  # a built plan left reads as the bound's pruning
+            for _, i, p in [(key, index, planned), *lz.heap]:
+                if not p and i not in s.skipped:
+                    s.skipped[i] = SCREENED_OUT
+            return
+        c = lz.cands[index]
+        if planned and s.summaries[index].sim is not None:
+            lz.note(index, None, None)
+            continue
+        stop = lz.stop_reason(planned)
+        if stop is not None:
+            lz.cut(*stop, key, index, planned)
+            return
+        if not planned:
+            if not _screen_plan(s, run, c):
+                lz.cut("skipped: budget", f"wall-time {s.deadline.describe()} reached while building plans",
+                       key, index, planned)
+                return
+            lz.planned(c)
+        elif not _screen_simulate(s, run, lz, c):
+            lz.cut("skipped: budget", f"wall-time {s.deadline.describe()} reached while simulating",
+                   key, index, planned)
+            return
+
+
 # -- the outcome: the sequential rule over what is known ----------------------------------------------------
 def _counted(s: _Search, cands: list[Candidate]) -> set[int]:
     """The candidates the sequential rule simulates (a speculative extra simulation is not one of them)."""
@@ -693,10 +970,13 @@ def search(hw: str | HardwareSpec, model: str | ModelSpec, *, request: JobReques
                                       checkpointing=req.checkpointing, knobs=knobs))
     s = _Search(spec, m, base, config, cache, progress, t0, limit)
     try:
-        _plan_phase(s, cands)
-        survivors = _survivors(s, cands)
-        if not first_feasible and survivors:
-            _best_first(s, survivors)
+        if _screened(config):
+            _screened_search(s, cands)
+        else:
+            _plan_phase(s, cands)
+            survivors = _survivors(s, cands)
+            if not first_feasible and survivors:
+                _best_first(s, survivors)
     finally:
         s.close()
     return _outcome(s, cands, assumed, c0.to_dict())

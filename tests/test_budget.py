@@ -91,9 +91,28 @@ def test_a_deadline_reached_after_planning_stops_before_simulating(monkeypatch: 
         return real(s, cands)
 
     monkeypatch.setattr(search_mod, "_survivors", survivors_then_time_is_up)
-    out = search(**SMALL, deadline=Deadline.after(60.0, clock))  # type: ignore[arg-type]
+    # the exhaustive search plans every candidate before it simulates
+    out = search(**SMALL, deadline=Deadline.after(60.0, clock), prune=False)  # type: ignore[arg-type]
     assert out.best is None and out.n_simulated == 0
     assert out.cut_short is not None and "wall-time budget of 60 s reached while simulating" in out.cut_short
+    assert out.rejected.get("skipped: budget", 0) >= 1
+
+
+def test_a_deadline_reached_in_a_screened_search_stops_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The screened search (plans built lazily in screen order) looks at the deadline before every plan
+    and every simulation: time up after the first plan, nothing is simulated and the rest is skipped."""
+    clock = FakeClock()
+    real = search_mod._screen_plan
+
+    def plan_then_time_is_up(s, run, c):  # noqa: ANN001, ANN202
+        done = real(s, run, c)
+        clock.now += 1e6
+        return done
+
+    monkeypatch.setattr(search_mod, "_screen_plan", plan_then_time_is_up)
+    out = search(**SMALL, deadline=Deadline.after(60.0, clock))  # type: ignore[arg-type]
+    assert out.best is None and out.n_simulated == 0
+    assert out.cut_short is not None and "wall-time budget of 60 s reached while" in out.cut_short
     assert out.rejected.get("skipped: budget", 0) >= 1
 
 
@@ -179,3 +198,19 @@ def test_every_searching_command_has_a_default_budget_said_in_its_help(capsys: p
         assert f"(default {default}; 'none' for no limit)" in text, command
         assert parse_budget(default) is not None
     assert parse_budget("none") is None and parse_budget("2m") == 120.0
+
+
+@pytest.mark.parametrize("argv", [
+    ["plan", "--hw", "a100", "--model", "gpt2", "--workers", "1"],
+    ["max-model", "--hw", "a100", "--policy", "none", "--shape", "gpt", "--hidden", "1024"],
+])
+def test_a_search_cut_before_any_answer_is_not_settled_not_infeasible(argv: list[str],
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """A cut is no proof of infeasibility: exit 4 (not settled) and a line that says so, never 3."""
+    from tiersim.cli import main
+    from tiersim.exit_codes import EXIT_CUT
+
+    assert main([*argv, "--budget", "0.001s", "--no-cache"]) == EXIT_CUT == 4
+    out = capsys.readouterr().out
+    assert "NOT SETTLED" in out and "CUT SHORT" in out
+

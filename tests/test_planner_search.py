@@ -84,7 +84,8 @@ def test_an_auto_knob_and_its_explicit_twin_are_simulated_once(pruned: search_mo
     # zero-offload's tp=auto resolves to 1 on one GPU: tp=1 builds the very same plan
     assert pruned.rejected.get("duplicate plan", 0) > 0
     twins = [e for e in pruned.evaluated if e.policy == "zero-offload" and e.knobs["tp"] == 1]
-    assert twins and all(e.reason == "duplicate plan" or e.reason.startswith(("bound:", "policy:")) for e in twins)
+    assert twins and all(e.reason == "duplicate plan" or e.reason.startswith(("bound:", "policy:", "screen:"))
+                         for e in twins)
     keys = [(e.policy, e.micro_batch, e.checkpointing, e.step_time_s, e.knobs.get("delayed_update"))
             for e in pruned.ranked]
     assert len(keys) == len(set(keys))
@@ -177,7 +178,9 @@ def test_cache_makes_a_repeat_free_of_simulations(tmp_path: Path, monkeypatch: p
     warm = search(**kw, cache=warm_cache)  # type: ignore[arg-type]
     assert warm.to_dict() == cold.to_dict()
     assert calls == {"plan": 0, "sim": 0}
-    assert warm_cache.misses == 0 and warm_cache.hits == cold.n_candidates
+    # candidates the screen left unbuilt have no entry (their verdict depends on the best, not on them alone)
+    unbuilt = cold.rejected.get(search_mod.SCREENED_OUT, 0)
+    assert warm_cache.misses == unbuilt and warm_cache.hits == cold.n_candidates - unbuilt
 
 
 def test_a_capped_search_says_it_was_cut_short(pruned: search_mod.SearchOutcome) -> None:

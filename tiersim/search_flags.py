@@ -17,6 +17,7 @@ from typing import Any
 from planner.cache import EvalCache, default_cache_dir
 from planner.search import OBJECTIVES
 from tiersim.errors import UsageError
+from tiersim.exit_codes import EXIT_CUT, EXIT_INFEASIBLE, EXIT_OK
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h)?\s*$")
 NO_BUDGET = ("none", "off", "unbounded")
@@ -119,3 +120,11 @@ def progress_printer(args: argparse.Namespace) -> Callable[[str], None] | None:
 def fmt_rate(x: float | None) -> str:
     """Tokens/s with thousands separators; '-' when there is none."""
     return "-" if x is None else f"{x:,.0f}"
+
+
+def search_exit(feasible: bool, cut: bool) -> int:
+    """A search command's exit code: 0 something fits, 4 nothing evaluated fits but the budget cut the search
+    (not settled: a cut is no proof of infeasibility), 3 nothing fits (proven within the search's checks)."""
+    if feasible:
+        return EXIT_OK
+    return EXIT_CUT if cut else EXIT_INFEASIBLE

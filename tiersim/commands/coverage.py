@@ -12,13 +12,13 @@ from planner.result_json import dumps
 from policies import POLICIES
 from tiersim.command import Command
 from tiersim.errors import UsageError
-from tiersim.exit_codes import EXIT_INFEASIBLE, EXIT_OK
 from tiersim.job_flags import SEARCH, add_hardware_flags, add_workload_flags, request_from_args
 from tiersim.search_flags import (
     add_search_args,
     fmt_rate,
     parse_budget,
     progress_printer,
+    search_exit,
     search_options,
     split_names,
 )
@@ -27,7 +27,8 @@ from tiersim.search_flags import (
 def add_args(p: argparse.ArgumentParser) -> None:
     p.description = ("Training coverage: for each policy and model, the best plan the search finds (tokens/s) "
                      "or infeasible with the pool that binds (the comparison of the Tiny-Pipe paper).")
-    p.epilog = "exit codes: 0 some cell is feasible, 2 bad input, 3 no cell is feasible"
+    p.epilog = ("exit codes: 0 some cell is feasible, 2 bad input, 3 no cell is feasible, 4 not settled: none is "
+                "known to be feasible and the budget cut a cell before it proved that none is")
     add_hardware_flags(p, SEARCH)
     p.add_argument("--models", required=True, metavar="M1,M2,...",
                    help="comma-separated model presets, shorthands or files, e.g. 7b,13b,70b,175b,405b")
@@ -65,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
                    total_budget_s=_shorter(opts.pop("budget_s"), parse_budget(args.total_budget, "--total-budget")),
                    progress=progress_printer(args),
                    knobs=args.knobs, **opts)
-    rc = EXIT_OK if any(c.best.feasible for c in out.cells) else EXIT_INFEASIBLE
+    rc = search_exit(any(c.best.feasible for c in out.cells), any(c.best.cut_short for c in out.cells))
     print(f"tiersim coverage: {out.wall_s:.1f} s wall, {sum(c.best.n_simulated for c in out.cells)} simulated",
           file=sys.stderr)
     if args.json:

@@ -15,9 +15,9 @@ from planner.result_json import dumps
 from policies import POLICIES
 from tiersim.command import Command
 from tiersim.errors import UsageError
-from tiersim.exit_codes import EXIT_INFEASIBLE, EXIT_OK
+from tiersim.exit_codes import EXIT_CUT
 from tiersim.job_flags import SEARCH, add_hardware_flags, add_workload_flags, request_from_args
-from tiersim.search_flags import add_search_args, fmt_rate, progress_printer, search_options
+from tiersim.search_flags import add_search_args, fmt_rate, progress_printer, search_exit, search_options
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -27,7 +27,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
         "Give either --shape with --hidden (a GPT-3-like or LLaMA-like block, layers bisected) or --family "
         "(a model preset, shorthand or family prefix such as llama3, scaled by --scale).")
     p.epilog = ("exit codes: 0 some policy trains at least the smallest model, 2 bad input, "
-                "3 no policy trains even the smallest model")
+                "3 no policy trains even the smallest model, 4 not settled: none is known to fit and the budget "
+                "cut a policy before it proved that none does")
     add_hardware_flags(p, SEARCH)
     p.add_argument("--policy", default="all",
                    help="a policy (tiersim policies list) or 'all' for each one (default: all)")
@@ -105,7 +106,10 @@ def run(args: argparse.Namespace) -> int:
     outs = [max_model(args.hw, scaler, policy, request=request, hw_overrides=args.sets, max_step_time_s=limit,
                       progress=progress, knobs=args.knobs, deadline=deadline.share(len(policies) - i), **opts)
             for i, policy in enumerate(policies)]
-    rc = EXIT_OK if any(o.largest for o in outs) else EXIT_INFEASIBLE
+    # cut before it found a fitting size or proved that the smallest does not fit: no verdict
+    unsettled = [o.policy for o in outs if o.largest is None and o.cut_short
+                 and (o.first_infeasible is None or o.first_infeasible.n > scaler.lo)]
+    rc = search_exit(any(o.largest for o in outs), bool(unsettled))
     print("tiersim max-model: " + ", ".join(f"{o.policy} {o.wall_s:.1f} s" for o in outs) + " wall", file=sys.stderr)
     if args.json:
         print(dumps({"kind": "tiersim.max_model", "hardware": args.hw, "overrides": list(args.sets),
@@ -137,6 +141,10 @@ def run(args: argparse.Namespace) -> int:
     for o in outs:
         if o.cut_short:
             print(f"CUT SHORT ({o.policy}): {o.cut_short}")
+    if rc == EXIT_CUT:
+        names = ", ".join(f"'{p}'" for p in unsettled)
+        print(f"NOT SETTLED (exit 4): no policy is known to train the smallest model, and the budget cut {names} "
+              "before finding a size that fits or proving that none does (a larger --budget settles it)")
     print("searched: sizes checked by a search that simulates; screened: sizes judged by plan-level checks alone "
           "(a policy's verdict and the memory bounds; a rejection there is final)")
     if limit is None:

@@ -11,7 +11,8 @@ checkpointing unless ``--micro-batch`` / ``--checkpointing`` fix them. Results a
 repeated query is near-instant. Standard output is the same byte for byte for the same inputs; timing,
 cache statistics and progress (on a terminal, or with ``--progress``) go to standard error.
 
-Exit codes: 0 a feasible plan was found, 2 bad input, 3 no candidate is feasible.
+Exit codes: 0 a feasible plan was found, 2 bad input, 3 no candidate is feasible, 4 not settled (the
+budget cut the search before any candidate fit or all were ruled out).
 """
 
 from __future__ import annotations
@@ -28,10 +29,16 @@ from reports.units import table
 from tiersim import deepspeed_cli as ds_cli
 from tiersim.command import Command
 from tiersim.errors import UsageError
-from tiersim.exit_codes import EXIT_INFEASIBLE, EXIT_OK
 from tiersim.job_flags import DEFAULT_HW, DEFAULT_MODEL, PLAN, add_deepspeed_out_flag, add_job_flags, request_from_args
 from tiersim.output_files import check_output_path, write_or_fail
-from tiersim.search_flags import add_budget_arg, cache_from_args, check_search_bounds, parse_budget, split_names
+from tiersim.search_flags import (
+    add_budget_arg,
+    cache_from_args,
+    check_search_bounds,
+    parse_budget,
+    search_exit,
+    split_names,
+)
 from tiersim.signals import stderr_line
 
 
@@ -40,7 +47,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
                      "The job's global batch (default: 8 sequences per GPU), sequence length and precision are "
                      "fixed; micro-batch and checkpointing are searched unless --micro-batch / --checkpointing "
                      "fix them.")
-    p.epilog = "exit codes: 0 a feasible plan was found, 2 bad input, 3 no candidate is feasible"
+    p.epilog = ("exit codes: 0 a feasible plan was found, 2 bad input, 3 no candidate is feasible, 4 not settled: "
+                "the budget cut the search before any candidate fit or all were ruled out")
     add_job_flags(p, PLAN)
     p.add_argument("--objective", choices=OBJECTIVES, default="tokens_per_s",
                    help="what to optimise: tokens_per_s or tflops (highest), gpu_memory or cpu_memory (lowest "
@@ -100,6 +108,9 @@ def format_outcome(o: SearchOutcome, top: int, fixed: list[str], hw_arg: str | N
         lines.append(f"Ranked (top {len(shown)} of {len(o.ranked)} simulated feasible; peaks are the busiest pool "
                      "of each kind):")
         lines.append(table([_row(i + 1, e, o.pool_kinds) for i, e in enumerate(shown)], HEADER, "rllrlrrrrrr"))
+    elif o.cut_short:
+        lines.append("NOT SETTLED: nothing evaluated fits, and the budget cut the search before it proved that "
+                     "nothing does (exit 4; a larger --budget settles it).")
     else:
         lines.append("No feasible candidate: every one was rejected (see the reasons below).")
     lines.append("")
@@ -168,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
           + (f", cache {outcome.cache_hits} hits / {outcome.cache_misses} misses in {cache.dir}" if cache else "")
           + (f"; plan written to {args.plan_out}" if args.plan_out and outcome.best is not None else ""),
           file=sys.stderr)
-    return EXIT_OK if outcome.best is not None else EXIT_INFEASIBLE
+    return search_exit(outcome.best is not None, outcome.cut_short is not None)
 
 
 COMMAND = Command("plan", "search every policy, its knobs, micro-batch and checkpointing for the best plan",

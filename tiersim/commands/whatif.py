@@ -12,7 +12,7 @@ from typing import Any
 from planner.result_json import dumps
 from tiersim import deepspeed_cli as ds_cli
 from tiersim.command import Command
-from tiersim.exit_codes import EXIT_INFEASIBLE, EXIT_OK
+from tiersim.exit_codes import EXIT_CUT
 from tiersim.job_flags import (
     DEFAULT_HW,
     DEFAULT_MODEL,
@@ -23,7 +23,14 @@ from tiersim.job_flags import (
     add_workload_flags,
     request_from_args,
 )
-from tiersim.search_flags import add_search_args, fmt_rate, progress_printer, search_options, split_names
+from tiersim.search_flags import (
+    add_search_args,
+    fmt_rate,
+    progress_printer,
+    search_exit,
+    search_options,
+    split_names,
+)
 
 
 def fmt_gain(x: float | None) -> str:
@@ -37,7 +44,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
                      "--vary values) and rank each single change from the hardware as given.")
     p.epilog = ("example: tiersim whatif --hw a100x8 --model 70b --vary host.dram=512GB,1TB,2TB "
                 "--vary pcie.gen=4,5 --vary nvme.count=1,4.  exit codes: 0 some scenario is feasible, "
-                "2 bad input, 3 no scenario is feasible")
+                "2 bad input, 3 no scenario is feasible, 4 not settled: none is known to be feasible and the "
+                "budget cut a search before it proved that none is")
     add_hardware_flags(p, SEARCH)
     add_model_flag(p, SEARCH)
     p.add_argument("--vary", action="append", default=[], metavar="PATH=V1,V2,...",
@@ -68,10 +76,12 @@ def run(args: argparse.Namespace) -> int:
                  objective=args.objective, policies=policies, progress=progress_printer(args),
                  **search_options(args))
     any_feasible = out.base.feasible or any(s.best.feasible for s in out.scenarios)
+    bests = [out.base, *(x.best for x in out.scenarios), *(x.best for x in out.sensitivity)]
+    rc = search_exit(any_feasible, any(b.cut_short and not b.feasible for b in bests))
     print(f"tiersim whatif: {out.wall_s:.1f} s wall, {out.n_searches} searches", file=sys.stderr)
     if args.json:
         print(dumps(out.to_dict()))
-        return EXIT_OK if any_feasible else EXIT_INFEASIBLE
+        return rc
     b = out.base
     print(f"tiersim whatif: {out.model} on {out.hardware}; {len(out.scenarios)} scenario"
           f"{'s' if len(out.scenarios) != 1 else ''}, {out.n_searches} distinct machines planned")
@@ -104,12 +114,14 @@ def run(args: argparse.Namespace) -> int:
             print("  (none: every value equals the base's)")
     for note in out.notes:
         print(f"  note: {note}")
-    bests = [out.base, *(x.best for x in out.scenarios), *(x.best for x in out.sensitivity)]
     if any(b.cut_short and b.feasible for b in bests):
         print("* feasible, but the search was cut short by its bounds: the throughput may not be the best")
     if any(b.binding == "budget" for b in bests):
         print("budget: the bounds cut the search before it found a plan or proved that none fits")
-    return EXIT_OK if any_feasible else EXIT_INFEASIBLE
+    if rc == EXIT_CUT:
+        print("NOT SETTLED (exit 4): no machine is known to fit the job, and the budget cut a search before it "
+              "proved that none does")
+    return rc
 
 
 COMMAND = Command("whatif", "plan a job on a grid of hardware changes; rank each single change", add_args, run)

@@ -1,0 +1,153 @@
+"""The analytic screen: a lower bound on a candidate's step-time bound from (hardware, workload, policy), before
+any plan is built.
+
+The search (``planner.search``) builds plans lazily in screen order: a candidate's plan is built only when its
+screen is the lowest of everything not yet decided, and a candidate whose screen is above the best simulated
+step is never built. That is exact because the screen never exceeds the plan's own time bound
+(``planner.bounds.plan_bounds``), which never exceeds the simulated step (tests/test_screen.py checks
+screen <= plan bound <= simulated on a sweep of policies, models and knobs, and that the screened search picks
+the same best as the exhaustive one).
+
+The bound: one measured step of any policy computes the forward and the backward of every layer for every
+sequence of the global batch, on the job's GPUs. A policy may split a layer task (a tensor-parallel shard,
+a chunk of the tokens) but the engine prices a task of a share ``k`` of a layer's FLOPs as the layer's
+kernels scaled by ``k`` (``costs.ComputePricer``), each kernel no faster than ``k`` times the full kernel
+when the efficiency curve does not fall with size (smaller kernels are less efficient) -- so the GPUs
+together spend at least the sum over layers of the full layers' kernel seconds, times the micro-batches of
+the step, and the busiest GPU at least that over the GPU count. Per kernel the screen charges what the
+engine charges at least: ``f / (peak * eff(f))`` and, at kernel level, the operands over HBM
+(``costs.compute.gemm_kernels_seconds``); never the launch overheads or the task's own HBM floor (a policy
+may fuse tasks). Where the curve does fall somewhere (a user's curve), every kernel is charged at the
+curve's highest efficiency instead (still a lower bound, looser). Policies that recompute as the workload's
+``checkpointing`` says (:data:`HONOURS_CHECKPOINTING`) are charged its recomputation too; the others
+(LazyTrain decides per layer) are not.
+
+Everything is per distinct (micro-batch, checkpointing) job and policy class, so screening every candidate
+of a search costs a few hundred kernel prices (memoised), not a plan.
+
+Memory (:func:`memory_screen`), where a sound figure is cheap: ZeRO-Offload's GPU holds, from the start to the
+end of the step, its fp16 parameter share (1/tp of the model) and the workspace (homed, never freed), and at
+the forward/backward turn every layer's saved activations of the micro-batch (allocated by the forward and
+freed by the backward on the same compute stream) -- exactly what ``planner.bounds.memory_lower_bound``
+counts of its plan, less the gradient buckets and staging buffers. Above the GPU's capacity, the candidate is
+rejected ("screen: gpu memory") without building its plan: its plan would be rejected by the policy or by
+the memory bound. Other policies: None (no screen; their plans are built).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from costs.compute import gemm_kernels_seconds
+from hardware_models import HardwareSpec
+from policies import Job, KnobError, get_policy, kit, parse_knobs
+from policies.zero_offload import auto_tp
+from workloads.ops import LayerOps, layer_ops
+
+#: policies whose plans recompute each layer as ``job.config.checkpointing`` says (the trace's
+#: ``recompute_flops``); tests/test_screen.py checks the claim against each one's plans
+HONOURS_CHECKPOINTING = frozenset({"none", "zero-offload", "zero-infinity", "tinypipe", "synergyscale"})
+#: relative margin below the exact sum, so that the summation order cannot lift the screen above the bound
+SCREEN_SLACK = 1e-6
+
+
+@dataclass(frozen=True)
+class Screen:
+    """A lower bound on a candidate's plan time bound: seconds, and what gives them."""
+
+    time_s: float
+    resource: str
+
+    def to_dict(self) -> dict[str, object]:
+        return {"time_s": self.time_s, "resource": self.resource}
+
+
+def monotone_curve(hw: HardwareSpec) -> bool:
+    """Whether the GEMM efficiency curve never falls as the kernel grows (then splitting a kernel never
+    makes it cheaper)."""
+    effs = [e for _, e in hw.gpu.gemm_efficiency.points]
+    return all(b >= a for a, b in zip(effs, effs[1:], strict=False))
+
+
+def _kernel_floor(hw: HardwareSpec, ops: LayerOps, dtype: str, monotone: bool) -> float:
+    """Seconds the engine charges at least for the matmul kernels of ``ops`` (or any split of them)."""
+    peak = hw.peak_flops_for(dtype)
+    if not monotone:
+        top = max(e for _, e in hw.gpu.gemm_efficiency.points)
+        return sum(f for f in ops.matmul_flops if f > 0) / (peak * top)
+    if hw.gpu.op_overhead_s is not None:  # operator level: the matmuls on the curve, no operand floor
+        return sum(f / (peak * hw.gpu.gemm_efficiency(f)) for f in ops.matmul_flops if f > 0)
+    return gemm_kernels_seconds(hw, ops, dtype)
+
+
+def _layer_seconds(job: Job, index: int, phase: str, flops: float, monotone: bool) -> float:
+    if flops <= 0:
+        return 0.0
+    ops = layer_ops(job.model, job.config, index, phase)
+    if ops.flops <= 0:
+        return 0.0
+    return _kernel_floor(job.hw, ops.scaled(flops / ops.flops), job.config.precision, monotone)
+
+
+def compute_screen(job: Job, recompute: bool) -> float:
+    """Seconds of SM work the busiest GPU does at least in one step (see the module docstring)."""
+    monotone = monotone_curve(job.hw)
+    memo: dict[tuple[object, ...], float] = {}
+    per_micro_batch = 0.0
+    for ly in job.trace.layers:
+        phases = [("fwd", ly.fwd_flops), ("bwd", ly.bwd_flops)] + ([("recompute", ly.recompute_flops)]
+                                                                  if recompute else [])
+        for phase, flops in phases:
+            # identical blocks price identically: the memo key is what layer_ops reads of the layer
+            key = (ly.kind, ly.params, ly.fwd_flops, ly.bwd_flops, phase, flops)
+            if key not in memo:
+                memo[key] = _layer_seconds(job, ly.index, phase, flops, monotone)
+            per_micro_batch += memo[key]
+    micro_batches = job.global_batch / job.config.micro_batch
+    return per_micro_batch * micro_batches / job.n_gpus * (1 - SCREEN_SLACK)
+
+
+class Screener:
+    """Screens candidates of one search (one hardware and model): ``time(job, policy)``, memoised per workload
+    configuration and policy class."""
+
+    def __init__(self) -> None:
+        self._memo: dict[tuple[str, bool], float] = {}
+
+    def time(self, job: Job, policy: str) -> Screen:
+        recompute = policy in HONOURS_CHECKPOINTING and job.config.checkpointing != "none"
+        key = (repr(job.config), recompute)
+        if key not in self._memo:
+            self._memo[key] = compute_screen(job, recompute)
+        return Screen(self._memo[key], "gpu.sm (compute)")
+
+
+def screen_all(jobs: Iterable[tuple[Job, str]]) -> list[Screen]:
+    """The screen of each (job, policy) pair, in order (one Screener: the jobs share hardware and model)."""
+    sc = Screener()
+    return [sc.time(job, policy) for job, policy in jobs]
+
+
+def memory_screen(job: Job, policy: str, knobs: Mapping[str, Any]) -> tuple[float, str] | None:
+    """Bytes the busiest GPU's pool holds at least at some instant, and what they are, for the policies where
+    that is cheap and sound (see the module docstring); None for the others, and for knobs the policy would
+    refuse (its plan says why)."""
+    if policy != "zero-offload":
+        return None
+    try:
+        k = parse_knobs(get_policy(policy), dict(knobs))
+        k.validate()
+        tp = k.tp or auto_tp(job)
+        kit.check_tp(job, tp, policy)
+        job.accumulation(job.n_gpus // tp)
+    except KnobError:
+        return None
+    layers = job.trace.layers
+    params = kit.dtype_bytes(job) * float(job.trace.params) / tp
+    workspace = max(ly.peak_transient_bytes for ly in layers) / tp
+    saved = sum(kit.saved_activation_bytes(job, ly.activation_bytes, ly.kind, tp) for ly in layers)
+    return (params + workspace + saved,
+            f"the fp16 parameters (tp={tp}), the workspace and one micro-batch's saved activations")
+
