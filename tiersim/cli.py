@@ -135,8 +135,8 @@ def build_parser(prog: str = "tiersim") -> argparse.ArgumentParser:
 def simulate_parser() -> argparse.ArgumentParser:
     """The ``simulate`` entry point's parser: ``tiersim simulate`` under its own name."""
     p = _Parser(prog="simulate", description="Simulate one training step (same as `tiersim simulate`).",
-                epilog="exit codes: 0 feasible, 1 invariant violated (--check) or no answer within --budget, "
-                       "2 bad input, 3 infeasible")
+                epilog="exit codes: 0 feasible, 1 invariant violated (--check), 2 bad input, 3 infeasible, "
+                       "4 no answer within --budget")
     return _command_parser(p, simulate.COMMAND)
 
 

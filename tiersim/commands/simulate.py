@@ -1,7 +1,7 @@
 """``tiersim simulate`` (and the ``simulate`` entry point); the JSON schema is documented in ``tiersim.cli``.
 
 ``--budget`` (default :data:`DEFAULT_BUDGET`) bounds the whole command's wall time: past it the command
-stops, says so in one line on stderr and exits 1 (``EXIT_FAILED``: no answer is not a verdict);
+stops, says so in one line on stderr and exits 4 (``EXIT_CUT``: no answer is not a verdict);
 ``--budget none`` lifts it.
 """
 
@@ -25,7 +25,7 @@ from tiersim import deepspeed_cli as ds_cli
 from tiersim.command import Command
 from tiersim.deepspeed_export import check_exportable
 from tiersim.deepspeed_memory import beyond_model_states, compare
-from tiersim.exit_codes import EXIT_FAILED, EXIT_INFEASIBLE, EXIT_INVARIANT, EXIT_OK
+from tiersim.exit_codes import EXIT_CUT, EXIT_INFEASIBLE, EXIT_INVARIANT, EXIT_OK
 from tiersim.job_flags import (
     DEFAULT_HW,
     DEFAULT_MODEL,
@@ -62,7 +62,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="simulate every micro-step even in a steady state")
     p.add_argument("--budget", default=DEFAULT_BUDGET, metavar="TIME",
                    help=f"wall-clock budget of the whole command, e.g. 60s, 5m or 1h: past it the command stops "
-                        f"with one line and exit {EXIT_FAILED} (default {DEFAULT_BUDGET}; 'none' for no "
+                        f"with one line and exit {EXIT_CUT} (default {DEFAULT_BUDGET}; 'none' for no "
                         "limit; enforced where the platform has interval timers, i.e. not on Windows)")
 
 
@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     except _OutOfBudget:
         print(f"simulate: no answer within the budget of {budget:g} s (--budget {args.budget}); give it more "
               "time with --budget 30m, or none for no limit", file=sys.stderr)
-        return EXIT_FAILED
+        return EXIT_CUT
 
 
 def _saved_plan(args: argparse.Namespace, extra_assumed: list[str]) -> tuple[Plan, HardwareSpec]:
