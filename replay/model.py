@@ -49,10 +49,18 @@ class Dims:
     bias: bool
     learned_pos: bool
     pos_offset: int  # OPT: position rows start at 2
+    head_width: int = 0  # one head's width when a shard holds fewer heads than hidden / head_dim (0: derived)
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.n_heads
+        return self.head_width or self.hidden // self.n_heads
+
+    def shard(self, tp: int) -> Dims:
+        """One tensor-parallel rank's dimensions: its share of the heads and of the MLP, the model's head width
+        kept (``hidden`` stays the model's: the residual stream is whole on every rank)."""
+        fields = {**self.__dict__, "n_heads": self.n_heads // tp, "n_kv_heads": self.n_kv_heads // tp,
+                  "ffn": self.ffn // tp, "head_width": self.head_dim}
+        return Dims(**fields)
 
     @classmethod
     def from_model(cls, spec: ModelSpec) -> Dims:

@@ -33,7 +33,7 @@ layer's gradients are handed on only once its ``tp-bwd`` task has completed them
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -114,7 +114,7 @@ def unshard(layer: int, n_layers: int, shards: list[dict[str, Tensor]], vocab_pa
 
 
 def local_dims(d: Dims, tp: int) -> Dims:
-    return replace(d, n_heads=d.n_heads // tp, n_kv_heads=d.n_kv_heads // tp, ffn=d.ffn // tp)
+    return d.shard(tp)
 
 
 def _norm(d: Dims, p: dict[str, Tensor], prefix: str, x: Tensor) -> Tensor:
