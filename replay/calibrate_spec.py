@@ -81,11 +81,7 @@ def spec_dict(cal: Calibration, base: Mapping[str, Any] | None = None, base_name
     # ---------------------------------------------------------------- gpu
     dtype = cal.gemm_dtype
     peak = cal.peak_flops[dtype]
-    curve: list[list[float]] = []
-    for flops, rate in sorted(cal.gemm_curve):
-        if curve and flops <= curve[-1][0]:
-            continue
-        curve.append([float(flops), max(1e-6, min(1.0, float(f"{rate / peak:.4g}")))])
+    curve = _fractions(cal.gemm_curve, peak)
     gpu: dict[str, Any] = {
         "model": cal.gpu_model,
         "count": cal.gpu_count,
@@ -115,6 +111,16 @@ def spec_dict(cal: Calibration, base: Mapping[str, Any] | None = None, base_name
                                     f"gpu.elementwise_bw are {dtype}'s (calibrate --precision {dtype}): plans "
                                     f"in another precision are priced on this curve at their own peak")
     measured("gpu.launch_overhead", f"median time of a synchronised 8x8 torch.mm on {cal.device}")
+    for key, pts, how in (
+            ("gemm_backward_efficiency", cal.gemm_backward_curve,
+             f"{dtype} linear-layer backward as the runner computes it (replay.precision.linear_backward_rate_op: "
+             f"forward + input- and weight-gradient products, minus the forward) over square sizes, FLOP/s per "
+             f"product, {reps}"),
+            ("attention_efficiency", cal.attention_curve, f"forward: {cal.attention_method}"),
+            ("attention_backward_efficiency", cal.attention_backward_curve, f"backward: {cal.attention_method}")):
+        if pts:
+            gpu[key] = _fractions(pts, peak)
+            measured(f"gpu.{key}", f"{how}; as a fraction of the measured {dtype} forward peak, clamped to 1")
     if cal.op_overhead_s is not None:
         gpu["op_overhead"] = float(cal.op_overhead_s)
         measured("gpu.op_overhead", cal.op_overhead_method)
@@ -232,6 +238,17 @@ def spec_dict(cal: Calibration, base: Mapping[str, Any] | None = None, base_name
         _apply_ranks(out, sources, ranks, stamp, dram)
     out["sources"] = sources
     return out
+
+
+def _fractions(points: list[tuple[float, float]], peak: float) -> list[list[float]]:
+    """A curve of measured (FLOPs, FLOP/s) points as [FLOPs, fraction of `peak`] (clamped to (0, 1], 4 digits),
+    one point per size, ascending."""
+    curve: list[list[float]] = []
+    for flops, rate in sorted(points):
+        if curve and flops <= curve[-1][0]:
+            continue
+        curve.append([float(flops), max(1e-6, min(1.0, float(f"{rate / peak:.4g}")))])
+    return curve
 
 
 def _apply_ranks(out: dict[str, Any], sources: dict[str, str], rc: RanksCalibration, stamp: str,

@@ -332,7 +332,7 @@ def calibrated_spec(quick: bool = False, recalibrate: bool = False, cache_dir: s
     ``calibrate --precision``), measured once and cached (JSON of ``HardwareSpec.to_dict()``) in a temp dir."""
     folder = Path(cache_dir) if cache_dir else _private_temp_dir()
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path = folder / (f"calibrated-quick-{precision}-v6.json" if quick else f"calibrated-{precision}-v6.json")
+    path = folder / (f"calibrated-quick-{precision}-v7.json" if quick else f"calibrated-{precision}-v7.json")
     if path.is_file() and not recalibrate and _private(folder):
         try:
             return spec_from_dict(json.loads(path.read_text()), file=str(path))
@@ -340,7 +340,7 @@ def calibrated_spec(quick: bool = False, recalibrate: bool = False, cache_dir: s
             pass  # a stale or broken cache: measure again
     import torch
 
-    from replay.calibrate import CalibrationSizes, calibrate, measure_layer_elementwise
+    from replay.calibrate import CalibrationSizes, calibrate, kernel_curves, measure_layer_elementwise
     from replay.calibrate_spec import spec_dict
 
     _log("calibrating this machine" + (" (tiny sizes)" if quick else ""))
@@ -353,8 +353,11 @@ def calibrated_spec(quick: bool = False, recalibrate: bool = False, cache_dir: s
                                                                            precision=cal.gemm_dtype)
         cal.peak_at[cal.gemm_dtype] = max(cal.gemm_curve, key=lambda p: p[1])[0]
         # the element-wise rate inside a layer is derived with the GEMM curve: derive it again with this one
-        bw, how = measure_layer_elementwise(torch.device("cpu"), cal.gemm_dtype, cal.gemm_curve,
-                                            cal.peak_flops[cal.gemm_dtype], cal.op_overhead_s or 0.0, sizes.repeats)
+        peak = cal.peak_flops[cal.gemm_dtype]
+        curves = kernel_curves(peak, cal.gemm_curve, cal.gemm_backward_curve, cal.attention_curve,
+                               cal.attention_backward_curve)
+        bw, how = measure_layer_elementwise(torch.device("cpu"), cal.gemm_dtype, cal.gemm_curve, peak,
+                                            cal.op_overhead_s or 0.0, sizes.repeats, curves=curves)
         if bw is not None:
             cal.elementwise_bw, cal.elementwise_method = bw, how + " (with the median-of-3 GEMM curve)"
         _log(f"element-wise in a layer: {cal.elementwise_bw / 1e9 if cal.elementwise_bw else 0:.2f} GB/s")
