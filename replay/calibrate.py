@@ -351,20 +351,25 @@ PROBE_LAYER = {"hidden": 384, "n_heads": 6, "ffn": 1024, "seq_len": 192}
 def kernel_curves(peak: float, gemm_curve: Sequence[tuple[float, float]],
                   gemm_backward_curve: Sequence[tuple[float, float]] = (),
                   attention_curve: Sequence[tuple[float, float]] = (),
-                  attention_backward_curve: Sequence[tuple[float, float]] = ()) -> Any:
-    """``costs.compute.KernelCurves`` of measured (FLOPs, FLOP/s) points as fractions of `peak` (each clamped to
-    (0, 1], as ``replay.calibrate_spec`` writes them): what the simulator will price the kernels with."""
+                  attention_backward_curve: Sequence[tuple[float, float]] = ()) -> tuple[Any, float]:
+    """(``costs.compute.KernelCurves``, the peak they are fractions of) of measured (FLOPs, FLOP/s) points: the
+    peak is the largest of `peak` and every point (a kernel may run faster than the best forward linear layer:
+    bf16 attention on a CPU without native bf16), as ``replay.calibrate_spec`` writes them: what the simulator
+    will price the kernels with."""
     from costs.compute import KernelCurves
     from hardware_models import Curve
+
+    top = max([peak, *(r for pts in (gemm_curve, gemm_backward_curve, attention_curve, attention_backward_curve)
+                       for _, r in pts)])
 
     def curve(pts: Sequence[tuple[float, float]]) -> Curve | None:
         if not pts:
             return None
-        return Curve(tuple((fl, max(1e-6, min(1.0, rate / peak))) for fl, rate in sorted(dict(pts).items())))
+        return Curve(tuple((fl, max(1e-6, min(1.0, rate / top))) for fl, rate in sorted(dict(pts).items())))
 
     gemm = curve(gemm_curve)
     assert gemm is not None, "the forward GEMM curve is always measured"
-    return KernelCurves(gemm, curve(gemm_backward_curve), curve(attention_curve), curve(attention_backward_curve))
+    return KernelCurves(gemm, curve(gemm_backward_curve), curve(attention_curve), curve(attention_backward_curve)), top
 
 
 def measure_layer_elementwise(device: torch.device, dtype: str, gemm_curve: Sequence[tuple[float, float]],
@@ -372,11 +377,11 @@ def measure_layer_elementwise(device: torch.device, dtype: str, gemm_curve: Sequ
                               probe: dict[str, int] | None = None, curves: Any = None) -> tuple[float | None, str]:
     """Bytes/s of the element-wise operators *inside* a layer, derived from one real layer: the replay's
     decoder block (``replay.model.Block``, :data:`PROBE_LAYER`) forward + backward is timed, and what the
-    matmuls and the attention kernel (each at its size on its measured curve, `curves`, a
-    ``costs.compute.KernelCurves`` as :func:`kernel_curves` makes it; default: `gemm_curve` for all) and the
-    operators' fixed cost (`op_overhead_s` x their count) do not explain is charged to its element-wise bytes
-    (``workloads.ops``, the 16-bit weight casts included). Inside a layer
-    those operators broadcast over transposed activations, reduce rows, run on cold caches and wake the
+    matmuls and the attention kernel (each at its size on its measured curve; `curves`: a
+    ``costs.compute.KernelCurves`` and its peak, as :func:`kernel_curves` makes them; default: `gemm_curve`
+    for every kernel) and the operators' fixed cost (`op_overhead_s` x their count) do not explain is charged
+    to its element-wise bytes (``workloads.ops``, the 16-bit weight casts included). Inside a layer those
+    operators broadcast over transposed activations, reduce rows, run on cold caches and wake the
     thread pool after every matmul, which the hot chain of :func:`measure_elementwise` does not see.
     Returns (None, why) when the layer is no slower than its matmuls and overheads (nothing to charge)."""
     from costs.compute import matmul_seconds
@@ -401,9 +406,9 @@ def measure_layer_elementwise(device: torch.device, dtype: str, gemm_curve: Sequ
             torch.autograd.grad(y, [x, *params], torch.ones_like(y))
 
     t = _median_time(step, device, max(repeats, 10), 0.2)
-    curves = curves if curves is not None else kernel_curves(peak, gemm_curve)
+    curves, top = curves if curves is not None else kernel_curves(peak, gemm_curve)
     ops = {phase: layer_ops(m, cfg, 1, phase) for phase in ("fwd", "bwd")}
-    t_mm = sum(matmul_seconds(o, peak, curves, phase) for phase, o in ops.items())
+    t_mm = sum(matmul_seconds(o, top, curves, phase) for phase, o in ops.items())
     ops_list = list(ops.values())
     t_fixed = sum(o.n_ops for o in ops_list) * op_overhead_s
     moved = sum(o.elementwise_bytes for o in ops_list)

@@ -355,7 +355,7 @@ def calibrated_spec(quick: bool = False, recalibrate: bool = False, cache_dir: s
         # the element-wise rate inside a layer is derived with the GEMM curve: derive it again with this one
         peak = cal.peak_flops[cal.gemm_dtype]
         curves = kernel_curves(peak, cal.gemm_curve, cal.gemm_backward_curve, cal.attention_curve,
-                               cal.attention_backward_curve)
+                               cal.attention_backward_curve)  # (curves, their peak)
         bw, how = measure_layer_elementwise(torch.device("cpu"), cal.gemm_dtype, cal.gemm_curve, peak,
                                             cal.op_overhead_s or 0.0, sizes.repeats, curves=curves)
         if bw is not None:
