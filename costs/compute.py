@@ -24,22 +24,64 @@ lists, and costs::
          hbm_bytes / hbm_bw )
 
 (the task's own HBM traffic stays a floor, as in the roofline) where f_i are its matmul kernels (each at
-its own size on the curve). A task that carries a share of the layer (a tensor-parallel rank, a chunk of
-the tokens) has FLOPs ``k`` times the layer's: every kernel and the element-wise bytes are scaled by ``k``
-(kernels get smaller, so less efficient), the operator count is not. A task of no known layer keeps the
+its own size on its kind's curve, :func:`kernel_efficiency`: a backward's products on
+``gpu.gemm_backward_efficiency`` and the attention kernel on ``gpu.attention_efficiency`` /
+``gpu.attention_backward_efficiency`` where the spec has them, as ``tiersim calibrate`` measures them in the
+runner's precision; else the forward GEMM curve). A task that carries a share of the layer (a tensor-parallel
+rank, a chunk of the tokens) has FLOPs ``k`` times the layer's: every kernel and the element-wise bytes are
+scaled by ``k`` (kernels get smaller, so less efficient), the operator count is not. A task of no known layer keeps the
 roofline.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from hardware_models import HardwareSpec
+from hardware_models import Curve, GpuSpec, HardwareSpec
 from workloads import ModelSpec, WorkloadConfig
 from workloads.config import DTYPE_BYTES
-from workloads.ops import PHASES, LayerOps, layer_ops
+from workloads.ops import ATTENTION, PHASES, LayerOps, layer_ops
 
-__all__ = ["ComputePricer", "compute_seconds", "gemm_kernels_seconds", "kernel_seconds", "ops_seconds"]
+__all__ = ["ComputePricer", "KernelCurves", "compute_seconds", "gemm_kernels_seconds", "kernel_efficiency",
+           "kernel_seconds", "matmul_seconds", "ops_seconds"]
+
+
+@dataclass(frozen=True)
+class KernelCurves:
+    """The efficiency curves (fractions of one peak, over FLOPs per kernel) a layer's kernels run on: the
+    forward GEMM curve, and where measured the backward products' and the attention kernel's (forward and
+    backward; each None where not measured: the forward GEMM curve is used)."""
+
+    gemm: Curve
+    gemm_backward: Curve | None = None
+    attention: Curve | None = None
+    attention_backward: Curve | None = None
+
+    @classmethod
+    def of(cls, gpu: GpuSpec) -> KernelCurves:
+        return cls(gpu.gemm_efficiency, gpu.gemm_backward_efficiency, gpu.attention_efficiency,
+                   gpu.attention_backward_efficiency)
+
+
+def kernel_efficiency(curves: KernelCurves, kind: str, phase: str | None, flops: float) -> float:
+    """The efficiency of one kernel of ``kind`` (gemm | attention) and ``flops`` FLOPs in ``phase`` (fwd |
+    bwd | recompute; a recomputation runs forward kernels): its kind's curve where known, else the forward
+    GEMM curve."""
+    bwd = phase == "bwd"
+    if kind == ATTENTION:
+        curve = curves.attention_backward if bwd else curves.attention
+    else:
+        curve = curves.gemm_backward if bwd else None
+    return (curve or curves.gemm)(flops)
+
+
+def matmul_seconds(ops: LayerOps, peak: float, curves: KernelCurves, phase: str | None = None) -> float:
+    """Seconds of the matmul kernels of ``ops`` (no HBM floor): each ``f / (peak * efficiency)`` on its kind's
+    curve (:func:`kernel_efficiency`; a kernel of unknown kind is a gemm)."""
+    kinds = ops.kinds or ("",) * len(ops.matmul_flops)
+    return sum(f / (peak * kernel_efficiency(curves, kind, phase, f))
+               for f, kind in zip(ops.matmul_flops, kinds, strict=True) if f > 0)
 
 
 def compute_seconds(hw: HardwareSpec, flops: float, hbm_bytes: float, dtype: str) -> float:
@@ -68,11 +110,10 @@ def gemm_kernels_seconds(hw: HardwareSpec, ops: LayerOps, dtype: str) -> float:
     return t
 
 
-def ops_seconds(hw: HardwareSpec, ops: LayerOps, dtype: str) -> float:
-    """Seconds of a list of operators on one GPU of ``hw`` (needs ``gpu.op_overhead``)."""
+def ops_seconds(hw: HardwareSpec, ops: LayerOps, dtype: str, phase: str | None = None) -> float:
+    """Seconds of a list of operators of ``phase`` on one GPU of ``hw`` (needs ``gpu.op_overhead``)."""
     g = hw.gpu
-    peak = hw.peak_flops_for(dtype)
-    t = sum(f / (peak * g.gemm_efficiency(f)) for f in ops.matmul_flops if f > 0)
+    t = matmul_seconds(ops, hw.peak_flops_for(dtype), KernelCurves.of(g), phase)
     t += ops.elementwise_bytes / (g.elementwise_bw or g.hbm_bw)
     return t + ops.n_ops * (g.op_overhead_s or 0.0)
 
@@ -114,7 +155,7 @@ class ComputePricer:
         ops = self.layer_ops(layer, phase, flops)
         floor = hbm_bytes / self.hw.gpu.hbm_bw
         if ops is not None and self.op_level:
-            return max(ops_seconds(self.hw, ops, self.dtype), floor)
+            return max(ops_seconds(self.hw, ops, self.dtype, phase), floor)
         if ops is None or not ops.matmul_flops or flops <= 0:
             return kernel_seconds(self.hw, flops, hbm_bytes, self.dtype)
         return max(gemm_kernels_seconds(self.hw, ops, self.dtype), floor) + self.hw.gpu.launch_overhead_s

@@ -69,7 +69,10 @@ class GpuSpec:
     kernel): `op_overhead_s` is the fixed cost of one operator (dispatch + launch). When it is set, a
     layer task is priced operator by operator (`workloads.ops`): each matmul at its own size on the
     efficiency curve, the element-wise bytes at `elementwise_bw` (default `hbm_bw`), plus `op_overhead_s`
-    per operator. `shares_host`: the "GPU" is the host's own cores (a CPU-only machine), so its kernels,
+    per operator. Where the spec has them, a backward's matmuls run on `gemm_backward_efficiency` (the input-
+    and weight-gradient products of a linear layer) and the attention kernel on `attention_efficiency` /
+    `attention_backward_efficiency` (fractions of the same peak, over FLOPs per kernel; else the forward
+    GEMM curve). `shares_host`: the "GPU" is the host's own cores (a CPU-only machine), so its kernels,
     the CPU optimizer and host memory copies share one pool of cores.
 
     Usable memory (``hardware_models.topology``): `memory_bytes` minus the `reserved` lines (CUDA context by
@@ -91,6 +94,9 @@ class GpuSpec:
     optimizer_bytes_per_param: float
     op_overhead_s: float | None = None
     elementwise_bw: float | None = None
+    gemm_backward_efficiency: Curve | None = None
+    attention_efficiency: Curve | None = None
+    attention_backward_efficiency: Curve | None = None
     shares_host: bool = False
     allocator: str = "caching"
 
@@ -103,6 +109,9 @@ class GpuSpec:
             check_non_negative(self.op_overhead_s, "gpu.op_overhead", "a time", fmt_time)
         if self.elementwise_bw is not None:
             check_positive(self.elementwise_bw, "gpu.elementwise_bw", "a bandwidth", fmt_bandwidth)
+        for attr in ("gemm_backward_efficiency", "attention_efficiency", "attention_backward_efficiency"):
+            if getattr(self, attr) is not None and not isinstance(getattr(self, attr), Curve):
+                raise HardwareInputError(f"must be a Curve, got {getattr(self, attr)!r}", field=f"gpu.{attr}")
         if not isinstance(self.shares_host, bool):
             raise HardwareInputError(f"must be true or false, got {self.shares_host!r}", field="gpu.shares_host")
         check_int(self.count, "gpu.count")

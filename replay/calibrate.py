@@ -38,12 +38,14 @@ __all__ = [
     "filesystem_type",
     "host_info",
     "measure_adam",
+    "measure_attention",
     "measure_copy",
     "measure_disk",
     "measure_duplex",
     "measure_elementwise",
     "measure_layer_elementwise",
     "measure_gemm",
+    "measure_gemm_backward",
     "measure_op_overhead",
     "measure_small_op",
 ]
@@ -63,6 +65,13 @@ class CalibrationSizes:
     gemm_flops: tuple[float, ...] = tuple(10 ** (6 + k / 2) for k in range(9))  # 1e6 .. 1e10 FLOP per op
     gpu_gemm_flops: tuple[float, ...] = tuple(10 ** (6 + k / 2) for k in range(15))  # CUDA: up to 1e13 FLOP
     gemm_peak_points: int = 3  # other dtypes: only the largest few sizes (their peak)
+    # the backward products of a linear layer (FLOPs per product): up to ~3e9 (a CPU's 16-bit backward is slow;
+    # the curve is flat beyond its last point)
+    gemm_backward_flops: tuple[float, ...] = tuple(10 ** (6 + k / 2) for k in range(8))
+    gpu_gemm_backward_flops: tuple[float, ...] = tuple(10 ** (6 + k / 2) for k in range(15))
+    attention_seqs: tuple[int, ...] = (128, 256, 512, 1024)  # the attention kernel, batch 1 ...
+    attention_heads: tuple[int, int] = (8, 64)  # ... at (heads, head_dim)
+    gpu_attention_seqs: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192)
     gemm_min_time_s: float = 0.15  # per size: repeat until this much time is spent (at least `repeats` times)
     copy_bytes: int = 256 * 2**20
     disk_bytes: int = 256 * 2**20
@@ -84,6 +93,8 @@ class CalibrationSizes:
     def tiny(cls) -> CalibrationSizes:
         """Sizes for tests: a second or two in all."""
         return cls(gemm_flops=(1e5, 1e6, 1e7), gpu_gemm_flops=(1e6, 1e8), gemm_peak_points=1, gemm_min_time_s=0.005,
+                   gemm_backward_flops=(1e5, 1e6), gpu_gemm_backward_flops=(1e6, 1e8), attention_seqs=(16, 32),
+                   attention_heads=(2, 16), gpu_attention_seqs=(64, 128),
                    copy_bytes=2**20, disk_bytes=4 * 2**20, disk_chunk=2**20, adam_params=20_000,
                    gpu_adam_params=20_000, elementwise_bytes=(2**16,), repeats=3, ranks_allreduce_bytes=2**20,
                    ranks_gemm_n=128, ranks_copy_bytes=2**20, probe_layer=(64, 2, 128, 32))
@@ -137,10 +148,17 @@ class Calibration:
     op_overhead_method: str = ""
     elementwise_bw: float | None = None  # bytes read + written per second by element-wise operators
     elementwise_method: str = ""
+    # (FLOPs of one kernel, FLOP/s) in gemm_dtype: a linear layer's backward products, and the attention kernel
+    # forward and backward (its FLOPs as workloads.flops counts them); empty where not measured
+    gemm_backward_curve: list[tuple[float, float]] = field(default_factory=list)
+    attention_curve: list[tuple[float, float]] = field(default_factory=list)
+    attention_backward_curve: list[tuple[float, float]] = field(default_factory=list)
+    attention_method: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d["gemm_curve"] = [list(p) for p in self.gemm_curve]
+        for key in ("gemm_curve", "gemm_backward_curve", "attention_curve", "attention_backward_curve"):
+            d[key] = [list(p) for p in getattr(self, key)]
         return d
 
 
@@ -203,6 +221,67 @@ def measure_gemm(device: torch.device, dtype: torch.dtype, flops: Sequence[float
     return out
 
 
+def _batched_time(op: Callable[[], object], device: torch.device, repeats: int, min_time_s: float) -> float:
+    """Median seconds of one call of `op`, small ops timed in batches of calls lasting >= ~2 ms."""
+    def run(k: int = 1) -> None:
+        for _ in range(k):
+            op()
+
+    probe = _median_time(run, device, 1)
+    batch = max(1, min(10_000, math.ceil(2e-3 / max(probe, 1e-9))))
+    return _median_time(functools.partial(run, k=batch), device, repeats, min_time_s) / batch
+
+
+def measure_gemm_backward(device: torch.device, dtype: torch.dtype, flops: Sequence[float], repeats: int = 5,
+                          min_time_s: float = 0.1) -> list[tuple[float, float]]:
+    """(FLOPs of one backward product, FLOP/s) of a square n x n linear layer's backward as the runner computes
+    it in `dtype` (``replay.precision.linear_backward_rate_op``): forward + backward timed, minus the forward,
+    is the time of its two products (input gradient, weight gradient) of 2 n^3 FLOPs each; n with 2 n^3 close
+    to each of `flops`. A 16-bit backward can run far slower than its forward on a CPU without native 16-bit
+    arithmetic (8x on an AVX2 EPYC), which the forward curve alone cannot price."""
+    from replay.precision import linear_backward_rate_op, linear_rate_op
+
+    name = {v: k for k, v in TORCH_DTYPES.items()}[dtype]
+    out: list[tuple[float, float]] = []
+    seen: set[int] = set()
+    for target in flops:
+        n = max(2, round((target / 2) ** (1 / 3)))
+        if n in seen:
+            continue
+        seen.add(n)
+        t_fwd = _batched_time(linear_rate_op(device, name, n, n, n), device, repeats, min_time_s)
+        t_both = _batched_time(linear_backward_rate_op(device, name, n, n, n), device, repeats, min_time_s)
+        one = 2.0 * n**3
+        out.append((one, 2 * one / max(t_both - t_fwd, 0.05 * t_both)))
+    return out
+
+
+def measure_attention(device: torch.device, precision: str, seqs: Sequence[int], heads: int, head_dim: int,
+                      repeats: int = 5, min_time_s: float = 0.05) -> tuple[list[tuple[float, float]],
+                                                                           list[tuple[float, float]], str]:
+    """The runner's attention kernel (causal ``F.scaled_dot_product_attention``, ``replay.precision
+    .attention_rate_ops``) in `precision`, batch 1, `heads` x `head_dim`, at each sequence of `seqs`:
+    (forward points, backward points, how), each point (FLOPs, FLOP/s) on the FLOPs ``workloads.flops``
+    counts for it (4 s^2 heads head_dim forward at causal factor 1, twice that backward), so that a plan's
+    attention kernel is priced at the rate measured for its size. Backward = forward + backward - forward."""
+    from replay.precision import attention_rate_ops
+
+    fwd_pts: list[tuple[float, float]] = []
+    bwd_pts: list[tuple[float, float]] = []
+    for s in sorted(set(seqs)):
+        fwd, both = attention_rate_ops(device, precision, 1, s, heads, head_dim)
+        t_f = _batched_time(fwd, device, repeats, min_time_s)
+        t_b = max(_batched_time(both, device, repeats, min_time_s) - t_f, 0.05 * t_f)
+        flops = 4.0 * s * s * heads * head_dim
+        fwd_pts.append((flops, flops / t_f))
+        bwd_pts.append((2 * flops, 2 * flops / t_b))
+    how = (f"causal F.scaled_dot_product_attention on {device.type} as the runner computes it ({precision}, "
+           f"replay.precision), batch 1, {heads} heads x {head_dim}, seq {', '.join(map(str, sorted(set(seqs))))}; "
+           f"FLOPs as workloads.flops counts them (4 s^2 h forward, twice that backward; backward = forward + "
+           f"backward - forward), median of repeats")
+    return fwd_pts, bwd_pts, how
+
+
 def measure_small_op(device: torch.device, repeats: int = 50) -> float:
     """Seconds of a tiny (8x8) matmul, synchronised: the per-op launch + dispatch overhead."""
     a = torch.ones(8, 8, device=device)
@@ -222,7 +301,7 @@ def measure_op_overhead(device: torch.device, repeats: int = 20, precision: str 
 
     m = ModelSpec(name="tiny", family="llama", n_layers=1, hidden=16, n_heads=2, n_kv_heads=2, ffn=32, vocab=32,
                   max_pos=64, tied_embeddings=False, mlp="swiglu", norm="rmsnorm", bias=False, learned_pos=False)
-    cfg = WorkloadConfig(micro_batch=1, seq_len=4, precision="fp32")
+    cfg = WorkloadConfig(micro_batch=1, seq_len=4, precision=precision)  # 16 bits: its weight casts counted
     block = Block(Dims.from_model(m)).to(device)
     x = torch.randn(1, 4, 16, device=device, requires_grad=True)
     params = list(block.parameters())
@@ -269,17 +348,43 @@ def measure_elementwise(device: torch.device, sizes: Sequence[int], repeats: int
 PROBE_LAYER = {"hidden": 384, "n_heads": 6, "ffn": 1024, "seq_len": 192}
 
 
+def kernel_curves(peak: float, gemm_curve: Sequence[tuple[float, float]],
+                  gemm_backward_curve: Sequence[tuple[float, float]] = (),
+                  attention_curve: Sequence[tuple[float, float]] = (),
+                  attention_backward_curve: Sequence[tuple[float, float]] = ()) -> tuple[Any, float]:
+    """(``costs.compute.KernelCurves``, the peak they are fractions of) of measured (FLOPs, FLOP/s) points: the
+    peak is the largest of `peak` and every point (a kernel may run faster than the best forward linear layer:
+    bf16 attention on a CPU without native bf16), as ``replay.calibrate_spec`` writes them: what the simulator
+    will price the kernels with."""
+    from costs.compute import KernelCurves
+    from hardware_models import Curve
+
+    top = max([peak, *(r for pts in (gemm_curve, gemm_backward_curve, attention_curve, attention_backward_curve)
+                       for _, r in pts)])
+
+    def curve(pts: Sequence[tuple[float, float]]) -> Curve | None:
+        if not pts:
+            return None
+        return Curve(tuple((fl, max(1e-6, min(1.0, rate / top))) for fl, rate in sorted(dict(pts).items())))
+
+    gemm = curve(gemm_curve)
+    assert gemm is not None, "the forward GEMM curve is always measured"
+    return KernelCurves(gemm, curve(gemm_backward_curve), curve(attention_curve), curve(attention_backward_curve)), top
+
+
 def measure_layer_elementwise(device: torch.device, dtype: str, gemm_curve: Sequence[tuple[float, float]],
                               peak: float, op_overhead_s: float, repeats: int = 5,
-                              probe: dict[str, int] | None = None) -> tuple[float | None, str]:
+                              probe: dict[str, int] | None = None, curves: Any = None) -> tuple[float | None, str]:
     """Bytes/s of the element-wise operators *inside* a layer, derived from one real layer: the replay's
     decoder block (``replay.model.Block``, :data:`PROBE_LAYER`) forward + backward is timed, and what the
-    matmuls (each at its size on the measured GEMM curve) and the operators' fixed cost (`op_overhead_s` x
-    their count) do not explain is charged to its element-wise bytes (``workloads.ops``). Inside a layer
-    those operators broadcast over transposed activations, reduce rows, run on cold caches and wake the
+    matmuls and the attention kernel (each at its size on its measured curve; `curves`: a
+    ``costs.compute.KernelCurves`` and its peak, as :func:`kernel_curves` makes them; default: `gemm_curve`
+    for every kernel) and the operators' fixed cost (`op_overhead_s` x their count) do not explain is charged
+    to its element-wise bytes (``workloads.ops``, the 16-bit weight casts included). Inside a layer those
+    operators broadcast over transposed activations, reduce rows, run on cold caches and wake the
     thread pool after every matmul, which the hot chain of :func:`measure_elementwise` does not see.
     Returns (None, why) when the layer is no slower than its matmuls and overheads (nothing to charge)."""
-    from hardware_models import Curve
+    from costs.compute import matmul_seconds
     from replay.model import Block, Dims
     from workloads import ModelSpec, WorkloadConfig
     from workloads.ops import layer_ops
@@ -301,15 +406,17 @@ def measure_layer_elementwise(device: torch.device, dtype: str, gemm_curve: Sequ
             torch.autograd.grad(y, [x, *params], torch.ones_like(y))
 
     t = _median_time(step, device, max(repeats, 10), 0.2)
-    eff = Curve(tuple((fl, min(1.0, rate / peak)) for fl, rate in sorted(gemm_curve)))
-    ops = [layer_ops(m, cfg, 1, phase) for phase in ("fwd", "bwd")]
-    t_mm = sum(fl / (peak * eff(fl)) for o in ops for fl in o.matmul_flops if fl > 0)
-    t_fixed = sum(o.n_ops for o in ops) * op_overhead_s
-    moved = sum(o.elementwise_bytes for o in ops)
+    curves, top = curves if curves is not None else kernel_curves(peak, gemm_curve)
+    ops = {phase: layer_ops(m, cfg, 1, phase) for phase in ("fwd", "bwd")}
+    t_mm = sum(matmul_seconds(o, top, curves, phase) for phase, o in ops.items())
+    ops_list = list(ops.values())
+    t_fixed = sum(o.n_ops for o in ops_list) * op_overhead_s
+    moved = sum(o.elementwise_bytes for o in ops_list)
     how = (f"derived: the replay's decoder block (hidden {h}, {heads} heads, ffn {f}, {s} tokens, {dtype} as the "
            f"runner computes it) forward + "
-           f"backward on {device.type}, {t * 1e3:.2f} ms (median), minus its matmuls on the measured GEMM curve "
-           f"({t_mm * 1e3:.2f} ms) and its operators' fixed cost ({t_fixed * 1e3:.2f} ms); the rest carries its "
+           f"backward on {device.type}, {t * 1e3:.2f} ms (median), minus its matmuls and attention kernel on their "
+           f"measured curves ({t_mm * 1e3:.2f} ms) and its operators' fixed cost ({t_fixed * 1e3:.2f} ms); "
+           f"the rest carries its "
            f"{moved / 1e6:.1f} MB of element-wise bytes (workloads.ops)")
     rest = t - t_mm - t_fixed
     if rest <= 0.05 * t:
@@ -665,6 +772,20 @@ def _calibrate(directory: str | os.PathLike[str] | None, sizes: CalibrationSizes
                           "(see the progress lines); calibrate with --precision fp32")
     progress(f"copies: H2D {h2d / 1e9:.2f} GB/s, D2H {d2h / 1e9:.2f} GB/s, both at once {duplex / 1e9:.2f} GB/s")
 
+    bwd_flops = sizes.gpu_gemm_backward_flops if cuda else sizes.gemm_backward_flops
+    progress(f"GEMM {precision} backward (input and weight gradients) on {dev.type}: {len(bwd_flops)} sizes")
+    bwd_curve = measure_gemm_backward(dev, TORCH_DTYPES[precision], bwd_flops, sizes.repeats, sizes.gemm_min_time_s)
+    progress(f"GEMM {precision} backward: " + ", ".join(f"{f:.0e}: {r / 1e9:.1f}" for f, r in bwd_curve)
+             + " GFLOP/s")
+    heads, head_dim = sizes.attention_heads
+    att_fwd, att_bwd, att_how = measure_attention(dev, precision, sizes.gpu_attention_seqs if cuda
+                                                  else sizes.attention_seqs, heads, head_dim, sizes.repeats)
+    progress(f"attention {precision} forward / backward: "
+             + ", ".join(f"{f:.0e}: {a / 1e9:.1f} / {b / 1e9:.1f}" for (f, a), (_, b) in zip(att_fwd, att_bwd,
+                                                                                          strict=True))
+             + " GFLOP/s")
+    curves = kernel_curves(peaks[precision], curve, bwd_curve, att_fwd, att_bwd)
+
     launch = measure_small_op(dev)
     progress(f"eager operators on {dev.type}: per-operator overhead, element-wise bandwidth")
     op_overhead, op_method = measure_op_overhead(dev, sizes.repeats, precision)
@@ -674,7 +795,7 @@ def _calibrate(directory: str | os.PathLike[str] | None, sizes: CalibrationSizes
         probe = dict(zip(("hidden", "n_heads", "ffn", "seq_len"), sizes.probe_layer, strict=True)) \
             if sizes.probe_layer else None
         layer_bw, ew_method = measure_layer_elementwise(dev, gemm_dtype, curve, peaks[gemm_dtype], op_overhead,
-                                                        sizes.repeats, probe)
+                                                        sizes.repeats, probe, curves)
     if layer_bw is None:  # the layer is all matmuls and overheads: use the hot chain's rate
         ew_bw, chain_how = measure_elementwise(dev, sizes.elementwise_bytes, sizes.repeats)
         ew_method = f"{chain_how} ({ew_method})"
@@ -717,4 +838,6 @@ def _calibrate(directory: str | os.PathLike[str] | None, sizes: CalibrationSizes
         optimizer_params_per_s=opt_rate, optimizer_variant=variant, gpu_optimizer_params_per_s=gpu_opt_rate,
         disk=disk, wall_s=time.perf_counter() - t_start, notes=notes, op_overhead_s=op_overhead,
         op_overhead_method=op_method, elementwise_bw=ew_bw, elementwise_method=ew_method,
+        gemm_backward_curve=bwd_curve, attention_curve=att_fwd, attention_backward_curve=att_bwd,
+        attention_method=att_how,
     )

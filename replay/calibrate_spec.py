@@ -80,17 +80,15 @@ def spec_dict(cal: Calibration, base: Mapping[str, Any] | None = None, base_name
 
     # ---------------------------------------------------------------- gpu
     dtype = cal.gemm_dtype
-    peak = cal.peak_flops[dtype]
-    curve: list[list[float]] = []
-    for flops, rate in sorted(cal.gemm_curve):
-        if curve and flops <= curve[-1][0]:
-            continue
-        curve.append([float(flops), max(1e-6, min(1.0, float(f"{rate / peak:.4g}")))])
+    kind_points = [*cal.gemm_backward_curve, *cal.attention_curve, *cal.attention_backward_curve]
+    peak = max([cal.peak_flops[dtype], *(rate for _, rate in kind_points)])
+    scale = peak / cal.peak_flops[dtype]  # > 1 where a kernel kind beats the best forward linear layer
+    curve = _fractions(cal.gemm_curve, peak)
     gpu: dict[str, Any] = {
         "model": cal.gpu_model,
         "count": cal.gpu_count,
         "memory": float(cal.gpu_memory),
-        "peak_flops": {k: float(v) for k, v in cal.peak_flops.items()},
+        "peak_flops": {k: float(v * scale) for k, v in cal.peak_flops.items()},
         "hbm_bw": float(cal.hbm_bw),
         "gemm_efficiency": curve,
         "launch_overhead": float(cal.launch_overhead_s),
@@ -107,7 +105,12 @@ def spec_dict(cal: Calibration, base: Mapping[str, Any] | None = None, base_name
         measured(f"gpu.peak_flops.{k}", f"best {k} linear-layer rate on {cal.device} as the runner computes it "
                                         f"(F.linear of fp32 operands under {k} autocast, replay.precision) over "
                                         f"square sizes, reached at "
-                                        f"{cal.peak_at.get(k, 0):.2e} FLOP/op, {reps}; used as the peak")
+                                        f"{cal.peak_at.get(k, 0):.2e} FLOP/op, {reps}; used as the peak"
+                                        + ("" if scale == 1 else
+                                           f"; x {scale:.3f}: the fastest {dtype} kernel kind measured "
+                                           f"(backward products or attention) ran that much faster than the best "
+                                           f"{dtype} forward linear layer, so every peak is scaled by it and every "
+                                           f"curve is a fraction of it (a forward GEMM's rate is unchanged)"))
     measured("gpu.hbm_bw", f"{cal.hbm_method}, {reps}")
     measured("gpu.gemm_efficiency", f"{dtype} linear-layer FLOP/s as the runner computes it (replay.precision) "
                                     f"over square sizes {curve[0][0]:.0e}..{curve[-1][0]:.0e} FLOP/op, {reps}, "
@@ -115,6 +118,16 @@ def spec_dict(cal: Calibration, base: Mapping[str, Any] | None = None, base_name
                                     f"gpu.elementwise_bw are {dtype}'s (calibrate --precision {dtype}): plans "
                                     f"in another precision are priced on this curve at their own peak")
     measured("gpu.launch_overhead", f"median time of a synchronised 8x8 torch.mm on {cal.device}")
+    for key, pts, how in (
+            ("gemm_backward_efficiency", cal.gemm_backward_curve,
+             f"{dtype} linear-layer backward as the runner computes it (replay.precision.linear_backward_rate_op: "
+             f"forward + input- and weight-gradient products, minus the forward) over square sizes, FLOP/s per "
+             f"product, {reps}"),
+            ("attention_efficiency", cal.attention_curve, f"forward: {cal.attention_method}"),
+            ("attention_backward_efficiency", cal.attention_backward_curve, f"backward: {cal.attention_method}")):
+        if pts:
+            gpu[key] = _fractions(pts, peak)
+            measured(f"gpu.{key}", f"{how}; as a fraction of gpu.peak_flops.{dtype}")
     if cal.op_overhead_s is not None:
         gpu["op_overhead"] = float(cal.op_overhead_s)
         measured("gpu.op_overhead", cal.op_overhead_method)
@@ -232,6 +245,17 @@ def spec_dict(cal: Calibration, base: Mapping[str, Any] | None = None, base_name
         _apply_ranks(out, sources, ranks, stamp, dram)
     out["sources"] = sources
     return out
+
+
+def _fractions(points: list[tuple[float, float]], peak: float) -> list[list[float]]:
+    """A curve of measured (FLOPs, FLOP/s) points as [FLOPs, fraction of `peak`] (clamped to (0, 1], 4 digits),
+    one point per size, ascending."""
+    curve: list[list[float]] = []
+    for flops, rate in sorted(points):
+        if curve and flops <= curve[-1][0]:
+            continue
+        curve.append([float(flops), max(1e-6, min(1.0, float(f"{rate / peak:.4g}")))])
+    return curve
 
 
 def _apply_ranks(out: dict[str, Any], sources: dict[str, str], rc: RanksCalibration, stamp: str,

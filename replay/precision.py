@@ -45,7 +45,8 @@ from torch import Tensor
 
 from replay.errors import ReplayError
 
-__all__ = ["FP16_LOSS_SCALE", "Precision", "TORCH_DTYPES", "linear_rate_op", "tolerance"]
+__all__ = ["FP16_LOSS_SCALE", "Precision", "TORCH_DTYPES", "attention_rate_ops", "linear_backward_rate_op",
+           "linear_rate_op", "tolerance"]
 
 TORCH_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 FP16_LOSS_SCALE = 2.0**10  # static; within the 8..32K range of Micikevicius et al. 2018
@@ -115,3 +116,47 @@ def linear_rate_op(device: torch.device, precision: str, m: int, n: int, k: int)
 
     return run
 
+
+
+def linear_backward_rate_op(device: torch.device, precision: str, m: int, n: int, k: int) -> Callable[[], object]:
+    """One (m x k) @ (k x n) linear layer's forward *and* backward as the runner computes it in ``precision``:
+    :func:`linear_rate_op`'s forward with autograd recording, then the input- and weight-gradient products
+    (``torch.autograd.grad`` into the fp32 input and the fp32 weight, as a layer's backward runs them). Its
+    time minus the forward's is the backward's two products."""
+    x = torch.randn(m, k, device=device, requires_grad=True)
+    w = torch.randn(n, k, device=device, requires_grad=True)
+    g = torch.randn(m, n, device=device)
+    p = Precision(precision, device.type)
+
+    def run() -> object:
+        with torch.enable_grad():
+            with p.autocast():
+                y = F.linear(x, w)
+            return torch.autograd.grad(y, (x, w), g.to(y.dtype))
+
+    return run
+
+
+def attention_rate_ops(device: torch.device, precision: str, batch: int, seq: int, heads: int,
+                       head_dim: int) -> tuple[Callable[[], object], Callable[[], object]]:
+    """(forward, forward + backward) of the runner's attention kernel in ``precision``: causal
+    ``F.scaled_dot_product_attention`` of (batch, heads, seq, head_dim) views of projection outputs (as
+    ``replay.model.Block`` makes them: the 16-bit outputs of the Q, K, V linear layers under autocast, fp32 in
+    fp32), under :meth:`Precision.autocast`, the backward into Q, K and V."""
+    p = Precision(precision, device.type)
+    dtype = p.dtype if p.mixed else torch.float32
+    qkv = [torch.randn(batch, seq, heads * head_dim, device=device, dtype=dtype, requires_grad=True)
+           for _ in range(3)]
+    g = torch.randn(batch, heads, seq, head_dim, device=device, dtype=dtype)
+
+    def fwd() -> Tensor:
+        q, k, v = (t.view(batch, seq, heads, head_dim).transpose(1, 2) for t in qkv)
+        with p.autocast():
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def both() -> object:
+        with torch.enable_grad():
+            y = fwd()
+            return torch.autograd.grad(y, qkv, g.to(y.dtype))
+
+    return fwd, both

@@ -83,25 +83,19 @@ Findings (2-core CPU-only VM shared with other jobs, see ``CAUSES`` below; print
   rates (calibrate, load 12: bf16 peak 1.5, fp32 4.9 GFLOP/s), so the default gpt2 workflow (8 micro-steps
   of seq 1024, ~8.7 TFLOP per step) takes about an hour per step and was not replayed here; the held-out
   gpt2 rows use one micro-step.
-- Found, not fixed (16-bit operators beside the matmuls): ``calibrate`` derives ``gpu.elementwise_bw`` from
-  a probe block: what its matmuls (on the square-GEMM curve) and operator overheads do not explain is
-  charged to its element-wise bytes. In bf16 on this CPU the probe took 4030 ms vs 1772 ms of matmuls, and
-  the 2.2 s rest over 24.2 MB gave 10.8 MB/s (load 12): that rest is mostly the bf16 attention kernel (priced
-  on the GEMM curve as a matmul), the per-call casts of fp32 weights under autocast (weight-sized, not
-  activation-sized) and bf16 element-wise kernels, not activation bytes. Priced at that rate, gpt2's head
-  (624 MB of fp32 logit traffic per forward at vocab 50257, seq 1024) costs 58 s where its whole forward
-  measured 11 s (fp32 path, load 11), and a gpt2 block forward is priced 9.2 s vs 1.8 s measured. The
-  simulator has one element-wise rate per spec and no attention rate of its own (``costs/compute.py``,
-  ``workloads/ops.py``: other owners); separating the attention kernel's rate and the weight casts is what
-  would fix it.
-- Found (attention at seq 1024, fp32, load 11): the causal SDPA forward of gpt2 (12 heads x 64, 3.2 GFLOP
-  counted at causal factor 1.0) ran 477 ms, 6.8 GFLOP/s on the counted FLOPs vs 9.7 GFLOP/s for a linear
-  of the block; forward + backward 1.26 s (2.6x the forward, priced 3x).
-- Found, not fixed (16-bit backward on this CPU): a gpt2 block at seq 256 in bf16 (load 11) ran its forward in
-  2.5 s and forward + backward in 23 s: the backward took 8x the forward for 2x its FLOPs (priced 2x; fp32:
-  3.4x). The GEMM curve is measured on the forward ``F.linear`` only, so the held-out gpt-h512-none-bf16
-  measured +94.8% (sim 29.0 s, measured 56.4 s, load 10). Measuring the curve on a linear layer's forward
-  and both backward products (the input and the weight gradients, as autograd runs them) would price it.
+- Fixed (kernel kinds, 2026-12-03 session 3): on this CPU (no native bf16) the 16-bit backward of a linear
+  layer ran 1.3-3x slower per FLOP than its forward (bf16 backward products 0.2-1.5 GFLOP/s vs forward
+  1.5-1.9, load 6), the bf16 attention kernel's forward ran at 5-14 GFLOP/s (SDPA computes in fp32 inside:
+  5x the bf16 GEMM) and its backward at 1.5-2.3, while the simulator priced every kernel on the forward GEMM
+  curve and ``calibrate`` charged what that curve did not explain in its probe block (mostly the slow bf16
+  backward and attention) to the element-wise bytes: 10.8 MB/s in bf16 at load 12, so gpt2's head was priced
+  58 s per forward. ``calibrate`` now measures, in the plan's precision and through the runner's code path,
+  a linear layer's backward products and the attention kernel forward and backward
+  (``gpu.gemm_backward_efficiency``, ``gpu.attention_efficiency``, ``gpu.attention_backward_efficiency``),
+  ``costs.compute`` prices each kernel of a layer on its kind's curve (``workloads.ops`` ``LayerOps.kinds``),
+  the probe's residual is derived with the same pricing (bf16 element-wise 2.4 GB/s at load 6) and the autocast
+  weight casts are counted (6 B per weight, one operator per linear, forward and backward). fp32 is barely
+  affected (its backward products and attention run near its forward rate: 7.5-11 GFLOP/s vs 9.7).
 - Runner limitations met (not fixed): synergyscale with chunks/streams > 1 ('input of layer 1 is not
   there') or a layer's optimizer split between CPU and GPU ('updates layer 9 on cpu, but another ... on
   gpu0') cannot be replayed, so its knobs are pinned (auto=false, streams=1, chunks=1, cpu_fraction=1).
@@ -332,7 +326,7 @@ def calibrated_spec(quick: bool = False, recalibrate: bool = False, cache_dir: s
     ``calibrate --precision``), measured once and cached (JSON of ``HardwareSpec.to_dict()``) in a temp dir."""
     folder = Path(cache_dir) if cache_dir else _private_temp_dir()
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path = folder / (f"calibrated-quick-{precision}-v6.json" if quick else f"calibrated-{precision}-v6.json")
+    path = folder / (f"calibrated-quick-{precision}-v7.json" if quick else f"calibrated-{precision}-v7.json")
     if path.is_file() and not recalibrate and _private(folder):
         try:
             return spec_from_dict(json.loads(path.read_text()), file=str(path))
@@ -340,7 +334,7 @@ def calibrated_spec(quick: bool = False, recalibrate: bool = False, cache_dir: s
             pass  # a stale or broken cache: measure again
     import torch
 
-    from replay.calibrate import CalibrationSizes, calibrate, measure_layer_elementwise
+    from replay.calibrate import CalibrationSizes, calibrate, kernel_curves, measure_layer_elementwise
     from replay.calibrate_spec import spec_dict
 
     _log("calibrating this machine" + (" (tiny sizes)" if quick else ""))
@@ -353,8 +347,11 @@ def calibrated_spec(quick: bool = False, recalibrate: bool = False, cache_dir: s
                                                                            precision=cal.gemm_dtype)
         cal.peak_at[cal.gemm_dtype] = max(cal.gemm_curve, key=lambda p: p[1])[0]
         # the element-wise rate inside a layer is derived with the GEMM curve: derive it again with this one
-        bw, how = measure_layer_elementwise(torch.device("cpu"), cal.gemm_dtype, cal.gemm_curve,
-                                            cal.peak_flops[cal.gemm_dtype], cal.op_overhead_s or 0.0, sizes.repeats)
+        peak = cal.peak_flops[cal.gemm_dtype]
+        curves = kernel_curves(peak, cal.gemm_curve, cal.gemm_backward_curve, cal.attention_curve,
+                               cal.attention_backward_curve)  # (curves, their peak)
+        bw, how = measure_layer_elementwise(torch.device("cpu"), cal.gemm_dtype, cal.gemm_curve, peak,
+                                            cal.op_overhead_s or 0.0, sizes.repeats, curves=curves)
         if bw is not None:
             cal.elementwise_bw, cal.elementwise_method = bw, how + " (with the median-of-3 GEMM curve)"
         _log(f"element-wise in a layer: {cal.elementwise_bw / 1e9 if cal.elementwise_bw else 0:.2f} GB/s")

@@ -68,7 +68,10 @@ def test_measured_figures_are_positive(calibrated: dict[str, Any]) -> None:
     m = calibrated["json"]["measurements"]
     assert spec.gpu.peak_flops["fp32"] > 0 and "bf16" in spec.gpu.peak_flops  # simulate's default dtype
     assert all(0 < eff <= 1 for _, eff in spec.gpu.gemm_efficiency.points)
-    assert max(eff for _, eff in spec.gpu.gemm_efficiency.points) == 1.0  # the peak is the best measured
+    g = spec.gpu  # the peak is the best measured rate of any kernel kind (docs/calib.md)
+    curves = [c for c in (g.gemm_efficiency, g.gemm_backward_efficiency, g.attention_efficiency,
+                          g.attention_backward_efficiency) if c is not None]
+    assert max(eff for c in curves for _, eff in c.points) == 1.0
     for value in (spec.gpu.hbm_bw, spec.host.dram_bw, spec.host.optimizer_params_per_s, spec.gpu.memory_bytes,
                   spec.nvme.read_bw_each, spec.nvme.write_bw_each, spec.nvme.capacity_bytes_each,  # type: ignore[union-attr]
                   spec.pcie.per_direction_bw, spec.host.dram_bytes):
@@ -168,3 +171,48 @@ def test_base_preset_fields_are_kept_with_their_source() -> None:
     assert spec.nvlink == base.nvlink
     assert spec.sources["pcie.gpus_per_switch"].startswith("from --base a100x8: ")
     assert spec.sources["gpu.hbm_bw"].startswith("measured: tiersim calibrate on box")
+
+
+def test_records_backward_and_attention_rates(calibrated: dict[str, Any]) -> None:
+    """calibrate measures a linear layer's backward products and the attention kernel (forward, backward) in
+    its precision, records them, and writes them as curves of the spec with their method."""
+    m = calibrated["json"]["measurements"]
+    spec = load_hardware(calibrated["path"])
+    for key, field in (("gemm_backward_curve", "gemm_backward_efficiency"), ("attention_curve", "attention_efficiency"),
+                       ("attention_backward_curve", "attention_backward_efficiency")):
+        pts = m[key]
+        assert pts and all(len(p) == 2 and p[0] > 0 and p[1] > 0 for p in pts), key
+        curve = getattr(spec.gpu, field)
+        assert curve is not None and [x for x, _ in curve.points] == sorted(x for x, _ in pts)
+        assert all(0 < eff <= 1 for _, eff in curve.points)
+        assert spec.sources[f"gpu.{field}"].startswith("measured: tiersim calibrate on ")
+    # the attention FLOPs are those workloads.flops counts: 4 s^2 heads head_dim forward, twice backward
+    heads, head_dim = rc.CalibrationSizes.tiny().attention_heads
+    seqs = sorted(rc.CalibrationSizes.tiny().attention_seqs)
+    assert [p[0] for p in m["attention_curve"]] == [4.0 * s * s * heads * head_dim for s in seqs]
+    assert [p[0] for p in m["attention_backward_curve"]] == [8.0 * s * s * heads * head_dim for s in seqs]
+    assert "scaled_dot_product_attention" in spec.sources["gpu.attention_efficiency"]
+
+
+def test_kind_curves_are_fractions_of_the_peak_and_optional() -> None:
+    cal = _fake("cuda", gemm_backward_curve=[(1e6, 3e11), (1e9, 1.5e14)], attention_curve=[(1e8, 1.5e14)],
+                attention_backward_curve=[(2e8, 3e13)], attention_method="sdpa")
+    spec = spec_from_dict(spec_dict(cal))
+    assert spec.gpu.gemm_backward_efficiency is not None and spec.gpu.attention_backward_efficiency is not None
+    assert spec.gpu.gemm_backward_efficiency.points == ((1e6, 0.001), (1e9, 0.5))
+    assert spec.gpu.attention_efficiency is not None and spec.gpu.attention_efficiency(1e8) == 0.5
+    assert spec.gpu.attention_backward_efficiency(2e8) == pytest.approx(0.1)
+    assert spec.gpu.peak_flops == {"bf16": 3e14, "fp32": 5e13}  # no kind beat the forward peak
+    assert spec.missing_sources() == ()
+    # a kind faster than the best forward linear layer (bf16 attention on a CPU): every peak is scaled by it, the
+    # curves are fractions of the new peak, and a forward GEMM's rate and every kind's rate stay as measured
+    fast = spec_from_dict(spec_dict(replace(cal, attention_curve=[(1e8, 6e14)])))
+    assert fast.gpu.peak_flops["bf16"] == pytest.approx(6e14) and fast.gpu.peak_flops["fp32"] == pytest.approx(1e14)
+    assert fast.gpu.attention_efficiency is not None and fast.gpu.attention_efficiency(1e8) == 1.0
+    for flops in (1e6, 1e9, 1e12):
+        assert fast.gpu.peak_flops["bf16"] * fast.gpu.gemm_efficiency(flops) == pytest.approx(
+            spec.gpu.peak_flops["bf16"] * spec.gpu.gemm_efficiency(flops), rel=1e-3)
+    assert "x 2.000" in fast.sources["gpu.peak_flops.bf16"]
+    bare = spec_from_dict(spec_dict(_fake("cuda")))  # an older record without them: the forward curve prices all
+    assert bare.gpu.gemm_backward_efficiency is None and bare.gpu.attention_efficiency is None
+    assert "attention_efficiency" not in bare.to_dict()["gpu"]

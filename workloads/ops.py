@@ -34,10 +34,17 @@ dense first layers: one MLP) are priced block by block.
 Matmuls: Q, K, V, O and the MLP's matrices (MoE: every expert's, at its share of the tokens, and the
 router), each its own kernel; the attention core (Q.K^T and P.V) is one kernel (fused SDPA); backward
 runs two matmuls of the same FLOPs per forward matmul and one attention-backward kernel of twice the
-core. Head: final norm + LM-head matmul + cross-entropy (forward 3 T_V, 2 ops; backward 5 T_V, 2 ops).
+core (``kinds`` marks each kernel ``gemm`` or ``attention``, so that a calibrated spec prices the attention
+kernel and a backward's products at the rates measured for them). Head: final norm + LM-head matmul +
+cross-entropy (forward 3 T_V, 2 ops; backward 5 T_V, 2 ops).
 Embedding: a gather (2 T_h, 1 op; learned positions + 2 T_h + 3 T_s, +4 ops, T_s = s*h*e one sequence's
 rows); its backward zeroes the table's gradient and scatter-adds into it (table bytes + T_h, 1 op; learned
 positions + their table + T_h + 2 T_s, +2 ops).
+
+Mixed precision (bf16 / fp16, as the runner computes it: fp32 weights under autocast, ``replay.precision``):
+every linear's forward (and recomputation) casts its fp32 weight to 16 bits (reads 4 + writes 2 bytes per
+weight, one operator) and its backward casts the 16-bit weight gradient back to fp32 (2 + 4 bytes, one
+operator). fp32 runs no casts.
 """
 
 from __future__ import annotations
@@ -52,6 +59,8 @@ __all__ = ["PHASES", "LayerOps", "layer_ops"]
 
 PHASES = ("fwd", "bwd", "recompute")
 LOGIT_BYTES = 4  # fp32 logits and loss
+CAST_BYTES = 6  # per weight element: fp32 read (4) + 16-bit written (2), or the reverse for its gradient
+GEMM, ATTENTION = "gemm", "attention"  # LayerOps.kinds
 
 # (forward T_h, forward ops, backward T_h, backward ops) per norm
 _NORM = {"rmsnorm": (7.0, 6, 24.0, 14), "layernorm": (2.0, 1, 3.0, 1)}
@@ -67,12 +76,14 @@ class LayerOps:
     ``matmul_shapes``, where known, gives each kernel's GEMM shape (M, N, K) in the order of
     ``matmul_flops`` (M the token rows, K the reduction; a backward kernel carries its forward matmul's
     triple, whose operand sizes MK + KN + MN it shares); (0, 0, 0) marks a kernel without one (the
-    attention core). Empty where not known."""
+    attention core). Empty where not known. ``kinds``, where known, says what each kernel is: ``gemm`` (a
+    linear layer's product) or ``attention`` (the fused attention kernel)."""
 
     matmul_flops: tuple[float, ...]
     elementwise_bytes: float
     n_ops: int
     matmul_shapes: tuple[tuple[float, float, float], ...] = ()
+    kinds: tuple[str, ...] = ()
 
     @property
     def flops(self) -> float:
@@ -82,7 +93,7 @@ class LayerOps:
         """The same operators on ``k`` times the data (a tensor-parallel shard, a chunk of the tokens); a
         kernel's shape scales its rows M."""
         return LayerOps(tuple(f * k for f in self.matmul_flops), self.elementwise_bytes * k, self.n_ops,
-                        tuple((mm * k, n, kk) for mm, n, kk in self.matmul_shapes))
+                        tuple((mm * k, n, kk) for mm, n, kk in self.matmul_shapes), self.kinds)
 
 
 EMPTY = LayerOps((), 0.0, 0)
@@ -126,6 +137,13 @@ def _mlp_width(m: ModelSpec, layer: int) -> int:
     return m.experts_per_token * m.expert_ffn + m.shared_experts * m.shared_expert_ffn
 
 
+def _casts(c: WorkloadConfig, shapes: list[tuple[float, float, float]]) -> tuple[float, int]:
+    """Mixed precision: (bytes, operators) of casting each linear's weight (N x K) once (module docstring)."""
+    if c.precision == "fp32":
+        return 0.0, 0
+    return CAST_BYTES * sum(n * k for _, n, k in shapes), len(shapes)
+
+
 def _bias_grads(m: ModelSpec, t_h: float, t_q: float, t_kv: float, t_v: float, t_f: float) -> tuple[float, int]:
     """Backward bias-gradient reductions: (bytes written, operators)."""
     qkv, o, mlp = m.has_qkv_bias, m.has_o_bias, m.has_mlp_bias
@@ -148,6 +166,7 @@ def _block(m: ModelSpec, c: WorkloadConfig, phase: str, layer: int) -> LayerOps:
     rotary, gqa, norms = m.rotary, m.n_kv_heads != m.n_heads, m.block_norms
     qk = (t_q + t_kv) if m.qk_norm != "none" else 0.0  # qk-norms: one norm over Q and one over K
     n_qk = 2 if m.qk_norm != "none" else 0
+    cast, n_cast = _casts(c, shapes)
     if phase == "bwd":
         linears = len(mats)
         bias, n_bias = _bias_grads(m, t_h, t_q, t_kv, t_v, t_f)
@@ -155,16 +174,17 @@ def _block(m: ModelSpec, c: WorkloadConfig, phase: str, layer: int) -> LayerOps:
               + (20 * t_q + 9.5 * t_kv if rotary else 0.0) + (4 * t_q if gqa else 0.0))
         n = (2 * linears + 1 + norms * nob + n_qk * nob + 4 + aob + n_bias + (15 if rotary else 0)
              + (4 if gqa else 0))
-        return LayerOps((*[f for f in mats for _ in (0, 1)], 2.0 * bf.attention_core), ew, n,
-                        (*[s for s in shapes for _ in (0, 1)], NO_SHAPE))
+        return LayerOps((*[f for f in mats for _ in (0, 1)], 2.0 * bf.attention_core), ew + cast, n + n_cast,
+                        (*[s for s in shapes for _ in (0, 1)], NO_SHAPE), (GEMM,) * (2 * linears) + (ATTENTION,))
     if phase == "recompute" and c.checkpointing == "selective":
-        return LayerOps((float(bf.attention_core),), 0.0, 1, (NO_SHAPE,))
+        return LayerOps((float(bf.attention_core),), 0.0, 1, (NO_SHAPE,), (ATTENTION,))
     if phase == "recompute" and c.checkpointing == "none":
         return EMPTY
     ew = (norms * nf * t_h + nf * qk + 6 * t_h + af * t_f + (13 * t_q + 4 * t_kv if rotary else 0.0)
           + (2 * t_q + 2 * t_kv if gqa else 0.0))
     n = len(mats) + 1 + norms * no + n_qk * no + 2 + ao + (36 if rotary else 0) + (2 if gqa else 0)
-    return LayerOps((*mats, float(bf.attention_core)), ew, n, (*shapes, NO_SHAPE))
+    return LayerOps((*mats, float(bf.attention_core)), ew + cast, n + n_cast, (*shapes, NO_SHAPE),
+                    (GEMM,) * len(mats) + (ATTENTION,))
 
 
 def _head(m: ModelSpec, c: WorkloadConfig, phase: str) -> LayerOps:
@@ -173,11 +193,12 @@ def _head(m: ModelSpec, c: WorkloadConfig, phase: str) -> LayerOps:
     gemm = float(wflops.head_forward_flops(m, c.micro_batch, c.seq_len))
     shape = (float(tokens), float(m.vocab), float(m.hidden))
     nf, no, nb, nob = _NORM[m.norm]
+    cast, n_cast = _casts(c, [shape])  # a tied head casts the embedding table as its weight
     if phase == "bwd":
-        return LayerOps((gemm, gemm), nb * t_h + 5 * t_v, nob + 2 + 2, (shape, shape))
+        return LayerOps((gemm, gemm), nb * t_h + 5 * t_v + cast, nob + 2 + 2 + n_cast, (shape, shape), (GEMM, GEMM))
     if phase == "recompute":
         return EMPTY  # the head is never recomputed (its recompute FLOPs are 0)
-    return LayerOps((gemm,), nf * t_h + 3 * t_v, no + 1 + 2, (shape,))
+    return LayerOps((gemm,), nf * t_h + 3 * t_v + cast, no + 1 + 2 + n_cast, (shape,), (GEMM,))
 
 
 def _embedding(m: ModelSpec, c: WorkloadConfig, phase: str) -> LayerOps:

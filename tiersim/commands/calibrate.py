@@ -7,7 +7,9 @@ copy bandwidth between the runner's pools gpu0 <-> cpu (-> pcie), a large copy o
 and in host memory (-> host.dram_bw), sequential disk read/write of `--dir` with the page cache avoided (->
 nvme), the torch.optim.Adam rate (-> host.optimizer_params_per_s), DRAM size and cores, and the per-operator
 figures that price a layer operator by operator (-> gpu.op_overhead from the replay's decoder block at tiny
-size, gpu.elementwise_bw derived from one probe block; CPU-only: gpu.shares_host). Progress goes to stderr;
+size, gpu.elementwise_bw derived from one probe block; CPU-only: gpu.shares_host), and in ``--precision`` the
+rates of a linear layer's backward products (-> gpu.gemm_backward_efficiency) and of the attention kernel
+forward and backward (-> gpu.attention_efficiency, gpu.attention_backward_efficiency). Progress goes to stderr;
 stdout gets a summary, or with ``--json`` one JSON object ``{"output", "measurements", "spec"}``.
 Every figure's citation is in the file's ``sources``. Exit codes: 0 written, 2 bad input (one line).
 """
@@ -156,6 +158,7 @@ def run(args: argparse.Namespace, sizes: Any = None) -> int:
         f"  peak: {peaks}; gemm efficiency {g.gemm_efficiency.points[0][1]:.2f} at "
         f"{g.gemm_efficiency.points[0][0]:.0e} FLOP .. {g.gemm_efficiency.points[-1][1]:.2f} at "
         f"{g.gemm_efficiency.points[-1][0]:.0e}",
+        *_kind_lines(g),
         f"  hbm_bw {fmt_bandwidth(g.hbm_bw)}; launch overhead {cal.launch_overhead_s * 1e6:.1f} us",
         f"  per operator {g.op_overhead_s * 1e6:.1f} us; element-wise in a layer "
         f"{fmt_bandwidth(g.elementwise_bw or g.hbm_bw)}" + ("; compute shares the host's cores" if g.shares_host
@@ -172,6 +175,17 @@ def run(args: argparse.Namespace, sizes: Any = None) -> int:
     lines.extend(f"  note: {n}" for n in cal.notes)
     print("\n".join(lines))
     return EXIT_OK
+
+
+def _kind_lines(g: Any) -> list[str]:
+    """One line per measured kernel-kind curve: its efficiency at its first and last size."""
+    out = []
+    for name, curve in (("backward products", g.gemm_backward_efficiency), ("attention", g.attention_efficiency),
+                        ("attention backward", g.attention_backward_efficiency)):
+        if curve is not None:
+            (x0, e0), (x1, e1) = curve.points[0], curve.points[-1]
+            out.append(f"  {name}: efficiency {e0:.2f} at {x0:.0e} FLOP .. {e1:.2f} at {x1:.0e}")
+    return out
 
 
 COMMAND = Command("calibrate", "measure this machine and write a hardware spec (torch)", add_args, run)
