@@ -207,17 +207,8 @@ def measure_gemm(device: torch.device, dtype: torch.dtype, flops: Sequence[float
         if n in seen:
             continue
         seen.add(n)
-        op = linear_rate_op(device, name, n, n, n)
         one = 2.0 * n**3
-
-        def run(op: Callable[[], object] = op, k: int = 1) -> None:
-            for _ in range(k):
-                op()
-
-        probe = _median_time(run, device, 1)
-        batch = max(1, min(10_000, math.ceil(2e-3 / max(probe, 1e-9))))
-        dt = _median_time(functools.partial(run, k=batch), device, repeats, min_time_s) / batch
-        out.append((one, one / dt))
+        out.append((one, one / _batched_time(linear_rate_op(device, name, n, n, n), device, repeats, min_time_s)))
     return out
 
 

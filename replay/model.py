@@ -109,6 +109,24 @@ def _rotary(x: Tensor) -> Tensor:
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
+def causal_attention(d: Dims, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """Causal attention of the projected queries, keys and values (batch, seq, heads x head width) of ``d``'s
+    heads (rotary positions unless learned, key/value heads repeated for grouped queries), heads joined back:
+    (batch, seq, n_heads x head width). A tensor-parallel rank passes its shard's ``Dims``."""
+    b, s, _ = q.shape
+    hd = d.head_dim
+    q = q.view(b, s, d.n_heads, hd).transpose(1, 2)
+    k = k.view(b, s, d.n_kv_heads, hd).transpose(1, 2)
+    v = v.view(b, s, d.n_kv_heads, hd).transpose(1, 2)
+    if not d.learned_pos:
+        q, k = _rotary(q), _rotary(k)
+    if d.n_kv_heads != d.n_heads:
+        rep = d.n_heads // d.n_kv_heads
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return a.transpose(1, 2).reshape(b, s, d.n_heads * hd)
+
+
 class Block(nn.Module):
     def __init__(self, d: Dims):
         super().__init__()
@@ -128,16 +146,8 @@ class Block(nn.Module):
         d = self.d
         b, s, _ = x.shape
         h = self.ln1(x)
-        q = self.q(h).view(b, s, d.n_heads, d.head_dim).transpose(1, 2)
-        k = self.k(h).view(b, s, d.n_kv_heads, d.head_dim).transpose(1, 2)
-        v = self.v(h).view(b, s, d.n_kv_heads, d.head_dim).transpose(1, 2)
-        if not d.learned_pos:
-            q, k = _rotary(q), _rotary(k)
-        if d.n_kv_heads != d.n_heads:
-            rep = d.n_heads // d.n_kv_heads
-            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.o(a.transpose(1, 2).reshape(b, s, d.hidden))
+        a = causal_attention(d, self.q(h), self.k(h), self.v(h))
+        x = x + self.o(a)
         h = self.ln2(x)
         m = F.silu(self.gate(h)) * self.up(h) if d.mlp == "swiglu" else F.gelu(self.up(h), approximate="tanh")
         return x + self.down(m)

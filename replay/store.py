@@ -207,22 +207,26 @@ class Store:
             out = self._call(i, params, x if x is not None else saved.x, key, wte)
         return Graph(x, params, wte, out)
 
+    def _layer_input(self, uid: str, key: tuple[int, int, int], missing: str) -> Tensor:
+        """Layer i's input: the micro-batch's tokens for the embedding, else layer i - 1's output (taken)."""
+        s, m, i = key
+        if i == 0:
+            tokens, _ = batch(self.batching.seed, s, self.global_micro(m), self.batching.micro_batch,
+                              self.batching.seq_len, self.dims.vocab)
+            return tokens.to(self.pools.device)
+        with self.lock:
+            got = self.outputs.pop((s, m, i - 1), None)
+        if got is None:
+            raise ReplayError(f"task {uid!r}: the input of layer {i} (output of layer {i - 1}, step {s}, "
+                              f"micro-step {m}) is not there: {missing}")
+        return got
+
     def forward(self, uid: str, key: tuple[int, int, int], version: int, keep_graph: bool) -> None:
         s, m, i = key
         if self.tp.active and i < self.head:
             self._tp_forward(uid, key, version, keep_graph)
             return
-        if i == 0:
-            tokens, _ = batch(self.batching.seed, s, self.global_micro(m), self.batching.micro_batch,
-                              self.batching.seq_len, self.dims.vocab)
-            x = tokens.to(self.pools.device)
-        else:
-            with self.lock:
-                got = self.outputs.pop((s, m, i - 1), None)
-            if got is None:
-                raise ReplayError(f"task {uid!r}: the input of layer {i} (output of layer {i - 1}, step {s}, "
-                                  f"micro-step {m}) is not there: that layer's forward has not run")
-            x = got
+        x = self._layer_input(uid, key, "that layer's forward has not run")
         wte_version = None
         if i == self.head and self.dims.tied and not self.own_table:
             emb = self.saved.get((s, m, 0))
@@ -333,17 +337,7 @@ class Store:
     def _tp_forward(self, uid: str, key: tuple[int, int, int], version: int, keep_graph: bool) -> None:
         """A tensor-parallel layer's forward up to its closing all-reduce (the plan's tp-fwd task: tp_close)."""
         s, m, i = key
-        if i == 0:
-            tokens, _ = batch(self.batching.seed, s, self.global_micro(m), self.batching.micro_batch,
-                              self.batching.seq_len, self.dims.vocab)
-            x = tokens.to(self.pools.device)
-        else:
-            with self.lock:
-                got = self.outputs.pop((s, m, i - 1), None)
-            if got is None:
-                raise ReplayError(f"task {uid!r}: the input of layer {i} (output of layer {i - 1}, step {s}, "
-                                  f"micro-step {m}) is not there: that layer's forward (and its tp-fwd) has not run")
-            x = got
+        x = self._layer_input(uid, key, "that layer's forward (and its tp-fwd) has not run")
         if version not in self.versions[i]:
             raise ReplayError(f"task {uid!r}: uses version {version} of layer {i}'s parameters, which is no longer "
                               f"held (the runner keeps the last {KEEP_VERSIONS})")

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from replay.errors import ReplayError
-from replay.model import NORM_EPS, Dims, _rotary
+from replay.model import NORM_EPS, Dims, causal_attention
 
 INNER = "/inner"  # suffix of the process group of the all-reduces inside a compute task
 COLUMN = ("q.", "k.", "v.", "gate.", "up.")  # split by output rows (weight and bias)
@@ -125,18 +125,9 @@ def _norm(d: Dims, p: dict[str, Tensor], prefix: str, x: Tensor) -> Tensor:
 
 def _attention(d: Dims, p: dict[str, Tensor], h: Tensor) -> Tensor:
     """This rank's heads of attention and its part of the output projection (no bias: added after the sum)."""
-    b, s, _ = h.shape
-    hd = p["q.weight"].shape[0] // d.n_heads  # the model's head width (``d`` counts this rank's heads)
-    q = F.linear(h, p["q.weight"], p.get("q.bias")).view(b, s, d.n_heads, hd).transpose(1, 2)
-    k = F.linear(h, p["k.weight"], p.get("k.bias")).view(b, s, d.n_kv_heads, hd).transpose(1, 2)
-    v = F.linear(h, p["v.weight"], p.get("v.bias")).view(b, s, d.n_kv_heads, hd).transpose(1, 2)
-    if not d.learned_pos:
-        q, k = _rotary(q), _rotary(k)
-    if d.n_kv_heads != d.n_heads:
-        rep = d.n_heads // d.n_kv_heads
-        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-    a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    return F.linear(a.transpose(1, 2).reshape(b, s, d.n_heads * hd), p["o.weight"])
+    a = causal_attention(d, F.linear(h, p["q.weight"], p.get("q.bias")), F.linear(h, p["k.weight"], p.get("k.bias")),
+                         F.linear(h, p["v.weight"], p.get("v.bias")))
+    return F.linear(a, p["o.weight"])
 
 
 def _mlp(d: Dims, p: dict[str, Tensor], h: Tensor) -> Tensor:
