@@ -201,15 +201,15 @@ def measure_gemm(device: torch.device, dtype: torch.dtype, flops: Sequence[float
 
     name = {v: k for k, v in TORCH_DTYPES.items()}[dtype]
     out: list[tuple[float, float]] = []
-    seen: set[int] = set()
-    for target in flops:
-        n = max(2, round((target / 2) ** (1 / 3)))
-        if n in seen:
-            continue
-        seen.add(n)
+    for n in _square_sizes(flops):
         one = 2.0 * n**3
         out.append((one, one / _batched_time(linear_rate_op(device, name, n, n, n), device, repeats, min_time_s)))
     return out
+
+
+def _square_sizes(flops: Sequence[float]) -> list[int]:
+    """The distinct n (>= 2) whose square product n x n by n x n, 2 n^3 FLOPs, is closest to each of `flops`."""
+    return list(dict.fromkeys(max(2, round((target / 2) ** (1 / 3))) for target in flops))
 
 
 def _batched_time(op: Callable[[], object], device: torch.device, repeats: int, min_time_s: float) -> float:
@@ -234,12 +234,7 @@ def measure_gemm_backward(device: torch.device, dtype: torch.dtype, flops: Seque
 
     name = {v: k for k, v in TORCH_DTYPES.items()}[dtype]
     out: list[tuple[float, float]] = []
-    seen: set[int] = set()
-    for target in flops:
-        n = max(2, round((target / 2) ** (1 / 3)))
-        if n in seen:
-            continue
-        seen.add(n)
+    for n in _square_sizes(flops):
         t_fwd = _batched_time(linear_rate_op(device, name, n, n, n), device, repeats, min_time_s)
         t_both = _batched_time(linear_backward_rate_op(device, name, n, n, n), device, repeats, min_time_s)
         one = 2.0 * n**3
