@@ -50,7 +50,8 @@ Compute (:mod:`costs.compute`):
   ``ops_seconds(hw, layer_ops, dtype)`` -> seconds of a list of operators (needs ``gpu.op_overhead``).
   ``ComputePricer(hw, dtype, (model, config) | None).seconds(flops, hbm_bytes, layer, phase)`` -> what the
   engine charges a compute task: operator level where the hardware has ``gpu.op_overhead``, the layer's matmul
-  kernels on the curve (:func:`gemm_kernels_seconds` + one launch) where only the layer is known, else
+  kernels on the curve and, without flash attention, its score operators' bytes
+  (``costs.compute.kernel_level_seconds`` + one launch) where only the layer is known, else
   :func:`kernel_seconds`.
 
 Optimizer (:mod:`costs.optimizer`):

@@ -5,13 +5,19 @@ Kernel level (every preset): a task of a known ``layer`` and ``phase`` (fwd | bw
 matmul kernels that :func:`workloads.ops.layer_ops` lists, each at its own size on the curve and never
 faster than its own operands move over HBM::
 
-    max( sum_i max(f_i / (peak * eff(f_i)), e * (M_i*K_i + K_i*N_i + M_i*N_i) / hbm_bw),
+    max( sum_i max(f_i / (peak * eff(f_i)), e * (M_i*K_i + K_i*N_i + M_i*N_i) / hbm_bw)
+           + score_bytes / hbm_bw,
          hbm_bytes / hbm_bw ) + launch overhead
 
 (f_i the kernel's FLOPs, (M_i, N_i, K_i) its GEMM shape, e the bytes of the training dtype). The preset's
 curve is a per-kernel curve of its GPU generation (``hardware_specs.yaml`` ``gemm_efficiency_by_generation``)
-that folds in what a layer runs besides its matmuls (norms, activations, attention softmax, dispatch gaps),
-so a small micro-batch, a tensor-parallel shard or a thin model gets small, inefficient kernels.
+that folds in what a layer runs besides its matmuls (norms, activations, dispatch gaps), so a small
+micro-batch, a tensor-parallel shard or a thin model gets small, inefficient kernels. The curves were set
+against runs with fused attention (FlashAttention, whose s x s scores never reach HBM); without it
+(``flash_attention`` off) the scores are materialised and their non-matmul operators (softmax, dropout and
+their backwards: ``score_bytes``, :mod:`workloads.ops`) stream a*s^2*b-sized tensors that the folded factor
+does not stand for, so they are priced apart, by their bytes (over ``gpu.elementwise_bw`` where measured),
+and the two score matmuls are kernels of their own, held to their s x s operand's traffic.
 
 Roofline (a task of no known layer): ``max(flops / (peak * eff(flops)), hbm_bytes / hbm_bw) + launch
 overhead`` -- the task as ONE kernel of its total FLOPs.
@@ -44,7 +50,7 @@ from workloads.config import DTYPE_BYTES
 from workloads.ops import ATTENTION, PHASES, LayerOps, layer_ops
 
 __all__ = ["ComputePricer", "KernelCurves", "compute_seconds", "gemm_kernels_seconds", "kernel_efficiency",
-           "kernel_seconds", "matmul_seconds", "ops_seconds"]
+           "kernel_seconds", "kernel_level_seconds", "matmul_seconds", "ops_seconds"]
 
 
 @dataclass(frozen=True)
@@ -110,6 +116,14 @@ def gemm_kernels_seconds(hw: HardwareSpec, ops: LayerOps, dtype: str) -> float:
     return t
 
 
+def kernel_level_seconds(hw: HardwareSpec, ops: LayerOps, dtype: str) -> float:
+    """Seconds of a layer task's work at kernel level (no HBM floor, no launch overhead): its matmul kernels
+    (:func:`gemm_kernels_seconds`) plus the attention-score operators' bytes (``ops.score_bytes``: without
+    flash attention) over the element-wise bandwidth (``gpu.elementwise_bw`` where measured, else HBM)."""
+    g = hw.gpu
+    return gemm_kernels_seconds(hw, ops, dtype) + ops.score_bytes / (g.elementwise_bw or g.hbm_bw)
+
+
 def ops_seconds(hw: HardwareSpec, ops: LayerOps, dtype: str, phase: str | None = None) -> float:
     """Seconds of a list of operators of ``phase`` on one GPU of ``hw`` (needs ``gpu.op_overhead``)."""
     g = hw.gpu
@@ -158,4 +172,4 @@ class ComputePricer:
             return max(ops_seconds(self.hw, ops, self.dtype, phase), floor)
         if ops is None or not ops.matmul_flops or flops <= 0:
             return kernel_seconds(self.hw, flops, hbm_bytes, self.dtype)
-        return max(gemm_kernels_seconds(self.hw, ops, self.dtype), floor) + self.hw.gpu.launch_overhead_s
+        return max(kernel_level_seconds(self.hw, ops, self.dtype), floor) + self.hw.gpu.launch_overhead_s

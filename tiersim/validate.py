@@ -209,14 +209,6 @@ KNOWN_GAPS: dict[str, str] = {
         "to the six A100 rows comes out at 0.23 (implausible for streaming kernels) and still leaves 13B at "
         "-17% (docs/fidelity.md prints the fit and residuals), so nothing is refitted; operator-level pricing "
         "(gpu.op_overhead, tiersim calibrate) prices that work apart from the matmuls"),
-    "Megatron-LM GPT 1.7B 32x A100-80GB (4 nodes), batch 512": (
-        "simulated at 0.58-0.60 of peak in Megatron's hardware FLOPs (micro-batch 4-16) where the paper measured "
-        "0.44. Not communication (one node instead of four: 187.6 TFLOP/s, the same) but, by the numbers, the "
-        "attention scores this 2021 run materialises: flash attention on or off gives the same simulated step "
-        "(2.579 s), as the kernel-level pricing runs the attention core as one kernel of its FLOPs; the scores' "
-        "HBM traffic (QK^T, softmax, dropout mask and output, read by P.V: ~13 a*s^2*b bytes forward, twice that "
-        "backward, once more recomputed) is ~0.7-1.0 s a step at s = 2048, which would bring the row within "
-        "-1%..+6%. Pricing it belongs to costs/compute.py (not changed in this round; docs/fidelity.md)"),
 }
 
 RUN_CASES: tuple[Case, ...] = tuple(_run_case(r, KNOWN_GAPS.get(r.name, "")) for r in RUNS)

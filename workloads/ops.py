@@ -32,7 +32,8 @@ q_a, q_b, kv_a, kv_b in place of Q, K, V; MoE: the shared experts on every token
 dense first layers: one MLP) are priced block by block.
 
 Matmuls: Q, K, V, O and the MLP's matrices (MoE: every expert's, at its share of the tokens, and the
-router), each its own kernel; the attention core (Q.K^T and P.V) is one kernel (fused SDPA); backward
+router), each its own kernel; the attention core (Q.K^T and P.V) is one kernel (fused SDPA) with flash
+attention, and two batched GEMMs without it (see below); backward
 runs two matmuls of the same FLOPs per forward matmul and one attention-backward kernel of twice the
 core (``kinds`` marks each kernel ``gemm`` or ``attention``, so that a calibrated spec prices the attention
 kernel and a backward's products at the rates measured for them). Head: final norm + LM-head matmul +
@@ -40,6 +41,29 @@ cross-entropy (forward 3 T_V, 2 ops; backward 5 T_V, 2 ops).
 Embedding: a gather (2 T_h, 1 op; learned positions + 2 T_h + 3 T_s, +4 ops, T_s = s*h*e one sequence's
 rows); its backward zeroes the table's gradient and scatter-adds into it (table bytes + T_h, 1 op; learned
 positions + their table + T_h + 2 T_s, +2 ops).
+
+Attention without FlashAttention (``WorkloadConfig.flash_attention`` False): the a*s^2*b scores are
+materialised in HBM, as Megatron-LM's ``ParallelAttention`` (``megatron/model/transformer.py``) runs them:
+Q.K^T is a batched GEMM (``torch.baddbmm``, the 1/sqrt(d) scale folded into its ``alpha``) that writes
+the scores; ``FusedScaleMaskSoftmax`` (``megatron/model/fused_softmax.py``,
+``ScaledUpperTriangMaskedSoftmax``: scale, causal mask and softmax in one kernel) reads them once and
+writes the probabilities once, which it keeps for its backward; attention dropout (``torch.nn.Dropout``,
+when the model trains with dropout) reads the probabilities and writes its output and a one-byte mask;
+P.V (``torch.bmm``) reads them. Backward: the dropout's backward reads the incoming gradient and the mask
+and writes the gradient; the softmax's backward (``scaled_upper_triang_masked_softmax_backward``) reads
+the gradient and the saved probabilities and writes the scores' gradient. These are the tensors that
+Korthikanti et al. 2022 (arXiv 2205.05198) Sec. 4 counts as the 5as^2b bytes of attention activations
+(:mod:`workloads.activations`). Per block, S = a*s^2*b elements of e bytes (the full s x s: the kernels
+compute every pair and mask the upper triangle), the non-matmul operators move::
+
+    forward (and a full recomputation)   softmax 2e*S, 1 op;  dropout (2e + 1)*S, 1 op
+    backward                             softmax 3e*S, 1 op;  dropout (2e + 1)*S, 1 op
+
+(``LayerOps.score_bytes``, included in ``elementwise_bytes``; selective recomputation, which recomputes
+exactly the attention core, repeats the forward's). The two score matmuls are kernels of their own,
+``gemm`` kind, each with its batched shape (M = b*a*s rows, Q.K^T: N = s, K = d; P.V: N = d_v, K = s),
+so that where the pricing holds a kernel to its operands' HBM traffic the s x s scores it writes or
+reads count; backward runs each twice (dQ and dK, dP and dV), as the linears.
 
 Mixed precision (bf16 / fp16, as the runner computes it: fp32 weights under autocast, ``replay.precision``):
 every linear's forward (and recomputation) casts its fp32 weight to 16 bits (reads 4 + writes 2 bytes per
@@ -61,6 +85,7 @@ PHASES = ("fwd", "bwd", "recompute")
 LOGIT_BYTES = 4  # fp32 logits and loss
 CAST_BYTES = 6  # per weight element: fp32 read (4) + 16-bit written (2), or the reverse for its gradient
 GEMM, ATTENTION = "gemm", "attention"  # LayerOps.kinds
+MASK_BYTES = 1  # a dropout mask element (torch.bool)
 
 # (forward T_h, forward ops, backward T_h, backward ops) per norm
 _NORM = {"rmsnorm": (7.0, 6, 24.0, 14), "layernorm": (2.0, 1, 3.0, 1)}
@@ -77,13 +102,17 @@ class LayerOps:
     ``matmul_flops`` (M the token rows, K the reduction; a backward kernel carries its forward matmul's
     triple, whose operand sizes MK + KN + MN it shares); (0, 0, 0) marks a kernel without one (the
     attention core). Empty where not known. ``kinds``, where known, says what each kernel is: ``gemm`` (a
-    linear layer's product) or ``attention`` (the fused attention kernel)."""
+    linear layer's product, or a score matmul without flash attention) or ``attention`` (the fused attention
+    kernel). ``score_bytes``: the part of ``elementwise_bytes`` that the non-matmul operators on materialised
+    attention scores move (softmax, dropout and their backwards; 0 with flash attention): the kernel-level
+    pricing, whose curve folds in the other element-wise work, prices these apart."""
 
     matmul_flops: tuple[float, ...]
     elementwise_bytes: float
     n_ops: int
     matmul_shapes: tuple[tuple[float, float, float], ...] = ()
     kinds: tuple[str, ...] = ()
+    score_bytes: float = 0.0
 
     @property
     def flops(self) -> float:
@@ -93,7 +122,7 @@ class LayerOps:
         """The same operators on ``k`` times the data (a tensor-parallel shard, a chunk of the tokens); a
         kernel's shape scales its rows M."""
         return LayerOps(tuple(f * k for f in self.matmul_flops), self.elementwise_bytes * k, self.n_ops,
-                        tuple((mm * k, n, kk) for mm, n, kk in self.matmul_shapes), self.kinds)
+                        tuple((mm * k, n, kk) for mm, n, kk in self.matmul_shapes), self.kinds, self.score_bytes * k)
 
 
 EMPTY = LayerOps((), 0.0, 0)
@@ -153,6 +182,37 @@ def _bias_grads(m: ModelSpec, t_h: float, t_q: float, t_kv: float, t_v: float, t
     return ew, n
 
 
+@dataclass(frozen=True)
+class _Core:
+    """The attention core of one block in one phase: its kernels (FLOPs, shapes, kinds) and, without flash
+    attention, the score operators' bytes and count (module docstring)."""
+
+    flops: tuple[float, ...]
+    shapes: tuple[tuple[float, float, float], ...]
+    kinds: tuple[str, ...]
+    score_bytes: float = 0.0
+    n_score_ops: int = 0
+
+
+def _core(m: ModelSpec, c: WorkloadConfig, core_flops: float, phase: str) -> _Core:
+    """The attention core's kernels in ``phase`` (a recomputation runs the forward's): one fused kernel with
+    flash attention, else Q.K^T and P.V as batched GEMMs plus the score operators (module docstring)."""
+    bwd = phase == "bwd"
+    if c.flash_attention:
+        return _Core(((2.0 if bwd else 1.0) * core_flops,), (NO_SHAPE,), (ATTENTION,))
+    b, s, e, a = c.micro_batch, c.seq_len, c.dtype_bytes, m.n_heads
+    scores = float(a * s * s * b)
+    rows = float(b * a * s)
+    f_qk = core_flops * m.q_dim / (m.q_dim + m.context_dim)
+    qk, pv = (rows, float(s), m.q_dim / a), (rows, m.context_dim / a, float(s))
+    dropout = (2 * e + MASK_BYTES) * scores if m.dropout else 0.0
+    n_drop = 1 if m.dropout else 0
+    if bwd:
+        return _Core((f_qk, f_qk, core_flops - f_qk, core_flops - f_qk), (qk, qk, pv, pv), (GEMM,) * 4,
+                     3 * e * scores + dropout, 1 + n_drop)
+    return _Core((f_qk, core_flops - f_qk), (qk, pv), (GEMM,) * 2, 2 * e * scores + dropout, 1 + n_drop)
+
+
 def _block(m: ModelSpec, c: WorkloadConfig, phase: str, layer: int) -> LayerOps:
     b, s, e = c.micro_batch, c.seq_len, c.dtype_bytes
     tokens = b * s
@@ -167,24 +227,27 @@ def _block(m: ModelSpec, c: WorkloadConfig, phase: str, layer: int) -> LayerOps:
     qk = (t_q + t_kv) if m.qk_norm != "none" else 0.0  # qk-norms: one norm over Q and one over K
     n_qk = 2 if m.qk_norm != "none" else 0
     cast, n_cast = _casts(c, shapes)
+    if phase == "recompute" and c.checkpointing == "none":
+        return EMPTY
+    core = _core(m, c, float(bf.attention_core), phase)
+    n_core = len(core.flops) + core.n_score_ops
     if phase == "bwd":
         linears = len(mats)
         bias, n_bias = _bias_grads(m, t_h, t_q, t_kv, t_v, t_f)
         ew = (norms * nb * t_h + nb * qk + 12 * t_h + ab * t_f + bias
               + (20 * t_q + 9.5 * t_kv if rotary else 0.0) + (4 * t_q if gqa else 0.0))
-        n = (2 * linears + 1 + norms * nob + n_qk * nob + 4 + aob + n_bias + (15 if rotary else 0)
+        n = (2 * linears + n_core + norms * nob + n_qk * nob + 4 + aob + n_bias + (15 if rotary else 0)
              + (4 if gqa else 0))
-        return LayerOps((*[f for f in mats for _ in (0, 1)], 2.0 * bf.attention_core), ew + cast, n + n_cast,
-                        (*[s for s in shapes for _ in (0, 1)], NO_SHAPE), (GEMM,) * (2 * linears) + (ATTENTION,))
+        return LayerOps((*[f for f in mats for _ in (0, 1)], *core.flops), ew + cast + core.score_bytes,
+                        n + n_cast, (*[s for s in shapes for _ in (0, 1)], *core.shapes),
+                        (GEMM,) * (2 * linears) + core.kinds, core.score_bytes)
     if phase == "recompute" and c.checkpointing == "selective":
-        return LayerOps((float(bf.attention_core),), 0.0, 1, (NO_SHAPE,), (ATTENTION,))
-    if phase == "recompute" and c.checkpointing == "none":
-        return EMPTY
+        return LayerOps(core.flops, core.score_bytes, n_core, core.shapes, core.kinds, core.score_bytes)
     ew = (norms * nf * t_h + nf * qk + 6 * t_h + af * t_f + (13 * t_q + 4 * t_kv if rotary else 0.0)
           + (2 * t_q + 2 * t_kv if gqa else 0.0))
-    n = len(mats) + 1 + norms * no + n_qk * no + 2 + ao + (36 if rotary else 0) + (2 if gqa else 0)
-    return LayerOps((*mats, float(bf.attention_core)), ew + cast, n + n_cast, (*shapes, NO_SHAPE),
-                    (GEMM,) * len(mats) + (ATTENTION,))
+    n = len(mats) + n_core + norms * no + n_qk * no + 2 + ao + (36 if rotary else 0) + (2 if gqa else 0)
+    return LayerOps((*mats, *core.flops), ew + cast + core.score_bytes, n + n_cast, (*shapes, *core.shapes),
+                    (GEMM,) * len(mats) + core.kinds, core.score_bytes)
 
 
 def _head(m: ModelSpec, c: WorkloadConfig, phase: str) -> LayerOps:
