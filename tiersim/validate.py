@@ -208,7 +208,9 @@ KNOWN_GAPS: dict[str, str] = {
         "bytes are 2-10% of the matmul time at full bandwidth, and one shared achieved-bandwidth fraction fitted "
         "to the six A100 rows comes out at 0.23 (implausible for streaming kernels) and still leaves 13B at "
         "-17% (docs/fidelity.md prints the fit and residuals), so nothing is refitted; operator-level pricing "
-        "(gpu.op_overhead, tiersim calibrate) prices that work apart from the matmuls"),
+        "(gpu.op_overhead, tiersim calibrate) prices that work apart from the matmuls. The published table's other "
+        "checkpointed rows run at HFU 0.68-0.79 with a full recompute, above every row without (0.43-0.64); the "
+        "recompute share that would match differs per row (0.33-0.65 of a forward), so no one cause fits"),
 }
 
 RUN_CASES: tuple[Case, ...] = tuple(_run_case(r, KNOWN_GAPS.get(r.name, "")) for r in RUNS)

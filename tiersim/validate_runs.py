@@ -22,8 +22,8 @@ a FLOP-counting difference cannot pass for a throughput error. Nothing here is f
 figure comes from the preset (and the ``--set`` overrides a case names, with their source), every model
 shape from the source.
 
-Cases tiersim cannot express yet are not here: multi-node runs (Megatron-LM's Table 1 starts at 32 GPUs,
-ZeRO-Offload's scaling runs at 128), and the Tiny-Pipe and LazyTrain abstracts, which publish no figure.
+Cases not here: ZeRO-Offload's scaling runs (128 GPUs with model parallelism), the rows of Megatron-LM's Table 1
+with tensor or pipeline parallelism, and the Tiny-Pipe and LazyTrain abstracts, which publish no figure.
 """
 
 from __future__ import annotations
