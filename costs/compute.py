@@ -135,13 +135,19 @@ def ops_seconds(hw: HardwareSpec, ops: LayerOps, dtype: str, phase: str | None =
 class ComputePricer:
     """Prices compute tasks on one GPU of ``hw`` in ``dtype`` where the task's layer of ``workload`` (model,
     config) is known: operator by operator where ``hw`` has ``gpu.op_overhead`` (a calibrated spec), else
-    kernel by kernel on the curve; the roofline for any other task. Memoised per distinct task shape."""
+    kernel by kernel on the curve; the roofline for any other task. Memoised per distinct task shape.
 
-    def __init__(self, hw: HardwareSpec, dtype: str, workload: tuple[ModelSpec, WorkloadConfig] | None = None):
+    ``tile_factor`` T > 1: the plan's layer tags count tiles (ZeRO-Infinity's memory-centric tiling,
+    ``plan.info['tile_factor']``: embedding 0, block k's T tiles 1 + (k-1)*T .. k*T, head L*T + 1), and a tile's
+    task is priced as its block's operators at the tile's share of the FLOPs."""
+
+    def __init__(self, hw: HardwareSpec, dtype: str, workload: tuple[ModelSpec, WorkloadConfig] | None = None,
+                 tile_factor: int = 1):
         self.hw = hw
         self.dtype = dtype
         self.op_level = hw.gpu.op_overhead_s is not None
         self.workload = workload
+        self.tile_factor = max(1, tile_factor)
         self._memo: dict[tuple[float, float, Any, Any], float] = {}
 
     def seconds(self, flops: float, hbm_bytes: float, layer: Any = None, phase: Any = None) -> float:
@@ -158,12 +164,24 @@ class ComputePricer:
         if self.workload is None or phase not in PHASES or not isinstance(layer, int) or isinstance(layer, bool):
             return None
         model, config = self.workload
-        if not 0 <= layer <= model.n_layers + 1:
+        layer = self.model_layer(layer)
+        if layer is None:
             return None
         ops = layer_ops(model, config, layer, phase)
         if ops.flops > 0 and flops > 0:
             ops = ops.scaled(flops / ops.flops)
         return ops
+
+    def model_layer(self, layer: int) -> int | None:
+        """The model's layer (0 embedding, 1..L blocks, L+1 head) of plan layer ``layer`` (a tile's block where
+        the plan is tiled); None where the plan has no such layer."""
+        assert self.workload is not None
+        n, t = self.workload[0].n_layers, self.tile_factor
+        if not 0 <= layer <= n * t + 1:
+            return None
+        if layer == 0:
+            return 0
+        return n + 1 if layer == n * t + 1 else (layer - 1) // t + 1
 
     def _price(self, flops: float, hbm_bytes: float, layer: Any, phase: Any) -> float:
         ops = self.layer_ops(layer, phase, flops)

@@ -18,7 +18,8 @@ __all__ = ["plan_pricer", "task_seconds"]
 def plan_pricer(plan: Plan, hw: HardwareSpec, dtype: str) -> ComputePricer:
     """The compute pricer of ``plan`` on ``hw``: operator level where ``hw`` has ``gpu.op_overhead``, else
     kernel by kernel on the efficiency curve (the roofline for tasks of no known layer)."""
-    return ComputePricer(hw, dtype, (plan.workload.model, plan.workload.config))
+    return ComputePricer(hw, dtype, (plan.workload.model, plan.workload.config),
+                         tile_factor=int(plan.info.get("tile_factor", 1)))
 
 
 def task_seconds(pricer: ComputePricer, s: TaskSpec) -> float:

@@ -121,3 +121,18 @@ def test_a_tensor_parallel_share_scales_the_score_bytes() -> None:
     ops = layer_ops(load_model("gpt2"), _cfg(False), 1, "fwd")
     half = ops.scaled(0.5)
     assert half.score_bytes == pytest.approx(ops.score_bytes / 2) and half.kinds == ops.kinds
+
+
+def test_a_tiled_plan_prices_each_tile_as_its_block() -> None:
+    """ZeRO-Infinity's memory-centric tiling renumbers the plan's layers (tags count tiles): a tile is priced as
+    its block at the tile's share, not as whichever model layer carries the tile's index (the head, or none)."""
+    m = replace(load_model("gpt2"), n_layers=2)
+    c = _cfg(False)
+    a100 = load_hardware("a100")
+    tiled = costs.ComputePricer(a100, "fp16", (m, c), tile_factor=4)
+    assert [tiled.model_layer(i) for i in range(11)] == [0, 1, 1, 1, 1, 2, 2, 2, 2, 3, None]
+    plain = costs.ComputePricer(a100, "fp16", (m, c))
+    quarter = layer_ops(m, c, 2, "fwd").flops / 4
+    assert tiled.seconds(quarter, 0.0, 7, "fwd") == plain.seconds(quarter, 0.0, 2, "fwd")
+    head = layer_ops(m, c, 3, "fwd").flops
+    assert tiled.seconds(head, 0.0, 9, "fwd") == plain.seconds(head, 0.0, 3, "fwd")
