@@ -43,10 +43,11 @@ GPT: dict[str, Any] = dict(name="tiny-gpt", family="custom", n_layers=2, hidden=
 SEED = 1234
 
 
-def tp_plan(policy: str, model: dict, knobs: dict, gpus: int = 2, precision: str = "fp32") -> Plan:
+def tp_plan(policy: str, model: dict, knobs: dict, gpus: int = 2, precision: str = "fp32",
+            checkpointing: str = "full") -> Plan:
     job, _ = make_job("a100", ModelSpec(**model),
                       JobRequest(micro_batch=1, seq_len=32, global_batch=2 * gpus, precision=precision,
-                                 checkpointing="full", flash_attention=True),
+                                 checkpointing=checkpointing, flash_attention=True),
                       hw_overrides=[f"gpu.count={gpus}"])
     info = get_policy(policy)
     return info.plan(job, parse_knobs(info, {k: str(v) for k, v in knobs.items()}))
@@ -187,3 +188,16 @@ def test_what_verify_leaves_out() -> None:
     assert not_compared(gpt, 2, 1) == frozenset() and not_compared(gpt, 1, 2) == {"k.bias"}
     assert not_compared(gpt, 8, 1) == {"k.bias"} and not_compared(llama, 8, 2) == frozenset()
     assert rtol_for(2, "fp32") < rtol_for(8, "fp32") < rtol_for(2, "fp32", tp=2) == RTOL_TP
+
+
+def test_selective_recomputation_reuses_the_forward_sum(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Selective checkpointing: the plan recomputes each block with no all-reduce (Megatron reruns the attention
+    core alone); the replay rebuilds the block from the forward's summed attention output and still trains what
+    one process trains."""
+    plan = tp_plan("none", GPT, {"tp": 2}, checkpointing="selective")
+    phases = {t.tags.get("phase") for seg in plan.segments for t in seg.tasks}
+    assert "recompute" in phases and "tp-recompute" not in phases
+    plan.save(tmp_path / "p.json")
+    rc = main(["replay", str(tmp_path / "p.json"), "--verify", "--json", "--device", "cpu"])
+    d = json.loads(capsys.readouterr().out)["verify"]
+    assert rc == 0 and d["ok"] and d["tensor_parallel"] == 2 and d["max_loss_rel_err"] < 1e-6, d
