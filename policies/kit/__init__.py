@@ -31,7 +31,8 @@ mechanisms of many tasks and the dependency rules that schedule them.
   data-parallel group assembles the layer on every GPU; ZeRO-3 without offload only gathers. Prefetch distance
   ``d``: the fetch for use ``u`` may start once use ``u - d`` has started, i.e. after the compute of use
   ``u - d - 1`` (``UseOrder``); d = 0 is fetch-on-demand.
-- Gradients are reduced over the data-parallel group as soon as a layer's backward ends, overlapping the next
+- Gradients are reduced over the data-parallel group as soon as a layer's backward ends (with tp > 1, and its
+  last tensor-parallel all-reduce, which completes the replicated norms' gradients), overlapping the next
   layer's backward (DeepSpeed ``overlap_comm``): all-reduce for ZeRO 0/1, reduce-scatter for ZeRO 2/3 and the
   offloading policies; with offload each rank then copies its partition to the CPU on its D2H engine. Bucket gate
   (B = ``buckets_in_flight``, each policy's own; DeepSpeed double-buffers its ipg bucket: B = 2): a layer's
