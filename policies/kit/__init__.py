@@ -400,7 +400,7 @@ def layer_use(b: PlanBuilder, job: Job, lay: Layout, i: int, phase: str, deps_of
     def part(sfx: str, frac: float, g: str, r: int, deps: list[str], ci: int, first: bool, last: bool) -> str:
         return emit(b, i, layer, g, r, deps, flops=flops * frac / lay.tp, hbm_bytes=hbm * frac / lay.tp,
                     tid=f"{prefix}{i}{sfx}.{g}", allocs=allocs_of(g) if first else (),
-                    frees=frees_of(g) if last else (), extra={"part": ci} if split else None)
+                    frees=frees_of(g) if last else (), extra={"part": ci, "layer_share": frac} if split else None)
 
     return tp_layer(b, job, lay, i, phase, part, deps_of)
 
