@@ -133,3 +133,14 @@ def test_a_tp_plan_simulates_within_its_invariants() -> None:
         result = simulate_plan(plan, job.hw)
         assert result.feasible and result.step_time_s > 0, name
         assert check_invariants(result) == [], name
+
+
+def test_zero_offload_auto_tp_keeps_to_megatrons_split() -> None:
+    """A 70b with two key/value heads would want tp=4 for its 16-bit parameters; auto stops at 2 (check_tp's rule)."""
+    from policies.zero_offload import auto_tp
+
+    m = dataclasses.replace(load_model("70b"), n_kv_heads=2)
+    job, _ = make_job("a100x8", m, JobRequest(seq_len=128, global_batch=8))
+    assert auto_tp(job) == 2
+    job8, _ = make_job("a100x8", "70b", JobRequest(seq_len=128, global_batch=8))
+    assert auto_tp(job8) == 4

@@ -134,6 +134,12 @@ class Layout:
         return "" if self.flat_comm else f".d{j}"
 
 
+def tp_splits_model(job: Job, tp: int) -> bool:
+    """Does ``tp`` split the model's attention heads, key/value heads and MLP width evenly (``check_tp``)?"""
+    m = job.model
+    return not (m.n_heads % tp or m.n_kv_heads % tp or m.ffn and m.ffn % tp)
+
+
 def check_tp(job: Job, tp: int, policy: str) -> None:
     """KnobError unless ``tp`` divides the GPU count and splits the model as Megatron-LM splits it: attention
     heads, key/value heads (query groups) and the MLP width divisible by ``tp``.
