@@ -332,9 +332,9 @@ class Store:
             got = self.tp_pending.pop((kind, *key), None) if pop else self.tp_pending.get((kind, *key))
         if got is None:
             s, m, i = key
+            what = {"f": "forward", "r": "recomputation", "b": "backward", "max": "logits' max"}.get(kind, kind)
             raise ReplayError(f"task {uid!r}: the tensor-parallel state of layer {i} (step {s}, micro-step {m}, "
-                              f"{ {'f': 'forward', 'r': 'recomputation', 'b': 'backward'}[kind]}) is not there: "
-                              "the plan runs its parts out of Megatron's order")
+                              f"{what}) is not there: the plan runs its parts out of Megatron's order")
         return got
 
     def _tp_params(self, i: int, version: int, grad: bool) -> dict[str, Tensor]:
