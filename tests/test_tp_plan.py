@@ -6,6 +6,7 @@ gradients, and Megatron's split rule for key/value heads."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,7 @@ from simulator.invariants import check_invariants
 from simulator.phase import Phase
 from tests.test_policy_kit import microstep, tasks_of, two_layer_job
 from tiersim.api import JobRequest, make_job
+from tiersim.cli import main
 from workloads.flops import block_forward_flops
 from workloads.model import load_model
 
@@ -144,3 +146,15 @@ def test_zero_offload_auto_tp_keeps_to_megatrons_split() -> None:
     assert auto_tp(job) == 2
     job8, _ = make_job("a100x8", "70b", JobRequest(seq_len=128, global_batch=8))
     assert auto_tp(job8) == 4
+
+
+def test_cli_refuses_tp_beyond_the_key_value_heads_in_one_line(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "gqa.yaml").write_text("name: gqa\nlayers: 2\nhidden: 64\nheads: 8\nkv_heads: 2\nffn: 256\n"
+                                       "vocab: 256\nmax_pos: 128\nmlp: swiglu\nnorm: rmsnorm\nbias: false\n"
+                                       "tied_embeddings: false\nlearned_pos: false\n")
+    rc = main(["simulate", "--hw", "a100x8", "--model", str(tmp_path / "gqa.yaml"), "--policy", "none",
+               "--knob", "tp=4"])
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == "" and err.count("\n") == 1, err
+    assert "knob 'tp' = 4 does not divide the model's 2 key/value heads" in err and "use a tp that divides 2" in err
