@@ -201,3 +201,17 @@ def test_selective_recomputation_reuses_the_forward_sum(tmp_path: Path, capsys: 
     rc = main(["replay", str(tmp_path / "p.json"), "--verify", "--json", "--device", "cpu"])
     d = json.loads(capsys.readouterr().out)["verify"]
     assert rc == 0 and d["ok"] and d["tensor_parallel"] == 2 and d["max_loss_rel_err"] < 1e-6, d
+
+
+def test_tp2_by_dp2_zero_offload_reduces_after_the_tp_sum(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Four ranks (tp=2 x dp=2), ZeRO-Offload on a grouped-query LLaMA: each layer's reduce-scatter waits for the
+    tp-bwd all-reduce that completes its gradients (the plan says so now), and the run trains what one process
+    trains."""
+    plan = tp_plan("zero-offload", LLAMA, {"tp": 2}, gpus=4)
+    tasks = {t.id: t for seg in plan.segments for t in seg.tasks}
+    assert {"tpb1.k0", "tpb1.k1"} <= {str(d) for d in tasks["red1.d0"].deps}
+    plan.save(tmp_path / "p.json")
+    rc = main(["replay", str(tmp_path / "p.json"), "--verify", "--json", "--device", "cpu"])
+    d = json.loads(capsys.readouterr().out)
+    assert rc == 0 and d["verify"]["ok"] and d["measured"]["ranks"] == 4, d["verify"]
+    assert d["verify"]["tensor_parallel"] == 2 and d["verify"]["max_loss_rel_err"] < 1e-6
