@@ -43,6 +43,7 @@ from costs import (
 )
 from hardware_models import HardwareSpec, Topology, build_topology
 from simulator import Plan
+from simulator.opcost import task_seconds
 
 BOUND_SLACK = 1e-9
 
@@ -149,8 +150,7 @@ def resource_work(plan: Plan, hw: HardwareSpec, topo: Topology) -> dict[str, flo
         for t in seg.tasks:
             device = streams[t.stream].device
             if t.op == "compute" and device.startswith("gpu"):
-                work[sm_resource(device)] += n * pricer.seconds(t.flops, t.hbm_bytes, t.tags.get("layer"),
-                                                               t.tags.get("phase"))
+                work[sm_resource(device)] += n * task_seconds(pricer, t)
             elif t.op == "optimizer":
                 if device.startswith("gpu"):
                     work[sm_resource(device)] += n * gpu_optimizer_seconds(hw, t.params)

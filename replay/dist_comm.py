@@ -46,8 +46,10 @@ class Comm:
             raise ReplayError(f"stream {stream!r} has no process group on rank {self.rank}") from None
 
     # -- collectives -----------------------------------------------------------------------------------
-    def all_reduce(self, flat: Tensor, stream: str) -> None:
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self._group(stream))
+    def all_reduce(self, flat: Tensor, stream: str, op: str = "sum") -> None:
+        """``flat`` summed (``op="sum"``) or its elementwise max (``"max"``) over the stream's group, in place."""
+        red = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op]
+        dist.all_reduce(flat, op=red, group=self._group(stream))
 
     def reduce_scatter(self, flat: Tensor, stream: str, n: int) -> Tensor:
         out = torch.empty(flat.numel() // n, dtype=flat.dtype, device=flat.device)

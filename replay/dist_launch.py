@@ -38,7 +38,7 @@ from hardware_models import HardwareSpec
 from replay.dist_comm import Comm
 from replay.dist_merge import RankResult, merge
 from replay.errors import ReplayError, ReplayOom
-from replay.ranks import check_multi_rank, inner_groups, plan_gpus, shared_groups
+from replay.ranks import check_multi_rank, plan_gpus, shared_groups
 from replay.runner import Measurement, Runner, pick_device
 from simulator.plan import Plan
 
@@ -100,7 +100,7 @@ def run_rank(rank: int, world: int, store: Any, job: RankJob, local_rank: int) -
     if not dist.is_initialized():
         dist.init_process_group(_backend(device), store=store, rank=rank, world_size=world)
     plan = Plan.from_dict(job.plan)
-    groups = {stream: dist.new_group(list(ranks)) for stream, ranks in [*shared_groups(plan), *inner_groups(plan)]}
+    groups = {stream: dist.new_group(list(ranks)) for stream, ranks in shared_groups(plan)}
     comm = Comm(rank, world, store, groups, device, job.run_id)
     runner = Runner(plan, plan.hardware, device=str(device), nvme_dir=job.nvme_dir, seed=job.seed, rank=rank,
                     comm=comm)

@@ -10,9 +10,8 @@ Rank ``K`` is the plan's ``K``-th GPU (``plan_gpus`` order: gpu0, gpu1, ...). It
   copy is its side of the real ``torch.distributed`` call. Each shared stream gets its own process group,
   so collectives issued concurrently from two streams can never pair up wrongly across ranks.
 
-A tensor-parallel group's stream (``tp{k}``: the all-reduces closing each layer's forward, recomputation and
-backward) is such a shared stream; its ranks also share a second group, ``tp{k}/inner`` (``inner_groups``),
-for the all-reduce inside each block's compute (``replay.tensor_parallel``).
+A tensor-parallel group's stream (``tp{k}``: every all-reduce of its layers' forward, recomputation and backward,
+in Megatron's order: ``policies.kit.tp_steps``) is such a shared stream (``replay.tensor_parallel``).
 
 A copy from one GPU to another (a pipeline stage's activations or input gradients) is run by both ends:
 a real ``send`` on the sender, a real ``recv`` on the receiver, each in its stream's order.
@@ -30,7 +29,7 @@ from dataclasses import dataclass
 
 from replay.errors import ReplayError
 from replay.model import Dims
-from replay.tensor_parallel import check_dims, inner_stream
+from replay.tensor_parallel import check_dims
 from simulator.phase import Phase
 from simulator.plan import Plan, TaskSpec
 
@@ -194,11 +193,3 @@ def shared_groups(plan: Plan) -> list[tuple[str, tuple[int, ...]]]:
         for t in seg.tasks:
             ranks[t.stream] |= task_ranks(t, owners, index)
     return [(s.id, tuple(sorted(ranks[s.id]))) for s in plan.streams if len(ranks[s.id]) > 1]
-
-
-def inner_groups(plan: Plan) -> list[tuple[str, tuple[int, ...]]]:
-    """The process groups of the all-reduces a tensor-parallel layer runs inside its compute tasks
-    (``replay.tensor_parallel``): one per tensor-parallel stream, named ``{stream}/inner``, so they never
-    pair up with the stream's own collectives."""
-    tp = {t.stream for seg in plan.segments for t in seg.tasks if t.tags.get("phase") in TP_COLLECTIVES}
-    return [(inner_stream(s), r) for s, r in shared_groups(plan) if s in tp]

@@ -45,7 +45,7 @@ from replay.model import Dims, build_layers
 from replay.pools import Pools
 from replay.ranks import RankView, is_p2p, plan_gpus, rank_view
 from replay.store import Batching, Sharding, Store
-from replay.tensor_parallel import TpPlace, inner_stream, shard_layers
+from replay.tensor_parallel import TpPlace, shard_layers
 from replay.threads import cpu_op_threads, pin_this_thread
 from simulator.engine import RawRun, TaskRecord, collective_kind, task_gpus
 from simulator.errors import PlanError
@@ -212,6 +212,7 @@ class Runner:
         dp_group: tuple[str, ...] = (self.gpu,)
         tp_groups: set[tuple[tuple[str, ...], str]] = set()
         gathers: list[TaskSpec] = []
+        self.tp_rc_layers: set[int] = set()
         for t in self._mine():
             layer = t.tags.get("layer")
             layers = task_layers(t.tags)
@@ -243,6 +244,8 @@ class Runner:
                     gathers.append(t)
                 if t.tags.get("phase") in TP_PHASES:
                     tp_groups.add((tuple(t.ranks), t.stream))
+                if t.tags.get("phase") == Phase.TP_RECOMPUTE and isinstance(layer, int):
+                    self.tp_rc_layers.add(layer)
         for t in gathers:  # a gather of partitioned layers makes their versions (an upload or update of a shard
             layers = task_layers(t.tags)  # does not)
             self.producers[t.id] = set(layers) if layers is not None else set(self.sharded)
@@ -261,7 +264,7 @@ class Runner:
             raise ReplayError(f"{self.gpu} is in {len(tp_groups)} tensor-parallel groups "
                               f"({', '.join(sorted(s for _, s in tp_groups))}); replay runs one per rank")
         tp_ranks, self.tp_stream = next(iter(tp_groups)) if tp_groups else ((self.gpu,), "")
-        self.tp = TpPlace(tp_ranks.index(self.gpu), len(tp_ranks), not self.dims.tied)
+        self.tp = TpPlace(tp_ranks.index(self.gpu), len(tp_ranks), len(tp_ranks) > 1)
         self.keep_graph = [i not in recompute for i in range(self.n_layers)]
         self.master_loc = [master.get(i, self.gpu) for i in range(self.n_layers)]
 
@@ -300,7 +303,8 @@ class Runner:
         self.store = Store(self.dims, layers, self.gpu, self.master_loc, self.pools, self.batching,
                            Sharding(self.dp_rank, self.dp_world, frozenset(self.sharded)), self.tp)
         if self.tp.active:
-            self.store.tp_link(self.comm, self.tp_stream, inner_stream(self.tp_stream))
+            self.store.tp_link(self.comm, self.tp_stream)
+            self.store.tp_rc_layers = frozenset(self.tp_rc_layers)
         self.mem.log.clear()  # the initial tensors: every rank holds the plan's, merged once (replay.dist_merge)
         self.mem_lock = threading.Lock()
         self.records: list[TaskRecord] = []
@@ -498,12 +502,14 @@ class Runner:
             if layer is None or chunks is not None and s.tags.get("chunk") != chunks - 1:
                 return 0.0, ()
             key = (t.step, self._micro(t), layer)
+            part = s.tags.get("part", 0)  # a tensor-parallel layer's compute part (policies.kit.tp_steps)
             if phase == Phase.FWD:
-                self.store.forward(t.uid, key, self._version(t, layer), self.keep_graph[layer])
+                version = self._version(t, layer) if part == 0 else 0
+                self.store.forward(t.uid, key, version, self.keep_graph[layer], part)
             elif phase == Phase.RECOMPUTE:
-                self.store.recompute(t.uid, key)
+                self.store.recompute(t.uid, key, part)
             elif phase == Phase.BWD:
-                self.store.backward(t.uid, key, self.accum[t.step], device)
+                self.store.backward(t.uid, key, self.accum[t.step], device, part)
             return 0.0, ()
         layers = task_layers(s.tags)
         if s.op == "optimizer":
@@ -574,7 +580,8 @@ class Runner:
         elif phase == Phase.TIED_GRAD_SYNC:
             real = self.store.sync_tied(t.uid, self.comm, s.stream, t.step, self.gpu)
         elif phase in TP_PHASES and isinstance(s.tags.get("layer"), int):
-            real = self.store.tp_close(t.uid, TP_PHASES[phase], (t.step, self._micro(t), s.tags["layer"]), s.bytes)
+            real = self.store.tp_close(t.uid, TP_PHASES[phase], (t.step, self._micro(t), s.tags["layer"]),
+                                       int(s.tags.get("part", 0)))
         else:
             raise ReplayError(f"task {t.uid!r}: a {coll or 'collective'} in phase {phase!r} is not replayed (gradient "
                               "reductions, parameter gathers, tensor-parallel all-reduces and tied-gradient sums are)")

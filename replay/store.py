@@ -35,17 +35,24 @@ from replay.model import Dims
 from replay.pools import Held, Pools
 from replay.precision import Precision
 from replay.tensor_parallel import (
-    BlockBackward,
     BlockGraph,
     EmbedGraph,
+    HeadGraph,
     TpPlace,
-    block_backward,
+    block_attention,
+    block_backward_attention,
     block_backward_close,
-    block_forward,
+    block_backward_mlp,
+    block_mlp,
     block_output,
     embed_backward,
     embed_forward,
     embed_output,
+    head_after_max,
+    head_backward,
+    head_close,
+    head_forward,
+    head_loss,
     local_dims,
 )
 
@@ -70,7 +77,8 @@ class Saved:
     version: int                # parameter version the forward used
     wte_version: int | None     # head with tied embeddings: the embedding's version
     graph: Graph | None = None
-    tp: BlockGraph | EmbedGraph | None = None  # a tensor-parallel layer's pieces (replay.tensor_parallel)
+    tp: BlockGraph | EmbedGraph | HeadGraph | None = None  # a tensor-parallel layer's pieces (replay.tensor_parallel)
+    a_sum: Tensor | None = None  # a tp block's summed attention output (recomputed without collectives)
 
 
 @dataclass(frozen=True)
@@ -98,11 +106,12 @@ class Store:
         self.sharding = sharding or Sharding()
         self.tp = tp or TpPlace(0, 1, False)
         self.tp_dims = local_dims(dims, self.tp.world)
-        self.tp_comm: tuple[Any, str, str] | None = None  # comm, the group's stream, its inner group (tp_link)
-        self.tp_pending: dict[tuple[str, int, int, int], BlockGraph | EmbedGraph] = {}
-        self.tp_bwd: dict[tuple[int, int, int], tuple[BlockGraph, BlockBackward, str]] = {}
+        self.tp_comm: tuple[Any, str] | None = None  # comm, the group's stream (tp_link)
+        # a tensor-parallel layer's pieces between its parts and collectives, by (kind, step, micro-step, layer)
+        self.tp_pending: dict[tuple[str, int, int, int], Any] = {}
+        self.tp_head_grad: dict[tuple[int, int, int], Tensor] = {}
         self.tp_done: dict[tuple[int, int, int], threading.Event] = {}
-        self.tp_inner_bytes: dict[tuple[int, int, int], int] = {}
+        self.tp_rc_layers: frozenset[int] = frozenset()  # layers whose recomputation has collectives
         self.abort: threading.Event | None = None
         self.names = [[n for n, _ in m.named_parameters()] for m in layers]
         self.shapes = [{n: p.shape for n, p in m.named_parameters()} for m in layers]
@@ -221,10 +230,10 @@ class Store:
                               f"micro-step {m}) is not there: {missing}")
         return got
 
-    def forward(self, uid: str, key: tuple[int, int, int], version: int, keep_graph: bool) -> None:
+    def forward(self, uid: str, key: tuple[int, int, int], version: int, keep_graph: bool, part: int = 0) -> None:
         s, m, i = key
-        if self.tp.active and i < self.head:
-            self._tp_forward(uid, key, version, keep_graph)
+        if self.tp.active:
+            self._tp_forward(uid, key, version, keep_graph, part)
             return
         x = self._layer_input(uid, key, "that layer's forward has not run")
         wte_version = None
@@ -260,21 +269,19 @@ class Store:
                               "are not there: its forward has not run or they were already freed")
         return saved
 
-    def recompute(self, uid: str, key: tuple[int, int, int]) -> None:
+    def recompute(self, uid: str, key: tuple[int, int, int], part: int = 0) -> None:
         saved = self._saved(uid, key, pop=False)
-        if self.tp.active and key[2] < self.head:
-            saved.tp = self._tp_graph(key[2], saved, key, grad=True)
-            with self.lock:
-                self.tp_pending[("r", *key)] = saved.tp
+        if self.tp.active:
+            self._tp_recompute(uid, key, saved, part)
             return
         saved.graph = self._graph(key[2], saved, key)
 
-    def backward(self, uid: str, key: tuple[int, int, int], accum: int, loc: str) -> None:
+    def backward(self, uid: str, key: tuple[int, int, int], accum: int, loc: str, part: int = 0) -> None:
         s, m, i = key
-        saved = self._saved(uid, key, pop=True)
-        if self.tp.active and i < self.head:
-            self._tp_backward(uid, key, saved, loc)
+        if self.tp.active:
+            self._tp_backward(uid, key, accum, loc, part)
             return
+        saved = self._saved(uid, key, pop=True)
         g = saved.graph if saved.graph is not None else self._graph(i, saved, key)
         if i == self.head:
             # what (loss * scale / accum).backward() feeds in (scale: replay.precision, fp16 only)
@@ -307,57 +314,130 @@ class Store:
             self.grads[(loc, i, s, m)] = pg
 
     # -- tensor parallelism (replay.tensor_parallel) ------------------------------------------------------
-    def tp_link(self, comm: Any, stream: str, inner: str) -> None:
-        """The tensor-parallel group this rank belongs to: its plan stream and the inner group's name."""
-        self.tp_comm = (comm, stream, inner)
+    def tp_link(self, comm: Any, stream: str) -> None:
+        """The tensor-parallel group this rank belongs to: the communicator and the group's plan stream."""
+        self.tp_comm = (comm, stream)
 
-    def _all_reduce(self, t: Tensor, inner: bool) -> Tensor:
-        """The group's sum of ``t`` (a real all-reduce, in fp32), in ``t``'s dtype."""
+    def _all_reduce(self, t: Tensor, op: str = "sum") -> Tensor:
+        """The group's sum (or max) of ``t`` (a real all-reduce, in fp32), in ``t``'s dtype."""
         if self.tp_comm is None:
             raise ReplayError("a tensor-parallel layer without its group (replay.runner links it)")
-        comm, stream, inner_name = self.tp_comm
+        comm, stream = self.tp_comm
         flat = t.detach().to(torch.float32).contiguous().clone()
-        comm.all_reduce(flat, inner_name if inner else stream)
+        comm.all_reduce(flat, stream, op)
         return flat.to(t.dtype)
 
-    def _inner(self, key: tuple[int, int, int]) -> Any:
-        def reduce(t: Tensor) -> Tensor:
-            with self.lock:
-                self.tp_inner_bytes[key] = self.tp_inner_bytes.get(key, 0) + t.numel() * 4
-            return self._all_reduce(t, inner=True)
-        return reduce
+    def _tp_state(self, uid: str, kind: str, key: tuple[int, int, int], pop: bool = False) -> Any:
+        with self.lock:
+            got = self.tp_pending.pop((kind, *key), None) if pop else self.tp_pending.get((kind, *key))
+        if got is None:
+            s, m, i = key
+            what = {"f": "forward", "r": "recomputation", "b": "backward", "max": "logits' max"}.get(kind, kind)
+            raise ReplayError(f"task {uid!r}: the tensor-parallel state of layer {i} (step {s}, micro-step {m}, "
+                              f"{what}) is not there: the plan runs its parts out of Megatron's order")
+        return got
 
-    def _tp_graph(self, i: int, saved: Saved, key: tuple[int, int, int], grad: bool) -> BlockGraph | EmbedGraph:
-        params = {n: p.detach().requires_grad_(grad) for n, p in self.versions[i][saved.version].items()}
+    def _tp_params(self, i: int, version: int, grad: bool) -> dict[str, Tensor]:
+        return {n: p.detach().requires_grad_(grad) for n, p in self.versions[i][version].items()}
+
+    def _tp_start(self, uid: str, key: tuple[int, int, int], saved: Saved, grad: bool) -> Any:
+        """A tensor-parallel layer's first forward part (compute): the embedding's lookup, a block's attention,
+        the head's logits (with their local max, which the first collective reduces)."""
+        i = key[2]
+        params = self._tp_params(i, saved.version, grad or i == self.head)
         with self.precision.autocast():
             if i == 0:
                 return embed_forward(self.dims, self.tp, params, saved.x, grad)
-            return block_forward(self.tp_dims, params, saved.x, self._inner(key), grad)
+            if i < self.head:
+                return block_attention(self.tp_dims, params, saved.x, grad)
+            s, m, _ = key
+            if self.own_table:
+                weight = params["wte"]
+            elif self.dims.tied:
+                assert saved.wte_version is not None
+                weight = self.versions[0][saved.wte_version]["wte"].detach().requires_grad_(True)
+            else:
+                weight = params["lm"]
+            _, targets = batch(self.batching.seed, s, self.global_micro(m), self.batching.micro_batch,
+                               self.batching.seq_len, self.dims.vocab)
+            return head_forward(self.dims, self.tp, params, weight, saved.x, targets.to(saved.x.device))
 
-    def _tp_forward(self, uid: str, key: tuple[int, int, int], version: int, keep_graph: bool) -> None:
-        """A tensor-parallel layer's forward up to its closing all-reduce (the plan's tp-fwd task: tp_close)."""
+    def _tp_forward(self, uid: str, key: tuple[int, int, int], version: int, keep_graph: bool, part: int) -> None:
+        """A tensor-parallel layer's forward compute part (module docstring of replay.tensor_parallel)."""
         s, m, i = key
+        if part == 1:  # a block's MLP, after collective 0
+            g = self._tp_state(uid, "f", key)
+            with self.precision.autocast():
+                block_mlp(self.tp_dims, g, g.a_leaf)
+            return
         x = self._layer_input(uid, key, "that layer's forward (and its tp-fwd) has not run")
         if version not in self.versions[i]:
             raise ReplayError(f"task {uid!r}: uses version {version} of layer {i}'s parameters, which is no longer "
                               f"held (the runner keeps the last {KEEP_VERSIONS})")
-        saved = Saved(x, version, None)
-        g = self._tp_graph(i, saved, key, grad=keep_graph)
-        if keep_graph:
+        wte_version = None
+        if i == self.head and self.dims.tied and not self.own_table:
+            emb = self.saved.get((s, m, 0))
+            if emb is None:
+                raise ReplayError(f"task {uid!r}: the tied head needs the embedding of step {s}, micro-step {m}")
+            wte_version = emb.version
+        saved = Saved(x, version, wte_version)
+        got = self._tp_start(uid, key, saved, grad=keep_graph)
+        g, local_max = got if i == self.head else (got, None)
+        if keep_graph or i == self.head:
             saved.tp = g
         with self.lock:
             self.saved[key] = saved
             self.tp_pending[("f", *key)] = g
+            if local_max is not None:
+                self.tp_pending[("max", *key)] = local_max
 
-    def _tp_backward(self, uid: str, key: tuple[int, int, int], saved: Saved, loc: str) -> None:
+    def _tp_recompute(self, uid: str, key: tuple[int, int, int], saved: Saved, part: int) -> None:
+        if part == 1:
+            g = self._tp_state(uid, "r", key)
+            with self.precision.autocast():
+                block_mlp(self.tp_dims, g, g.a_leaf)
+            return
+        g = self._tp_start(uid, key, saved, grad=True)
+        saved.tp = g
+        if isinstance(g, BlockGraph) and key[2] not in self.tp_rc_layers:
+            # selective recomputation reruns no collective: the forward's summed attention output is reused
+            if saved.a_sum is None:
+                raise ReplayError(f"task {uid!r}: recomputes block {key[2]} without its all-reduces, but its "
+                                  "forward kept no summed attention output")
+            with self.precision.autocast():
+                block_mlp(self.tp_dims, g, saved.a_sum)
+            return
+        with self.lock:
+            self.tp_pending[("r", *key)] = g
+
+    def _tp_backward(self, uid: str, key: tuple[int, int, int], accum: int, loc: str, part: int) -> None:
         s, m, i = key
+        if part == 1:  # a block's attention backward, after collective 0
+            g, bb, _ = self._tp_state(uid, "b", key)
+            with self.precision.autocast():
+                block_backward_attention(g, bb, bb.part)
+            return
+        saved = self._saved(uid, key, pop=True)
+        g = saved.tp
+        if g is None:
+            raise ReplayError(f"task {uid!r}: the backward of tensor-parallel layer {i} (step {s}, micro-step {m}) "
+                              "has no graph: the plan neither keeps its activations nor recomputes it")
+        if isinstance(g, HeadGraph):
+            g_hn, g_w = head_backward(g, self.precision.loss_scale / accum)
+            with self.lock:
+                self.tp_pending[("b", *key)] = (g, g_hn, loc)
+                if self.dims.tied and not self.own_table:
+                    self.tied_grad[(s, m)] = g_w
+                else:
+                    self.tp_head_grad[key] = g_w
+                self.tp_done[(i, s, m)] = threading.Event()
+            return
         with self.lock:
             got = self.upstream.pop(key, None)
         if got is None:
             raise ReplayError(f"task {uid!r}: the gradient of layer {i}'s output (step {s}, micro-step {m}) "
                               f"is not there: the backward of layer {i + 1} has not run")
-        g = saved.tp if saved.tp is not None else self._tp_graph(i, saved, key, grad=True)
-        if isinstance(g, EmbedGraph):
+        if isinstance(g, EmbedGraph):  # local (Megatron's vocab-parallel embedding has no backward collective)
             pg = embed_backward(g, got)
             with self.lock:
                 extra = self.tied_grad.pop((s, m), None) if self.dims.tied else None
@@ -365,49 +445,85 @@ class Store:
                     pg["wte"] = extra + pg["wte"]
                 self.grads[(loc, i, s, m)] = pg
             return
-        bb = block_backward(g, got, self._inner(key))
+        bb = block_backward_mlp(g, got)
         with self.lock:
             self.tp_done[(i, s, m)] = threading.Event()
-            self.tp_bwd[key] = (g, bb, loc)
+            self.tp_pending[("b", *key)] = (g, bb, loc)
 
-    def tp_close(self, uid: str, phase: str, key: tuple[int, int, int], nbytes: float) -> int:
-        """The plan's collective closing a tensor-parallel layer's forward, recomputation or backward (module
-        docstring of replay.tensor_parallel); the real bytes of this and the layer's inner all-reduces."""
+    def tp_close(self, uid: str, phase: str, key: tuple[int, int, int], part: int) -> int:
+        """A tensor-parallel collective of the plan (``part``: its index in the layer's use; module docstring of
+        replay.tensor_parallel); returns the real bytes it reduced."""
         s, m, i = key
-        with self.lock:
-            inner = self.tp_inner_bytes.pop(key, 0)
         if phase == "b":
-            with self.lock:
-                got = self.tp_bwd.pop(key, None)
-            if got is None:
-                if i == 0:  # the embedding: no gradient to sum (Megatron has none); the plan's bytes of zeros
-                    zeros = torch.zeros(max(int(nbytes) // 4, 1), dtype=torch.float32, device=self.pools.device)
-                    self._all_reduce(zeros, inner=False)
-                    return zeros.numel() * 4 + inner
-                raise ReplayError(f"task {uid!r}: closes the backward of layer {i} (step {s}, micro-step {m}), "
-                                  "which has not run")
-            g, bb, loc = got
-            g_h1 = self._all_reduce(bb.g_h1_part, inner=False)
-            g_x, pg = block_backward_close(g, bb, g_h1)
-            with self.lock:
-                self.upstream[(s, m, i - 1)] = g_x
-                self.grads[(loc, i, s, m)] = pg
-                self.tp_done[(i, s, m)].set()
-                for old in [k for k in self.tp_done if k[1] < s - 1]:  # two steps back: every consumer has run
-                    del self.tp_done[old]
-            return g_h1.numel() * 4 + inner
-        with self.lock:
-            pend = self.tp_pending.pop((phase, *key), None)
-        if pend is None:
-            raise ReplayError(f"task {uid!r}: closes the {'forward' if phase == 'f' else 'recomputation'} of "
-                              f"layer {i} (step {s}, micro-step {m}), which has not run")
-        part = pend.contrib if isinstance(pend, EmbedGraph) else pend.m_part
-        summed = self._all_reduce(part, inner=False)
+            return self._tp_close_backward(uid, key, part)
+        g = self._tp_state(uid, phase, key)
+        if isinstance(g, HeadGraph):
+            return self._tp_close_head(uid, key, g, part)
+        last = isinstance(g, EmbedGraph) or part == 1
+        if not last:  # a block's attention output
+            g.a_leaf = self._all_reduce(g.a_part)
+            if phase == "f" and i not in self.tp_rc_layers:
+                self._saved(uid, key, pop=False).a_sum = g.a_leaf.detach()
+            return g.a_leaf.numel() * 4
+        self._tp_state(uid, phase, key, pop=True)
+        part_sum = g.contrib if isinstance(g, EmbedGraph) else g.m_part
+        summed = self._all_reduce(part_sum)
         if phase == "f":
-            out = embed_output(pend, summed) if isinstance(pend, EmbedGraph) else block_output(pend, summed)
+            out = embed_output(g, summed) if isinstance(g, EmbedGraph) else block_output(g, summed)
             with self.lock:
                 self.outputs[key] = out.detach()
-        return summed.numel() * 4 + inner
+        return summed.numel() * 4
+
+    def _tp_close_head(self, uid: str, key: tuple[int, int, int], g: HeadGraph, part: int) -> int:
+        s, m, _ = key
+        if part == 0:
+            got = self._all_reduce(self._tp_state(uid, "max", key, pop=True), "max")
+            head_after_max(g, got)
+            return got.numel() * 4
+        if part == 1:
+            assert g.predicted is not None
+            g.predicted = self._all_reduce(g.predicted)
+            return g.predicted.numel() * 4
+        assert g.sum_exp is not None and g.predicted is not None
+        loss = head_loss(g, self._all_reduce(g.sum_exp), g.predicted)
+        self._tp_state(uid, "f", key, pop=True)
+        with self.lock:
+            self.losses[(s, self.global_micro(m))] = float(loss)
+        return g.sum_exp.numel() * 4
+
+    def _tp_close_backward(self, uid: str, key: tuple[int, int, int], part: int) -> int:
+        s, m, i = key
+        state = self._tp_state(uid, "b", key)
+        if isinstance(state[0], HeadGraph):
+            g, g_hn, loc = state
+            summed = self._all_reduce(g_hn)
+            g_x, pg = head_close(g, summed)
+            with self.lock:
+                w = self.tp_head_grad.pop(key, None)
+            if w is not None:
+                pg["wte" if self.own_table else "lm"] = w
+            pg = {n: pg[n] for n in g.params}
+            self._tp_finish(uid, key, g_x, pg, loc)
+            return summed.numel() * 4
+        g, bb, loc = state
+        summed = self._all_reduce(bb.part)
+        if part == 0:  # the gradient of the MLP's input
+            bb.part = summed
+            return summed.numel() * 4
+        g_x, pg = block_backward_close(g, bb, summed)
+        self._tp_finish(uid, key, g_x, pg, loc)
+        return summed.numel() * 4
+
+    def _tp_finish(self, uid: str, key: tuple[int, int, int], g_x: Tensor, pg: dict[str, Tensor], loc: str) -> None:
+        """A layer's backward completed by its last collective: the input's gradient and the layer's gradients."""
+        s, m, i = key
+        self._tp_state(uid, "b", key, pop=True)
+        with self.lock:
+            self.upstream[(s, m, i - 1)] = g_x
+            self.grads[(loc, i, s, m)] = pg
+            self.tp_done[(i, s, m)].set()
+            for old in [k for k in self.tp_done if k[1] < s - 1]:  # two steps back: every consumer has run
+                del self.tp_done[old]
 
     def _tp_wait(self, uid: str, i: int, step: int, micro: int | None) -> None:
         """Wait until the tp-bwd tasks of layer i (step, micro-step or all of the step's) completed its

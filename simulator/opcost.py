@@ -23,5 +23,11 @@ def plan_pricer(plan: Plan, hw: HardwareSpec, dtype: str) -> ComputePricer:
 
 
 def task_seconds(pricer: ComputePricer, s: TaskSpec) -> float:
-    """Seconds of work of compute task ``s`` (launch or operator overheads included), from its tags."""
+    """Seconds of work of compute task ``s`` (launch or operator overheads included), from its tags. A part of a
+    layer's use (tag ``layer_share``: its share of the use's FLOPs, ``policies.kit.tp_layer``) is that share of
+    the whole use's seconds, so that splitting a layer at its tensor-parallel all-reduces does not price its
+    kernels smaller than they are."""
+    share = s.tags.get("layer_share")
+    if isinstance(share, float) and 0.0 < share < 1.0:
+        return share * pricer.seconds(s.flops / share, s.hbm_bytes / share, s.tags.get("layer"), s.tags.get("phase"))
     return pricer.seconds(s.flops, s.hbm_bytes, s.tags.get("layer"), s.tags.get("phase"))

@@ -12,8 +12,13 @@ mechanisms of many tasks and the dependency rules that schedule them.
   group j and ``tp{k}`` per tensor-parallel group k, or with ``flat_comm`` ``dp.grad`` / ``dp.param``.
 - Compute: a layer's forward, recomputation or backward on one GPU's compute stream, priced by the trace's FLOPs
   and HBM bytes divided by ``share`` (TP degree or chunk count) unless ``flops`` / ``hbm_bytes`` are given; ids
-  default to ``fwd{i}.{g}``, ``rc{i}.{g}``, ``bwd{i}.{g}``. With tp > 1 each of them ends with Megatron's two
-  all-reduces of the ``s*b*h`` layer output (one collective task) that the next layer waits for (``tp_sync``).
+  default to ``fwd{i}.{g}``, ``rc{i}.{g}``, ``bwd{i}.{g}``. With tp > 1 a layer's use is what Megatron-LM runs
+  (``tp_steps``, ``tp_layer``): a block's forward is attention (``fwd{i}a``), the all-reduce of its output
+  (``tpf{i}a``), the MLP (``fwd{i}``), the all-reduce of its output (``tpf{i}``); its backward the MLP's
+  (``bwd{i}a``), the all-reduce of the MLP input's gradient (``tpb{i}a``), attention's (``bwd{i}``), the
+  all-reduce of attention's input gradient (``tpb{i}``); the vocab-parallel embedding all-reduces its forward
+  output only; the column-parallel head with the vocab-parallel cross-entropy all-reduces the logits' max, the
+  target logits and the exp sums (``b*s`` fp32 each) in its forward and its input gradient in its backward.
 - Activations under TP (Korthikanti et al. 2022, arXiv 2205.05198, Table 2, no sequence parallelism): of the
   ``34 sbh`` a GPT block saves, ``10 sbh`` (layer norms, dropout masks, inputs of the column-parallel GEMMs) stay
   replicated and ``24 sbh`` are split; we apply that ratio to whatever the trace saves per block. Full
@@ -26,7 +31,8 @@ mechanisms of many tasks and the dependency rules that schedule them.
   data-parallel group assembles the layer on every GPU; ZeRO-3 without offload only gathers. Prefetch distance
   ``d``: the fetch for use ``u`` may start once use ``u - d`` has started, i.e. after the compute of use
   ``u - d - 1`` (``UseOrder``); d = 0 is fetch-on-demand.
-- Gradients are reduced over the data-parallel group as soon as a layer's backward ends, overlapping the next
+- Gradients are reduced over the data-parallel group as soon as a layer's backward ends (with tp > 1, and its
+  last tensor-parallel all-reduce, which completes the replicated norms' gradients), overlapping the next
   layer's backward (DeepSpeed ``overlap_comm``): all-reduce for ZeRO 0/1, reduce-scatter for ZeRO 2/3 and the
   offloading policies; with offload each rank then copies its partition to the CPU on its D2H engine. Bucket gate
   (B = ``buckets_in_flight``, each policy's own; DeepSpeed double-buffers its ipg bucket: B = 2): a layer's
@@ -59,11 +65,11 @@ from hardware_models.allocator import allocator_overhead
 from policies.base import Job, KnobError, gpu_pool
 from policies.builder import PlanBuilder
 from simulator.phase import Phase
+from workloads.flops import block_forward_flops
 from workloads.trace import LayerTrace
 
 Places = Sequence[tuple[str, str]]
 REPLICATED_ACT_FRACTION = 10 / 34  # Korthikanti Table 2: 10sbh of 34sbh are not split by TP
-TP_ALLREDUCES = {"block": 2, "embedding": 1, "head": 0}  # Megatron: attention + MLP per block
 TP_PHASE = {"f": Phase.TP_FWD, "r": Phase.TP_RECOMPUTE, "b": Phase.TP_BWD}
 Extra = Mapping[str, Any] | None
 ParamReady = Mapping[int, Sequence[str]]
@@ -128,13 +134,33 @@ class Layout:
         return "" if self.flat_comm else f".d{j}"
 
 
+def tp_splits_model(job: Job, tp: int) -> bool:
+    """Does ``tp`` split the model's attention heads, key/value heads and MLP width evenly (``check_tp``)?"""
+    m = job.model
+    return not (m.n_heads % tp or m.n_kv_heads % tp or m.ffn and m.ffn % tp)
+
+
 def check_tp(job: Job, tp: int, policy: str) -> None:
-    """KnobError unless ``tp`` divides the GPU count and the model's attention heads."""
+    """KnobError unless ``tp`` divides the GPU count and splits the model as Megatron-LM splits it: attention
+    heads, key/value heads (query groups) and the MLP width divisible by ``tp``.
+
+    Megatron accepts a query-group count that is a multiple *or a divisor* of tp (``megatron/core/transformer/
+    transformer_config.py``, the ``num_query_groups`` check); with fewer groups than ranks
+    (``megatron/core/transformer/attention.py``, ``num_query_groups < world_size``) every block all-gathers its
+    QKV projection over the group and each rank keeps one replicated key/value head. Those all-gathers and the
+    replicated heads are not in our plans (nor in the replay's shards), so tp > key/value heads is refused."""
     if tp < 1 or job.n_gpus % tp:
         raise KnobError(f"{policy}: knob 'tp' must divide the GPU count {job.n_gpus}, got {tp}")
     m = job.model
-    if m.n_heads % tp or m.n_kv_heads % tp and tp % m.n_kv_heads:
+    if m.n_heads % tp:
         raise KnobError(f"{policy}: knob 'tp' = {tp} does not divide the model's {m.n_heads} attention heads")
+    if m.n_kv_heads % tp:
+        raise KnobError(f"{policy}: knob 'tp' = {tp} does not divide the model's {m.n_kv_heads} key/value heads "
+                        f"(Megatron then all-gathers every block's QKV, which is not modelled); use a tp that divides "
+                        f"{m.n_kv_heads}")
+    if m.ffn and m.ffn % tp:
+        raise KnobError(f"{policy}: knob 'tp' = {tp} does not divide the model's MLP width {m.ffn} "
+                        "(column-parallel layers split it evenly); use a tp that divides it")
 
 
 def gpu_streams(b: PlanBuilder, gpus: Iterable[str], extra: Sequence[tuple[str, str]] = ()) -> None:
@@ -284,14 +310,105 @@ def move_activation(b: PlanBuilder, tid: str, stream: str, tensor: str, src: str
                   tags=tags(phase, layer=layer, rank=rank, extra=extra))
 
 
-def tp_sync(b: PlanBuilder, lay: Layout, i: int, layer: LayerTrace, phase: str, prefix: str) -> dict[int, str]:
-    """TP all-reduces closing layer i's ``phase`` (f / r / b) after ``{prefix}{i}.{g}``: group k -> task id."""
-    n_ar = TP_ALLREDUCES[layer.kind]
-    if lay.tp == 1 or n_ar == 0:
+TpStep = tuple[str, float]  # ("compute", fraction of the layer's FLOPs) or ("sum" | "max", all-reduce bytes)
+PARTS = "abcdefgh"  # id suffixes of a layer use's compute parts and collectives before its last
+
+
+def _block_attention_fraction(job: Job, i: int) -> float:
+    """The share of block ``i``'s (trace index) matmul FLOPs before its first all-reduce: Q/K/V, the attention
+    core and the output projection (the rest: the MLP and a router)."""
+    c = job.config
+    bf = block_forward_flops(job.model, c.micro_batch, c.seq_len, c.causal_attention_factor, i - 1)
+    attention = bf.qkv + bf.attention_core + bf.output_projection
+    total = attention + bf.mlp + bf.router
+    return attention / total if total > 0 else 0.5
+
+
+def tp_steps(job: Job, i: int, phase: str) -> list[TpStep]:
+    """Layer i's use ``phase`` (f / r / b) with tensor parallelism, in Megatron-LM's order (module docstring).
+
+    Sources (NVIDIA/Megatron-LM, ``megatron/core/tensor_parallel/``): ``layers.py`` VocabParallelEmbedding
+    reduces its output with ``reduce_from_tensor_model_parallel_region``, whose backward (``mappings.py``,
+    ``_ReduceFromModelParallelRegion``) passes the gradient through: no backward collective. RowParallelLinear
+    (attention's output projection, the MLP's down projection) ends with the same reduction; ColumnParallelLinear
+    all-reduces its input gradient in the backward (``allreduce_dgrad``). ``cross_entropy.py``
+    ``_VocabParallelCrossEntropy.forward`` all-reduces the logits' max (``ReduceOp.MAX``), the target logits and
+    the exp sums, one float per token each; its backward is local. Selective recomputation reruns the attention
+    core alone (no collective); full recomputation reruns the forward with its all-reduces."""
+    layer = job.trace.layers[i]
+    if layer.kind == "embedding":
+        return [("compute", 1.0)] + ([("sum", float(layer.output_bytes))] if phase in "fr" else [])
+    if layer.kind == "head":
+        if phase == "f":
+            per_token = 4.0 * job.config.micro_batch * job.config.seq_len  # fp32, Megatron's cross-entropy
+            return [("compute", 1.0), ("max", per_token), ("sum", per_token), ("sum", per_token)]
+        return [("compute", 1.0), ("sum", float(job.trace.layers[i - 1].output_bytes))]
+    if phase == "r" and job.config.checkpointing != "full":
+        return [("compute", 1.0)]
+    attn = _block_attention_fraction(job, i)
+    first, second = (attn, 1.0 - attn) if phase in "fr" else (1.0 - attn, attn)
+    out = float(layer.output_bytes)
+    return [("compute", first), ("sum", out), ("compute", second), ("sum", out)]
+
+
+ComputePart = Callable[[str, float, str, int, list[str], int, bool, bool], str]
+
+
+def tp_layer(b: PlanBuilder, job: Job, lay: Layout, i: int, phase: str, compute: ComputePart,
+             deps_of: Callable[[int, str], list[str]]) -> dict[int, str]:
+    """Layer i's use ``phase`` on every GPU with tp > 1, as ``tp_steps`` lists it: each compute part on every
+    GPU (``compute(suffix, fraction, g, r, deps, part, first, last)``; the first part after ``deps_of(r, g)``,
+    a later one after the collective before it), each collective one task per tensor-parallel group on its
+    stream ``tp{k}`` (ids ``tp{phase}{i}{suffix}.k{k}``, the last without suffix), tagged ``part`` (its index)
+    and ``reduce_op``. Returns group k -> the use's last collective (empty when it has none)."""
+    steps = tp_steps(job, i, phase)
+    n_compute = sum(kind == "compute" for kind, _ in steps)
+    n_coll = len(steps) - n_compute
+    ci = ai = 0
+    sync: dict[int, str] = {}
+    last_compute: dict[str, str] = {}
+    for kind, x in steps:
+        if kind == "compute":
+            last = ci == n_compute - 1
+            for r, g in enumerate(lay.gpus()):
+                k = lay.tp_index(r)[0]
+                deps = [sync[k]] if sync else deps_of(r, g)
+                last_compute[g] = compute("" if last else PARTS[ci], x, g, r, deps, ci, ci == 0, last)
+            ci += 1
+            continue
+        sfx = "" if ai == n_coll - 1 else PARTS[ai]
+        sync = {k: b.task(f"tp{phase}{i}{sfx}.k{k}", "collective", f"tp{k}",
+                          [last_compute[g] for g in lay.tp_group(k)] + ([sync[k]] if k in sync else []),
+                          coll="all_reduce", bytes=x, ranks=tuple(lay.tp_group(k)),
+                          tags=tags(TP_PHASE[phase], layer=i, extra={"part": ai, "reduce_op": kind}))
+                for k in range(lay.dp)}
+        ai += 1
+    return sync
+
+
+def layer_use(b: PlanBuilder, job: Job, lay: Layout, i: int, phase: str, deps_of: Callable[[int, str], list[str]],
+              *, allocs_of: Callable[[str], Places] = lambda g: (),
+              frees_of: Callable[[str], Places] = lambda g: ()) -> dict[int, str]:
+    """Layer i's forward (``f``), recomputation (``r``) or backward (``b``) on every GPU: one compute task per GPU
+    (tp = 1), or Megatron's parts and collectives (``tp_layer``). ``allocs_of(g)`` go on the use's first compute
+    task, ``frees_of(g)`` on its last. Returns group k -> the collective that completes the use (tp > 1)."""
+    layer = job.trace.layers[i]
+    emit = {"f": forward, "r": recompute, "b": backward}[phase]
+    if lay.tp == 1:
+        for r, g in enumerate(lay.gpus()):
+            emit(b, i, layer, g, r, deps_of(r, g), share=1, allocs=allocs_of(g), frees=frees_of(g))
         return {}
-    return {k: b.task(f"tp{phase}{i}.k{k}", "collective", f"tp{k}", [f"{prefix}{i}.{g}" for g in lay.tp_group(k)],
-                      coll="all_reduce", bytes=n_ar * layer.output_bytes, ranks=tuple(lay.tp_group(k)),
-                      tags=tags(TP_PHASE[phase], layer=i)) for k in range(lay.dp)}
+    flops = {"f": layer.fwd_flops, "r": layer.recompute_flops, "b": layer.bwd_flops}[phase]
+    hbm = layer.bwd_hbm_bytes if phase == "b" else layer.fwd_hbm_bytes
+    prefix = {"f": "fwd", "r": "rc", "b": "bwd"}[phase]
+    split = sum(kind == "compute" for kind, _ in tp_steps(job, i, phase)) > 1
+
+    def part(sfx: str, frac: float, g: str, r: int, deps: list[str], ci: int, first: bool, last: bool) -> str:
+        return emit(b, i, layer, g, r, deps, flops=flops * frac / lay.tp, hbm_bytes=hbm * frac / lay.tp,
+                    tid=f"{prefix}{i}{sfx}.{g}", allocs=allocs_of(g) if first else (),
+                    frees=frees_of(g) if last else (), extra={"part": ci, "layer_share": frac} if split else None)
+
+    return tp_layer(b, job, lay, i, phase, part, deps_of)
 
 
 def saved_activation_bytes(job: Job, layer_bytes: float, kind: str, tp: int) -> float:
@@ -422,24 +539,35 @@ class Grads:
     buckets_in_flight: int = 0  # offloaded buckets in flight per GPU before the backward waits (0: no gate)
 
 
-def reduce_and_offload(b: PlanBuilder, job: Job, lay: Layout, grads: Grads, i: int) -> None:
+def reduce_and_offload(b: PlanBuilder, job: Job, lay: Layout, grads: Grads, i: int,
+                       tp_done: Mapping[int, str] | None = None) -> None:
     """Reduce layer i's gradients across each data-parallel group, then (offload) copy them down; a bucket
-    that is neither reduced nor offloaded is folded into the resident buffer (``acc{i}.{g}``)."""
+    that is neither reduced nor offloaded is folded into the resident buffer (``acc{i}.{g}``). ``tp_done``:
+    tensor-parallel group k -> the collective that completes the layer's gradients (the replicated norms'
+    need the summed input gradient), which every consumer waits for besides the backward."""
     layer = job.trace.layers[i]
+    done = tp_done or {}
+
+    def ready(g: str) -> list[str]:
+        k = lay.tp_index(int(g[3:]))[0]
+        return [f"bwd{i}.{g}"] + ([done[k]] if k in done else [])
+
     for j in range(lay.tp):
         grp = lay.dp_group(j)
         red = None
         if lay.dp > 1:
             red = reduce(b, f"red{i}{lay.dp_suffix(j)}", lay.dp_stream(j, "grad"), grp,
-                         layer.params / lay.tp * dtype_bytes(job), [f"bwd{i}.{g}" for g in grp], coll=grads.reduce,
-                         layer=i, frees=[(f"gb{i}.{g}", g) for g in grp] if grads.bucket and not grads.offload else [])
+                         layer.params / lay.tp * dtype_bytes(job), [d for g in grp for d in ready(g)],
+                         coll=grads.reduce, layer=i,
+                         frees=[(f"gb{i}.{g}", g) for g in grp] if grads.bucket and not grads.offload else [])
         for g in grp:
             r = int(g[3:])
             if grads.offload:
                 offload(b, f"d2h{i}.{g}", g, layer.params / lay.n * grads.offload_bytes_per_param,
-                        [red or f"bwd{i}.{g}"], layer=i, rank=r, frees=[(f"gb{i}.{g}", g)])
+                        [red] if red else ready(g), layer=i, rank=r, frees=[(f"gb{i}.{g}", g)])
             elif grads.bucket and red is None:
-                release(b, f"acc{i}.{g}", g, [(f"gb{i}.{g}", g)], layer=i, rank=r, phase=Phase.GRAD_ACCUMULATE)
+                release(b, f"acc{i}.{g}", g, [(f"gb{i}.{g}", g)], layer=i, rank=r, phase=Phase.GRAD_ACCUMULATE,
+                        deps=ready(g)[1:])
 
 
 def emit_microstep(b: PlanBuilder, job: Job, lay: Layout, grads: Grads, *, gather_params: bool,
@@ -462,6 +590,11 @@ def emit_microstep(b: PlanBuilder, job: Job, lay: Layout, grads: Grads, *, gathe
     _backward_pass(b, job, lay, grads, gather_params=gather_params, prev_sync=prev_sync)
 
 
+def _on_gpu(names: Sequence[str], i: int) -> Callable[[str], Places]:
+    """GPU g -> the placements ``({name}{i}.{g}, g)`` of ``names`` (a use's allocations or frees)."""
+    return lambda g: [(f"{n}{i}.{g}", g) for n in names]
+
+
 def _forward_pass(b: PlanBuilder, job: Job, lay: Layout, *, gather_params: bool, param_ready: ParamReady) -> dict[int,
                   str]:
     """The forward of every layer on every GPU; returns the last layer's TP syncs (group -> task)."""
@@ -472,12 +605,13 @@ def _forward_pass(b: PlanBuilder, job: Job, lay: Layout, *, gather_params: bool,
             bound = {j: [f"fwd{i - 2}.{g}" for g in lay.dp_group(j)] if i >= 2 else [] for j in range(lay.tp)}
             pre = gather_layer(b, lay, i, "f", layer.params / lay.tp * dtype_bytes(job),
                                {j: list(param_ready.get(i, [])) + bound[j] for j in range(lay.tp)})
-        for r, g in enumerate(lay.gpus()):
+
+        def deps(r: int, g: str, i: int = i, pre: dict[int, str] = pre, prev: dict[int, str] = prev_sync) -> list[str]:
             k, j = lay.tp_index(r)
-            deps = ([pre[j]] if pre else list(param_ready.get(i, []))) + ([prev_sync[k]] if k in prev_sync else [])
-            forward(b, i, layer, g, r, deps, share=lay.tp, allocs=[(f"act{i}.{g}", g)],
-                    frees=[(f"pg{i}.{g}", g)] if gather_params else [])
-        prev_sync = tp_sync(b, lay, i, layer, "f", "fwd")
+            return ([pre[j]] if pre else list(param_ready.get(i, []))) + ([prev[k]] if k in prev else [])
+
+        prev_sync = layer_use(b, job, lay, i, "f", deps, allocs_of=_on_gpu(["act"], i),
+                              frees_of=_on_gpu(["pg"] if gather_params else [], i))
     return prev_sync
 
 
@@ -495,22 +629,27 @@ def _backward_pass(b: PlanBuilder, job: Job, lay: Layout, grads: Grads, *, gathe
             pre = gather_layer(b, lay, i, "b", layer.params / lay.tp * dtype_bytes(job),
                                {j: [f"{after}.{g}" for g in lay.dp_group(j)] for j in range(lay.tp)})
         rc_sync: dict[int, str] = {}
-        if layer.recompute_flops > 0:
-            for r, g in enumerate(lay.gpus()):
+        recomputed = layer.recompute_flops > 0
+        if recomputed:
+            def rc_deps(r: int, g: str, pre: dict[int, str] = pre, prev: dict[int, str] = prev_sync) -> list[str]:
                 k, j = lay.tp_index(r)
-                recompute(b, i, layer, g, r, ([pre[j]] if pre else []) + ([prev_sync[k]] if k in prev_sync else []),
-                          share=lay.tp)
-            rc_sync = tp_sync(b, lay, i, layer, "r", "rc")
-        for r, g in enumerate(lay.gpus()):
+                return ([pre[j]] if pre else []) + ([prev[k]] if k in prev else [])
+
+            rc_sync = layer_use(b, job, lay, i, "r", rc_deps)
+
+        def deps(r: int, g: str, i: int = i, pre: dict[int, str] = pre, rc: dict[int, str] = rc_sync,
+                 prev: dict[int, str] = prev_sync, recomputed: bool = recomputed) -> list[str]:
             k, j = lay.tp_index(r)
-            deps = [] if layer.recompute_flops > 0 else ([pre[j]] if pre else [])
-            deps += [s[k] for s in (rc_sync, prev_sync) if k in s][:1]
+            out = [] if recomputed else ([pre[j]] if pre else [])
+            out += [s[k] for s in (rc, prev) if k in s][:1]
             if grads.offload and grads.buckets_in_flight:
-                deps += bucket_gate(order, i, grads.buckets_in_flight, f"d2h{{}}.{g}".format)
-            backward(b, i, layer, g, r, deps, share=lay.tp, allocs=[(f"gb{i}.{g}", g)] if grads.bucket else [],
-                     frees=[(f"act{i}.{g}", g)] + ([(f"pg{i}.{g}", g)] if gather_params else []))
-        prev_sync = tp_sync(b, lay, i, layer, "b", "bwd")
-        reduce_and_offload(b, job, lay, grads, i)
+                out += bucket_gate(order, i, grads.buckets_in_flight, f"d2h{{}}.{g}".format)
+            return out
+
+        prev_sync = layer_use(b, job, lay, i, "b", deps,
+                              allocs_of=_on_gpu(["gb"] if grads.bucket else [], i),
+                              frees_of=_on_gpu(["act", *(["pg"] if gather_params else [])], i))
+        reduce_and_offload(b, job, lay, grads, i, prev_sync)  # the embedding's gradient is local: no sync
 
 
 def cpu_update_by_layer(b: PlanBuilder, job: Job, lay: Layout, *, upload_bytes_per_param: float, staged: bool,

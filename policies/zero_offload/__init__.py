@@ -76,7 +76,7 @@ def auto_tp(job: Job, fits_fraction: float = 0.5) -> int:
     cap = gpu_pool(job).capacity_bytes
     need = job.trace.params * kit.dtype_bytes(job)
     t = 1
-    while t * 2 <= job.n_gpus and job.n_gpus % (t * 2) == 0 and job.model.n_heads % (t * 2) == 0 \
+    while t * 2 <= job.n_gpus and job.n_gpus % (t * 2) == 0 and kit.tp_splits_model(job, t * 2) \
             and need / t > fits_fraction * cap:
         t *= 2
     return t
