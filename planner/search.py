@@ -60,7 +60,7 @@ from planner.candidates import Candidate, enumerate_candidates, memory_frugal
 from planner.deadline import WAIT_STEP_S, Deadline
 from planner.job import JobRequest, make_job, make_plan, resolve_hardware
 from planner.pareto import pareto_front
-from planner.screen import Screener, memory_screen
+from planner.screen import MEMORY_SLACK, Screener, memory_screen
 from planner.search_outcome import Evaluated, SearchOutcome
 from planner.search_state import CPU_KINDS, GPU_KINDS, OBJECTIVES, Objective, PlanSummary, SimSummary
 from planner.workers import Workers
@@ -210,6 +210,7 @@ class _Search:
         self.sim_plans: dict[int, Plan] = {}
         self.results: dict[int, Result] = {}
         self.pool: Workers | None = None  # the worker of bounded_call, started on first use
+        self.mem_screens: dict[int, PlanSummary | None] = {}
 
     def over_budget(self) -> bool:
         return self.deadline.expired()
@@ -254,6 +255,13 @@ class _Search:
             except (WorkloadInputError, KnobError, HardwareInputError) as e:
                 self.jobs[key] = e
         return self.jobs[key]
+
+    def memory_screened(self, c: Candidate) -> PlanSummary | None:
+        """``_memory_screened`` of a candidate with a valid workload, memoised (the screened search asks for it
+        when the candidate comes up, and its speculation before that)."""
+        if c.index not in self.mem_screens:
+            self.mem_screens[c.index] = _memory_screened(self, c, self.ready_job(c))
+        return self.mem_screens[c.index]
 
     def ready_job(self, cand: Candidate) -> Job:
         """The job of a candidate whose workload is known to be valid."""
@@ -324,8 +332,9 @@ def _plan_label(summary: PlanSummary) -> str:
     return summary.reason or f"bound {summary.bound_time_s:.3g} s"
 
 
-def _to_plan(s: _Search, order: list[Candidate]) -> list[Candidate]:
-    """Record candidates with an invalid workload and those the cache answers; the rest, to be planned."""
+def _to_plan(s: _Search, order: list[Candidate], screen_memory: bool = True) -> list[Candidate]:
+    """Record candidates with an invalid workload and those the cache answers (and, with ``screen_memory``, those
+    the memory screen rejects); the rest, to be planned."""
     todo: list[Candidate] = []
     for c in order:
         job = s.job(c)
@@ -336,7 +345,7 @@ def _to_plan(s: _Search, order: list[Candidate]) -> list[Candidate]:
         got = s.cached(k)
         if got is not None:
             s.summaries[c.index] = got
-        elif (over := _memory_screened(s, c, job)) is not None:
+        elif screen_memory and (over := _memory_screened(s, c, job)) is not None:
             s.store(c, over)
         else:
             todo.append(c)
@@ -352,7 +361,7 @@ def _memory_screened(s: _Search, c: Candidate, job: Job) -> PlanSummary | None:
     need, what = got
     pool = s.topo.pool_of["gpu0"]
     cap = s.topo.pools[pool].capacity_bytes
-    if need <= cap * (1 + 1e-9):
+    if need <= cap * (1 + MEMORY_SLACK):
         return None
     return PlanSummary.rejected(f"screen: {pool_label(s.topo, pool)}", pool,
                                 f"{pool}: {what} need {need / 1e9:.1f} GB, capacity {cap / 1e9:.1f} GB")
@@ -750,6 +759,8 @@ class _Runner:
                 return
             if planned or index in s.skipped or index in self.submitted or index in self.done:
                 continue
+            if s.memory_screened(lz.cands[index]) is not None:
+                continue  # rejected unbuilt when it comes up
             self.pool.submit(index, _plan_keep_task, s.ready_job(lz.cands[index]), lz.cands[index])
             self.submitted.add(index)
             free -= 1
@@ -823,7 +834,7 @@ def _screened_search(s: _Search, cands: list[Candidate]) -> None:
 
 def _screened_loop(s: _Search, lz: _Lazy, run: _Runner, cands: list[Candidate]) -> None:
     screener = Screener()
-    for c in _to_plan(s, cands):
+    for c in _to_plan(s, cands, screen_memory=False):  # memory screens when a candidate comes up (module doc)
         lz.push(screener.time(s.ready_job(c), c.policy).time_s, c.index, False)
     for c in cands:  # answered by the cache
         if c.index in s.summaries and s.summaries[c.index].bounded:
@@ -848,6 +859,9 @@ def _screened_loop(s: _Search, lz: _Lazy, run: _Runner, cands: list[Candidate]) 
             lz.cut(*stop, key, index, planned)
             return
         if not planned:
+            if (over := s.memory_screened(c)) is not None:
+                s.store(c, over)
+                continue
             if not _screen_plan(s, run, c):
                 lz.cut("skipped: budget", f"wall-time {s.deadline.describe()} reached while building plans",
                        key, index, planned)

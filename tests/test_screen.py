@@ -16,10 +16,10 @@ from hardware_models import Curve, HardwareSpec, build_topology
 from planner.bounds import memory_lower_bound, plan_bounds
 from planner.candidates import enumerate_candidates
 from planner.job import JobRequest, make_job, make_plan, resolve_hardware
-from planner.screen import SCREEN_SLACK, Screener, compute_screen, memory_screen, monotone_curve
+from planner.screen import MEMORY_SLACK, SCREEN_SLACK, Screener, compute_screen, memory_screen, monotone_curve
 from planner.search import SCREENED_OUT, plan_summary, search
-from policies import POLICIES, KnobError, PlanInfeasible
-from simulator import simulate_plan
+from policies import POLICIES, Job, KnobError, PlanInfeasible, kit
+from simulator import Plan, simulate_plan
 from workloads import load_model
 
 SWEEP = [
@@ -185,8 +185,75 @@ def test_memory_screen_never_exceeds_the_plan_memory_bound(hw: str, sets: tuple[
                                         topo)[0].reason == "bound: gpu memory"
     assert n >= 6
     assert rejected >= 1 or cap > 10e9  # the tight GPU rejects some on the screen alone
-    assert memory_screen(job, "tinypipe", {}) is None
+    assert memory_screen(job, "lazytrain", {}) is None  # its MILP decides residency: no screen
     assert memory_screen(job, "zero-offload", {"tp": 3}) is None  # the policy refuses it: its plan says why
+    assert memory_screen(job, "tinypipe", {"stages": 3}) is None
+
+
+def _own_figure(policy: str, job: Job, plan: Plan) -> float:
+    """The plan's own record of what its GPU holds (the figure its policy checked against the capacity)."""
+    if policy == "tinypipe":
+        return float(plan.info["est_peak_gpu_bytes"])
+    if policy == "none":
+        return kit.gpu_held_bytes(job, plan.info["model_state_bytes_per_gpu"].values())
+    return 0.0
+
+
+SCREENED = ("zero-offload", "none", "tinypipe")
+MEMORY_SWEEP = [
+    ("a100", ("gpu.memory=1.3GB",), "gpt2", JobRequest(seq_len=512, global_batch=4)),
+    ("a100x8", ("gpu.memory=1.1GB",), "gpt2", JobRequest(seq_len=512, global_batch=16)),
+    ("dgx-spark", ("host.dram=23.3GB",), "gpt2", JobRequest(seq_len=512, global_batch=4)),
+]
+
+
+@pytest.mark.parametrize(("hw", "sets", "model", "request_"), MEMORY_SWEEP,
+                         ids=[f"{c[0]}-{c[2]}-{len(c[1])}" for c in MEMORY_SWEEP])
+def test_every_memory_screen_is_sound(hw: str, sets: tuple[str, ...], model: str, request_: JobRequest) -> None:
+    """Every policy with a memory screen, over its search grid, micro-batches and checkpointing: the screen never
+    exceeds what the plan holds (its memory bound, or the policy's own figure of it), and a candidate it rejects
+    is one whose plan the policy rejects for the GPU, or the memory bound does."""
+    spec = resolve_hardware(hw, sets)
+    topo = build_topology(spec)
+    pool = topo.pool_of["gpu0"]
+    threshold = topo.pools[pool].capacity_bytes * (1 + MEMORY_SLACK)
+    m = load_model(model)
+    job0, _ = make_job(spec, m, dataclasses.replace(request_, micro_batch=1, checkpointing="none"))
+    seen: dict[str, list[int]] = {p: [0, 0] for p in SCREENED}
+    for c in enumerate_candidates(list(SCREENED), spec.gpu.count, job0.global_batch):
+        if c.micro_batch > 2 or c.checkpointing == "selective":
+            continue
+        job, _ = make_job(spec, m, dataclasses.replace(request_, micro_batch=c.micro_batch,
+                                                       checkpointing=c.checkpointing))
+        got = memory_screen(job, c.policy, c.knob_dict)
+        summary, plan = plan_summary(job, c, topo)
+        if summary.reason == "knobs: invalid":
+            continue
+        assert got is not None or c.knob_dict.get("stages") == 0, c.label()  # auto stages may need a solve
+        if got is None:
+            continue
+        seen[c.policy][0] += 1
+        if plan is not None:
+            bound = max(summary.bound_memory_bytes[p] for p in summary.bound_memory_bytes
+                        if topo.pools[p].kind in ("hbm", "unified") or p == pool)
+            assert got[0] <= max(bound, _own_figure(c.policy, job, plan)) * (1 + 1e-12), (c.label(), got, bound)
+        if got[0] > threshold:
+            seen[c.policy][1] += 1
+            assert summary.reason in ("policy: gpu memory", "policy: unified memory", "bound: gpu memory",
+                                      "bound: unified memory"), (c.label(), summary.reason, got)
+    assert all(n >= 4 for n, _ in seen.values()), seen
+    if sets and "host.dram" not in sets[0]:
+        assert all(r >= 1 for _, r in seen.values()), seen  # the tight GPU: every screen rejects some
+
+
+def test_screened_search_with_memory_screens_picks_the_exhaustive_best() -> None:
+    kw = {"request": JobRequest(seq_len=512, global_batch=4), "hw_overrides": ("gpu.memory=1.3GB",),
+          "policies": ("none", "tinypipe", "zero-offload")}
+    screened = search("a100", "gpt2", **kw)  # type: ignore[arg-type]
+    exhaustive = search("a100", "gpt2", prune=False, **kw)  # type: ignore[arg-type]
+    assert screened.rejected.get("screen: gpu memory", 0) > 0, screened.rejected
+    assert screened.best is not None and exhaustive.best is not None
+    assert (screened.best.index, screened.best.step_time_s) == (exhaustive.best.index, exhaustive.best.step_time_s)
 
 
 
