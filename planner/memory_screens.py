@@ -45,6 +45,10 @@ from policies.zero_offload import auto_tp
 Screen = tuple[float, str]
 
 
+def _gb(nbytes: float) -> str:
+    return f"{nbytes / 1e9:.1f} GB"
+
+
 def _knobs(policy: str, knobs: Mapping[str, Any]) -> Any:
     k = parse_knobs(get_policy(policy), dict(knobs))
     k.validate()
@@ -66,8 +70,9 @@ def zero_offload(job: Job, knobs: Mapping[str, Any], threshold: float) -> Screen
     kit.check_tp(job, tp, "zero-offload")
     job.accumulation(job.n_gpus // tp)
     params = kit.dtype_bytes(job) * float(job.trace.params) / tp
-    return (params + _workspace(job, tp) + _saved(job, tp),
-            f"the fp16 parameters (tp={tp}), the workspace and one micro-batch's saved activations")
+    need = params + _workspace(job, tp) + _saved(job, tp)
+    return need, (f"the fp16 parameters (tp={tp}), the workspace and one micro-batch's saved activations need "
+                  f"{_gb(need)}")
 
 
 def no_offload(job: Job, knobs: Mapping[str, Any], threshold: float) -> Screen:
@@ -79,8 +84,8 @@ def no_offload(job: Job, knobs: Mapping[str, Any], threshold: float) -> Screen:
     states = model_state_bytes(job, stage, dp, k.tp)
     held = kit.gpu_held_bytes(job, states.values())  # the policy's own check
     raw = sum(states.values()) + _workspace(job, k.tp) + _saved(job, k.tp)
-    return (max(held, raw), f"ZeRO-{stage} model states (tp={k.tp}), the workspace and one micro-batch's "
-                            "saved activations")
+    return max(held, raw), (f"ZeRO-{stage} model states (tp={k.tp}) need {_gb(held)} as allocated; with the "
+                            f"workspace and one micro-batch's saved activations {_gb(raw)}")
 
 
 def _tinypipe_stages(job: Job, stages: int) -> int | None:
@@ -148,25 +153,16 @@ def partition_fits(n: int, stages: int, memory: Callable[[int, int, int], float]
     return bool(ends) and ends[-1] == n - 1
 
 
-def least_peak(model: Model, threshold: float, steps: int = 6) -> float:
+def least_peak(model: Model, threshold: float) -> tuple[float, bool]:
     """A lower bound of the least peak over every partition (the packing search with its tolerance dropped,
-    ``tinypipe.pipeline.decide``'s retry): above ``threshold`` whenever that peak is (bisected to within
-    2^-steps of the gap above it); below it, the least memory of any single layer on the stage holding the
-    fewest micro-batches (every layer is on some stage)."""
+    ``tinypipe.pipeline.decide``'s retry), and whether it is above ``threshold``: when no partition fits within
+    it, the least float above it (one sweep; the peak itself would take a bisection); else the least memory of
+    any single layer on the stage holding the fewest micro-batches (every layer is on some stage)."""
     n, S = model.n, model.p.stages
     memory = _least_mode_memory(model)
     if partition_fits(n, S, memory, threshold):
-        return max(memory(x, x, S - 1) for x in range(n))
-    lo, hi = threshold, 2 * threshold
-    while not partition_fits(n, S, memory, hi):
-        lo, hi = hi, 2 * hi
-    for _ in range(steps):
-        mid = (lo + hi) / 2
-        if partition_fits(n, S, memory, mid):
-            hi = mid
-        else:
-            lo = mid
-    return math.nextafter(lo, math.inf)  # no partition fits within lo: the least peak is above it
+        return max(memory(x, x, S - 1) for x in range(n)), False
+    return math.nextafter(threshold, math.inf), True
 
 
 def tinypipe(job: Job, knobs: Mapping[str, Any], threshold: float) -> Screen | None:
@@ -176,12 +172,14 @@ def tinypipe(job: Job, knobs: Mapping[str, Any], threshold: float) -> Screen | N
         return None
     dp = job.n_gpus // S
     job.accumulation(dp)
-    peak = least_peak(Model(packing_problem(job, k, S, dp, None)), threshold)
-    return peak, f"the least peak of any {S}-stage partition (each stage's activations in flight, workspace " \
-                 "and its weights, or its smallest swap buffers)"
+    peak, over = least_peak(Model(packing_problem(job, k, S, dp, None)), threshold)
+    if over:
+        return peak, (f"every partition into {S} stages needs more than the capacity on some stage (its activations "
+                      "in flight, workspace and weights, or its smallest swap buffers)")
+    return peak, f"the largest layer's least need on a {S}-stage pipeline: {_gb(peak)}"
 
 
-#: per policy: (job, knobs, threshold) -> (bytes, what) or None; ``threshold`` is the capacity the search rejects
-#: above (a screen may spend more effort on its figure where it is near or above it)
+#: per policy: (job, knobs, threshold) -> (bytes, what they are, with the figure) or None; ``threshold`` is the
+#: capacity the search rejects above (tinypipe's figure above it is only "more than the threshold")
 SCREENS: dict[str, Callable[[Job, Mapping[str, Any], float], Screen | None]] = {
     "zero-offload": zero_offload, "none": no_offload, "tinypipe": tinypipe}

@@ -72,6 +72,7 @@ __all__ = ["CPU_KINDS", "GPU_KINDS", "OBJECTIVES", "Evaluated", "SearchConfig", 
            "search"]
 
 KEEP_PLANS = 16  # built plans kept in memory for their simulation; others are built again when simulated
+SHIP_MARGIN = 1.1  # a slow plan comes back from its worker only with a bound within 10% of the least built so far
 SHIP_PLAN_AFTER_S = 2.0  # a plan built in a worker process comes back when building it took longer than this
 
 
@@ -161,12 +162,15 @@ def _plan_sim_task(job: Job, cand: Candidate, simulate: bool) -> tuple[PlanSumma
     return summary.with_sim(SimSummary.of(r)), plan if r.feasible else None
 
 
-def _plan_keep_task(job: Job, cand: Candidate) -> tuple[PlanSummary, Plan | None]:
+def _plan_keep_task(job: Job, cand: Candidate, ship_below: float = float("inf")) -> tuple[PlanSummary, Plan | None]:
     """Plan and bound in a worker process; the plan comes back too when building it took longer than
-    SHIP_PLAN_AFTER_S (shipping a plan costs about as much as building a cheap one; a MILP's takes seconds)."""
+    SHIP_PLAN_AFTER_S (shipping a plan costs about as much as building a cheap one; a MILP's takes seconds) and
+    its time bound is at most ``ship_below`` (a plan bounded above the best step found is never simulated: the
+    unpickling of big plans that were not needed cost seconds of a 70b search)."""
     t0 = time.perf_counter()
     summary, plan = plan_summary(job, cand, build_topology(job.hw))
-    keep = plan is not None and summary.bounded and time.perf_counter() - t0 > SHIP_PLAN_AFTER_S
+    keep = (plan is not None and summary.bounded and time.perf_counter() - t0 > SHIP_PLAN_AFTER_S
+            and summary.bound_time_s is not None and summary.bound_time_s <= ship_below)
     return summary, plan if keep else None
 
 
@@ -364,7 +368,7 @@ def _memory_screened(s: _Search, c: Candidate, job: Job) -> PlanSummary | None:
     if need <= cap * (1 + MEMORY_SLACK):
         return None
     return PlanSummary.rejected(f"screen: {pool_label(s.topo, pool)}", pool,
-                                f"{pool}: {what} need {need / 1e9:.1f} GB, capacity {cap / 1e9:.1f} GB")
+                                f"{pool}: {what}; capacity {cap / 1e9:.1f} GB")
 
 
 def _plan_parallel(s: _Search, todo: list[Candidate]) -> None:
@@ -469,12 +473,14 @@ def _plan_phase(s: _Search, cands: list[Candidate]) -> None:
     with first_feasible, each bounded candidate is simulated as soon as it is planned."""
     first_feasible = s.config.first_feasible
     order = _planning_order(cands, first_feasible)
-    todo = _to_plan(s, order)
+    todo = _to_plan(s, order, screen_memory=not first_feasible)  # first-feasible: as each comes up
     if (s.config.parallel and len(todo) > 1) or (s.deadline.bounded and not first_feasible and todo):
         _plan_parallel(s, todo)
     for i, c in enumerate(order):
         if c.index in s.skipped and (first_feasible or c.index not in s.summaries):
             continue
+        if c.index not in s.summaries and first_feasible and (over := s.memory_screened(c)) is not None:
+            s.store(c, over)
         if c.index not in s.summaries:
             if s.over_budget():
                 rest = [x for x in order[i:] if x.index not in s.summaries]
@@ -647,6 +653,14 @@ class _Lazy:
         self.best: tuple[float, int] | None = None
         self.first_of: dict[str, int] = {}  # plan fingerprint -> the lowest index planned with it
         self.n_built = 0  # plans built so far (progress)
+        self.least_bound = float("inf")  # the least time bound of a plan built so far
+
+    def ship_below(self) -> float:
+        """The time bound above which a plan built in a worker stays there (``_plan_keep_task``): above the best
+        step found it is never simulated, and one more than SHIP_MARGIN above the least bound built so far is
+        unlikely to be (if it is, its simulation builds it again: the same outcome, slower)."""
+        best = self.best[0] if self.best is not None else float("inf")
+        return min(best, self.least_bound * SHIP_MARGIN)
 
     def push(self, key: float, index: int, planned: bool) -> None:
         heapq.heappush(self.heap, (key, index, planned))
@@ -682,6 +696,8 @@ class _Lazy:
                 if self.best is not None and self.best[1] == other:
                     self.best = None
                 self.note(c.index, s.sim_plans.get(other), s.results.get(other))
+        if summary.bound_time_s is not None:
+            self.least_bound = min(self.least_bound, summary.bound_time_s)
         self.push(s.objective.bound(s.summaries[c.index]), c.index, True)
 
     def cut(self, reason: str, note: str, key: float, index: int, planned: bool) -> None:
@@ -761,7 +777,7 @@ class _Runner:
                 continue
             if s.memory_screened(lz.cands[index]) is not None:
                 continue  # rejected unbuilt when it comes up
-            self.pool.submit(index, _plan_keep_task, s.ready_job(lz.cands[index]), lz.cands[index])
+            self.pool.submit(index, _plan_keep_task, s.ready_job(lz.cands[index]), lz.cands[index], lz.ship_below())
             self.submitted.add(index)
             free -= 1
 
@@ -776,7 +792,7 @@ def _screen_plan(s: _Search, run: _Runner, c: Candidate) -> bool:
     """Build, bound and record ``c``'s plan (in a worker process under a deadline or with workers); False at
     the deadline."""
     if run.parallel:
-        done, got = run.call(c.index, _plan_keep_task, s.ready_job(c), c)
+        done, got = run.call(c.index, _plan_keep_task, s.ready_job(c), c, run.lz.ship_below())
         if not done:
             return False
         summary, plan = got
