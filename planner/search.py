@@ -658,7 +658,7 @@ class _Lazy:
     def ship_below(self) -> float:
         """The time bound above which a plan built in a worker stays there (``_plan_keep_task``): above the best
         step found it is never simulated, and one more than SHIP_MARGIN above the least bound built so far is
-        unlikely to be (if it is, its simulation builds it again: the same outcome, slower)."""
+        unlikely to be (if it is, its simulation builds it again, as an evicted kept plan is)."""
         best = self.best[0] if self.best is not None else float("inf")
         return min(best, self.least_bound * SHIP_MARGIN)
 
