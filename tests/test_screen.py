@@ -9,16 +9,21 @@ plan bound <= simulated is tests/test_planner_bounds.py's, and a few simulations
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hardware_models import Curve, HardwareSpec, build_topology
 from planner.bounds import memory_lower_bound, plan_bounds
 from planner.candidates import enumerate_candidates
 from planner.job import JobRequest, make_job, make_plan, resolve_hardware
+from planner.memory_screens import least_peak
 from planner.screen import MEMORY_SLACK, SCREEN_SLACK, Screener, compute_screen, memory_screen, monotone_curve
 from planner.search import SCREENED_OUT, plan_summary, search
 from policies import POLICIES, Job, KnobError, PlanInfeasible, kit
+from policies.tinypipe.packing import MODES, LayerCost, Model, Problem, solve
 from simulator import Plan, simulate_plan
 from workloads import load_model
 
@@ -267,3 +272,33 @@ def test_screened_search_does_not_depend_on_workers_or_a_far_deadline() -> None:
     far = search("a100", "gpt2", budget_s=600.0, **kw)  # type: ignore[arg-type]
     assert one.n_simulated >= 2 and one.rejected.get(SCREENED_OUT, 0) > 0
     assert two.to_dict() == one.to_dict() == far.to_dict()
+
+
+@st.composite
+def _packing_problems(draw):  # noqa: ANN001, ANN202
+    n = draw(st.integers(1, 8))
+    S = draw(st.integers(1, min(3, n)))
+    layers = tuple(LayerCost(compute_s=draw(st.integers(1, 20)), swap_s=draw(st.integers(0, 30)),
+                             param_bytes=draw(st.integers(1, 12)), state_bytes=draw(st.integers(0, 60)),
+                             act_bytes=draw(st.integers(0, 4)), transient_bytes=draw(st.integers(0, 6)))
+                   for _ in range(n))
+    shared = draw(st.integers(0, int(min(layers[0].param_bytes, layers[-1].param_bytes)))) if n > 1 else 0
+    inflight = tuple(draw(st.sampled_from([S - s, 4])) for s in range(S))
+    return Problem(layers, S, inflight, capacity=draw(st.integers(10, 200)), prefetch=draw(st.integers(0, 2)),
+                   tolerance=draw(st.sampled_from([0.0, 0.05])),
+                   modes=draw(st.sampled_from([MODES, ("gpu",), ("resident", "swap"), ("swap",)])),
+                   shared_param_bytes=shared, stash=draw(st.booleans()),
+                   max_pack_layers=draw(st.sampled_from([1, 2, 16])))
+
+
+@settings(max_examples=80, deadline=None)
+@given(_packing_problems(), st.sampled_from([1.0, 1.3, 2.0]))
+def test_tinypipe_memory_screen_is_the_packing_search_verdict(prob: Problem, above: float) -> None:
+    """At or above the capacity, the one-sweep screen says "over" exactly when the packing search with its tolerance
+    dropped (the policy's retry before PlanInfeasible) finds no partition within the limit; below, its figure is at
+    most that search's peak."""
+    limit = prob.capacity * above * (1 + MEMORY_SLACK)
+    figure, over = least_peak(Model(prob), limit)
+    peak = solve(dataclasses.replace(prob, tolerance=math.inf)).peak_bytes
+    assert over == (peak > limit), (figure, peak, limit)
+    assert figure <= peak
