@@ -165,7 +165,8 @@ def least_peak(model: Model, threshold: float) -> tuple[float, bool]:
     n, S = model.n, model.p.stages
     memory = _least_mode_memory(model)
     if partition_fits(n, S, memory, threshold):
-        return max(memory(x, x, S - 1) for x in range(n)), False
+        fewest = min(range(S), key=lambda s: model.p.inflight[s])  # a stage's memory grows with what it holds
+        return max(memory(x, x, fewest) for x in range(n)), False
     return math.nextafter(threshold, math.inf), True
 
 
