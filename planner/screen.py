@@ -25,13 +25,10 @@ curve's highest efficiency instead (still a lower bound, looser). Policies that 
 Everything is per distinct (micro-batch, checkpointing) job and policy class, so screening every candidate
 of a search costs a few hundred kernel prices (memoised), not a plan.
 
-Memory (:func:`memory_screen`), where a sound figure is cheap: ZeRO-Offload's GPU holds, from the start to the
-end of the step, its fp16 parameter share (1/tp of the model) and the workspace (homed, never freed), and at
-the forward/backward turn every layer's saved activations of the micro-batch (allocated by the forward and
-freed by the backward on the same compute stream) -- exactly what ``planner.bounds.memory_lower_bound``
-counts of its plan, less the gradient buckets and staging buffers. Above the GPU's capacity, the candidate is
-rejected ("screen: gpu memory") without building its plan: its plan would be rejected by the policy or by
-the memory bound. Other policies: None (no screen; their plans are built).
+Memory (:func:`memory_screen`), where a sound figure is cheap (``planner.memory_screens``: ZeRO-Offload, none,
+tinypipe): the bytes the busiest GPU certainly holds at some instant. Above the GPU's capacity, the candidate is
+rejected ("screen: gpu memory") without building its plan: its plan would be rejected by the policy or by the
+memory bound.
 """
 
 from __future__ import annotations
@@ -42,8 +39,9 @@ from typing import Any
 
 from costs.compute import gemm_kernels_seconds
 from hardware_models import HardwareSpec
-from policies import Job, KnobError, get_policy, kit, parse_knobs
-from policies.zero_offload import auto_tp
+from planner.memory_screens import SCREENS
+from policies import Job, KnobError
+from policies.base import gpu_pool
 from workloads.ops import LayerOps, layer_ops
 
 #: policies whose plans recompute each layer as ``job.config.checkpointing`` says (the trace's
@@ -51,6 +49,8 @@ from workloads.ops import LayerOps, layer_ops
 HONOURS_CHECKPOINTING = frozenset({"none", "zero-offload", "zero-infinity", "tinypipe", "synergyscale"})
 #: relative margin below the exact sum, so that the summation order cannot lift the screen above the bound
 SCREEN_SLACK = 1e-6
+#: relative margin above a GPU's capacity before a memory figure rejects a candidate (as the search's memory bound)
+MEMORY_SLACK = 1e-9
 
 
 @dataclass(frozen=True)
@@ -132,22 +132,12 @@ def screen_all(jobs: Iterable[tuple[Job, str]]) -> list[Screen]:
 
 def memory_screen(job: Job, policy: str, knobs: Mapping[str, Any]) -> tuple[float, str] | None:
     """Bytes the busiest GPU's pool holds at least at some instant, and what they are, for the policies where
-    that is cheap and sound (see the module docstring); None for the others, and for knobs the policy would
+    that is cheap and sound (``planner.memory_screens``); None for the others, and for knobs the policy would
     refuse (its plan says why)."""
-    if policy != "zero-offload":
+    screen = SCREENS.get(policy)
+    if screen is None:
         return None
     try:
-        k = parse_knobs(get_policy(policy), dict(knobs))
-        k.validate()
-        tp = k.tp or auto_tp(job)
-        kit.check_tp(job, tp, policy)
-        job.accumulation(job.n_gpus // tp)
+        return screen(job, knobs, gpu_pool(job).capacity_bytes * (1 + MEMORY_SLACK))
     except KnobError:
         return None
-    layers = job.trace.layers
-    params = kit.dtype_bytes(job) * float(job.trace.params) / tp
-    workspace = max(ly.peak_transient_bytes for ly in layers) / tp
-    saved = sum(kit.saved_activation_bytes(job, ly.activation_bytes, ly.kind, tp) for ly in layers)
-    return (params + workspace + saved,
-            f"the fp16 parameters (tp={tp}), the workspace and one micro-batch's saved activations")
-

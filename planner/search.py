@@ -60,7 +60,7 @@ from planner.candidates import Candidate, enumerate_candidates, memory_frugal
 from planner.deadline import WAIT_STEP_S, Deadline
 from planner.job import JobRequest, make_job, make_plan, resolve_hardware
 from planner.pareto import pareto_front
-from planner.screen import Screener, memory_screen
+from planner.screen import MEMORY_SLACK, Screener, memory_screen
 from planner.search_outcome import Evaluated, SearchOutcome
 from planner.search_state import CPU_KINDS, GPU_KINDS, OBJECTIVES, Objective, PlanSummary, SimSummary
 from planner.workers import Workers
@@ -72,6 +72,7 @@ __all__ = ["CPU_KINDS", "GPU_KINDS", "OBJECTIVES", "Evaluated", "SearchConfig", 
            "search"]
 
 KEEP_PLANS = 16  # built plans kept in memory for their simulation; others are built again when simulated
+SHIP_MARGIN = 1.1  # a slow plan comes back from its worker only with a bound within 10% of the least built so far
 SHIP_PLAN_AFTER_S = 2.0  # a plan built in a worker process comes back when building it took longer than this
 
 
@@ -161,12 +162,15 @@ def _plan_sim_task(job: Job, cand: Candidate, simulate: bool) -> tuple[PlanSumma
     return summary.with_sim(SimSummary.of(r)), plan if r.feasible else None
 
 
-def _plan_keep_task(job: Job, cand: Candidate) -> tuple[PlanSummary, Plan | None]:
+def _plan_keep_task(job: Job, cand: Candidate, ship_below: float = float("inf")) -> tuple[PlanSummary, Plan | None]:
     """Plan and bound in a worker process; the plan comes back too when building it took longer than
-    SHIP_PLAN_AFTER_S (shipping a plan costs about as much as building a cheap one; a MILP's takes seconds)."""
+    SHIP_PLAN_AFTER_S (shipping a plan costs about as much as building a cheap one; a MILP's takes seconds) and
+    its time bound is at most ``ship_below`` (a plan bounded above the best step found is never simulated: the
+    unpickling of big plans that were not needed cost seconds of a 70b search)."""
     t0 = time.perf_counter()
     summary, plan = plan_summary(job, cand, build_topology(job.hw))
-    keep = plan is not None and summary.bounded and time.perf_counter() - t0 > SHIP_PLAN_AFTER_S
+    keep = (plan is not None and summary.bounded and time.perf_counter() - t0 > SHIP_PLAN_AFTER_S
+            and summary.bound_time_s is not None and summary.bound_time_s <= ship_below)
     return summary, plan if keep else None
 
 
@@ -210,6 +214,7 @@ class _Search:
         self.sim_plans: dict[int, Plan] = {}
         self.results: dict[int, Result] = {}
         self.pool: Workers | None = None  # the worker of bounded_call, started on first use
+        self.mem_screens: dict[int, PlanSummary | None] = {}
 
     def over_budget(self) -> bool:
         return self.deadline.expired()
@@ -254,6 +259,13 @@ class _Search:
             except (WorkloadInputError, KnobError, HardwareInputError) as e:
                 self.jobs[key] = e
         return self.jobs[key]
+
+    def memory_screened(self, c: Candidate) -> PlanSummary | None:
+        """``_memory_screened`` of a candidate with a valid workload, memoised (the screened search asks for it
+        when the candidate comes up, and its speculation before that)."""
+        if c.index not in self.mem_screens:
+            self.mem_screens[c.index] = _memory_screened(self, c, self.ready_job(c))
+        return self.mem_screens[c.index]
 
     def ready_job(self, cand: Candidate) -> Job:
         """The job of a candidate whose workload is known to be valid."""
@@ -324,8 +336,9 @@ def _plan_label(summary: PlanSummary) -> str:
     return summary.reason or f"bound {summary.bound_time_s:.3g} s"
 
 
-def _to_plan(s: _Search, order: list[Candidate]) -> list[Candidate]:
-    """Record candidates with an invalid workload and those the cache answers; the rest, to be planned."""
+def _to_plan(s: _Search, order: list[Candidate], screen_memory: bool = True) -> list[Candidate]:
+    """Record candidates with an invalid workload and those the cache answers (and, with ``screen_memory``, those
+    the memory screen rejects); the rest, to be planned."""
     todo: list[Candidate] = []
     for c in order:
         job = s.job(c)
@@ -336,7 +349,7 @@ def _to_plan(s: _Search, order: list[Candidate]) -> list[Candidate]:
         got = s.cached(k)
         if got is not None:
             s.summaries[c.index] = got
-        elif (over := _memory_screened(s, c, job)) is not None:
+        elif screen_memory and (over := _memory_screened(s, c, job)) is not None:
             s.store(c, over)
         else:
             todo.append(c)
@@ -352,10 +365,10 @@ def _memory_screened(s: _Search, c: Candidate, job: Job) -> PlanSummary | None:
     need, what = got
     pool = s.topo.pool_of["gpu0"]
     cap = s.topo.pools[pool].capacity_bytes
-    if need <= cap * (1 + 1e-9):
+    if need <= cap * (1 + MEMORY_SLACK):
         return None
     return PlanSummary.rejected(f"screen: {pool_label(s.topo, pool)}", pool,
-                                f"{pool}: {what} need {need / 1e9:.1f} GB, capacity {cap / 1e9:.1f} GB")
+                                f"{pool}: {what}; capacity {cap / 1e9:.1f} GB")
 
 
 def _plan_parallel(s: _Search, todo: list[Candidate]) -> None:
@@ -460,12 +473,14 @@ def _plan_phase(s: _Search, cands: list[Candidate]) -> None:
     with first_feasible, each bounded candidate is simulated as soon as it is planned."""
     first_feasible = s.config.first_feasible
     order = _planning_order(cands, first_feasible)
-    todo = _to_plan(s, order)
+    todo = _to_plan(s, order, screen_memory=not first_feasible)  # first-feasible: as each comes up
     if (s.config.parallel and len(todo) > 1) or (s.deadline.bounded and not first_feasible and todo):
         _plan_parallel(s, todo)
     for i, c in enumerate(order):
         if c.index in s.skipped and (first_feasible or c.index not in s.summaries):
             continue
+        if c.index not in s.summaries and first_feasible and (over := s.memory_screened(c)) is not None:
+            s.store(c, over)
         if c.index not in s.summaries:
             if s.over_budget():
                 rest = [x for x in order[i:] if x.index not in s.summaries]
@@ -638,6 +653,14 @@ class _Lazy:
         self.best: tuple[float, int] | None = None
         self.first_of: dict[str, int] = {}  # plan fingerprint -> the lowest index planned with it
         self.n_built = 0  # plans built so far (progress)
+        self.least_bound = float("inf")  # the least time bound of a plan built so far
+
+    def ship_below(self) -> float:
+        """The time bound above which a plan built in a worker stays there (``_plan_keep_task``): above the best
+        step found it is never simulated, and one more than SHIP_MARGIN above the least bound built so far is
+        unlikely to be (if it is, its simulation builds it again, as an evicted kept plan is)."""
+        best = self.best[0] if self.best is not None else float("inf")
+        return min(best, self.least_bound * SHIP_MARGIN)
 
     def push(self, key: float, index: int, planned: bool) -> None:
         heapq.heappush(self.heap, (key, index, planned))
@@ -673,6 +696,8 @@ class _Lazy:
                 if self.best is not None and self.best[1] == other:
                     self.best = None
                 self.note(c.index, s.sim_plans.get(other), s.results.get(other))
+        if summary.bound_time_s is not None:
+            self.least_bound = min(self.least_bound, summary.bound_time_s)
         self.push(s.objective.bound(s.summaries[c.index]), c.index, True)
 
     def cut(self, reason: str, note: str, key: float, index: int, planned: bool) -> None:
@@ -750,7 +775,9 @@ class _Runner:
                 return
             if planned or index in s.skipped or index in self.submitted or index in self.done:
                 continue
-            self.pool.submit(index, _plan_keep_task, s.ready_job(lz.cands[index]), lz.cands[index])
+            if s.memory_screened(lz.cands[index]) is not None:
+                continue  # rejected unbuilt when it comes up
+            self.pool.submit(index, _plan_keep_task, s.ready_job(lz.cands[index]), lz.cands[index], lz.ship_below())
             self.submitted.add(index)
             free -= 1
 
@@ -765,7 +792,7 @@ def _screen_plan(s: _Search, run: _Runner, c: Candidate) -> bool:
     """Build, bound and record ``c``'s plan (in a worker process under a deadline or with workers); False at
     the deadline."""
     if run.parallel:
-        done, got = run.call(c.index, _plan_keep_task, s.ready_job(c), c)
+        done, got = run.call(c.index, _plan_keep_task, s.ready_job(c), c, run.lz.ship_below())
         if not done:
             return False
         summary, plan = got
@@ -823,7 +850,7 @@ def _screened_search(s: _Search, cands: list[Candidate]) -> None:
 
 def _screened_loop(s: _Search, lz: _Lazy, run: _Runner, cands: list[Candidate]) -> None:
     screener = Screener()
-    for c in _to_plan(s, cands):
+    for c in _to_plan(s, cands, screen_memory=False):  # memory screens when a candidate comes up (module doc)
         lz.push(screener.time(s.ready_job(c), c.policy).time_s, c.index, False)
     for c in cands:  # answered by the cache
         if c.index in s.summaries and s.summaries[c.index].bounded:
@@ -848,6 +875,9 @@ def _screened_loop(s: _Search, lz: _Lazy, run: _Runner, cands: list[Candidate]) 
             lz.cut(*stop, key, index, planned)
             return
         if not planned:
+            if (over := s.memory_screened(c)) is not None:
+                s.store(c, over)
+                continue
             if not _screen_plan(s, run, c):
                 lz.cut("skipped: budget", f"wall-time {s.deadline.describe()} reached while building plans",
                        key, index, planned)

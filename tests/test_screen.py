@@ -9,17 +9,22 @@ plan bound <= simulated is tests/test_planner_bounds.py's, and a few simulations
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hardware_models import Curve, HardwareSpec, build_topology
 from planner.bounds import memory_lower_bound, plan_bounds
 from planner.candidates import enumerate_candidates
 from planner.job import JobRequest, make_job, make_plan, resolve_hardware
-from planner.screen import SCREEN_SLACK, Screener, compute_screen, memory_screen, monotone_curve
+from planner.memory_screens import least_peak
+from planner.screen import MEMORY_SLACK, SCREEN_SLACK, Screener, compute_screen, memory_screen, monotone_curve
 from planner.search import SCREENED_OUT, plan_summary, search
-from policies import POLICIES, KnobError, PlanInfeasible
-from simulator import simulate_plan
+from policies import POLICIES, Job, KnobError, PlanInfeasible, kit
+from policies.tinypipe.packing import MODES, LayerCost, Model, Problem, solve
+from simulator import Plan, simulate_plan
 from workloads import load_model
 
 SWEEP = [
@@ -119,10 +124,12 @@ def test_screened_search_picks_the_exhaustive_best(hw: str, model: str, request_
     # what the screen left unbuilt could not have won: its screen is above the best step
     screener = Screener()
     spec = resolve_hardware(hw, ())
+    best_s = screened.best.step_time_s
+    assert best_s is not None
     for e in screened.evaluated:
         if e.reason == SCREENED_OUT:
             job, _ = make_job(spec, model, e.request)
-            assert screener.time(job, e.policy).time_s >= screened.best.step_time_s
+            assert screener.time(job, e.policy).time_s >= best_s
 
 
 def test_screened_search_builds_fewer_plans_than_it_has_candidates() -> None:
@@ -185,8 +192,75 @@ def test_memory_screen_never_exceeds_the_plan_memory_bound(hw: str, sets: tuple[
                                         topo)[0].reason == "bound: gpu memory"
     assert n >= 6
     assert rejected >= 1 or cap > 10e9  # the tight GPU rejects some on the screen alone
-    assert memory_screen(job, "tinypipe", {}) is None
+    assert memory_screen(job, "lazytrain", {}) is None  # its MILP decides residency: no screen
     assert memory_screen(job, "zero-offload", {"tp": 3}) is None  # the policy refuses it: its plan says why
+    assert memory_screen(job, "tinypipe", {"stages": 3}) is None
+
+
+def _own_figure(policy: str, job: Job, plan: Plan) -> float:
+    """The plan's own record of what its GPU holds (the figure its policy checked against the capacity)."""
+    if policy == "tinypipe":
+        return float(plan.info["est_peak_gpu_bytes"])
+    if policy == "none":
+        return kit.gpu_held_bytes(job, plan.info["model_state_bytes_per_gpu"].values())
+    return 0.0
+
+
+SCREENED = ("zero-offload", "none", "tinypipe")
+MEMORY_SWEEP = [
+    ("a100", ("gpu.memory=1.3GB",), "gpt2", JobRequest(seq_len=512, global_batch=4)),
+    ("a100x8", ("gpu.memory=1.1GB",), "gpt2", JobRequest(seq_len=512, global_batch=16)),
+    ("dgx-spark", ("host.dram=23.3GB",), "gpt2", JobRequest(seq_len=512, global_batch=4)),
+]
+
+
+@pytest.mark.parametrize(("hw", "sets", "model", "request_"), MEMORY_SWEEP,
+                         ids=[f"{c[0]}-{c[2]}-{len(c[1])}" for c in MEMORY_SWEEP])
+def test_every_memory_screen_is_sound(hw: str, sets: tuple[str, ...], model: str, request_: JobRequest) -> None:
+    """Every policy with a memory screen, over its search grid, micro-batches and checkpointing: the screen never
+    exceeds what the plan holds (its memory bound, or the policy's own figure of it), and a candidate it rejects
+    is one whose plan the policy rejects for the GPU, or the memory bound does."""
+    spec = resolve_hardware(hw, sets)
+    topo = build_topology(spec)
+    pool = topo.pool_of["gpu0"]
+    threshold = topo.pools[pool].capacity_bytes * (1 + MEMORY_SLACK)
+    m = load_model(model)
+    job0, _ = make_job(spec, m, dataclasses.replace(request_, micro_batch=1, checkpointing="none"))
+    seen: dict[str, list[int]] = {p: [0, 0] for p in SCREENED}
+    for c in enumerate_candidates(list(SCREENED), spec.gpu.count, job0.global_batch):
+        if c.micro_batch > 2 or c.checkpointing == "selective":
+            continue
+        job, _ = make_job(spec, m, dataclasses.replace(request_, micro_batch=c.micro_batch,
+                                                       checkpointing=c.checkpointing))
+        got = memory_screen(job, c.policy, c.knob_dict)
+        summary, plan = plan_summary(job, c, topo)
+        if summary.reason == "knobs: invalid":
+            continue
+        assert got is not None or c.knob_dict.get("stages") == 0, c.label()  # auto stages may need a solve
+        if got is None:
+            continue
+        seen[c.policy][0] += 1
+        if plan is not None:
+            bound = max(summary.bound_memory_bytes[p] for p in summary.bound_memory_bytes
+                        if topo.pools[p].kind in ("hbm", "unified") or p == pool)
+            assert got[0] <= max(bound, _own_figure(c.policy, job, plan)) * (1 + 1e-12), (c.label(), got, bound)
+        if got[0] > threshold:
+            seen[c.policy][1] += 1
+            assert summary.reason in ("policy: gpu memory", "policy: unified memory", "bound: gpu memory",
+                                      "bound: unified memory"), (c.label(), summary.reason, got)
+    assert all(n >= 4 for n, _ in seen.values()), seen
+    if sets and "host.dram" not in sets[0]:
+        assert all(r >= 1 for _, r in seen.values()), seen  # the tight GPU: every screen rejects some
+
+
+def test_screened_search_with_memory_screens_picks_the_exhaustive_best() -> None:
+    kw = {"request": JobRequest(seq_len=512, global_batch=4), "hw_overrides": ("gpu.memory=1.3GB",),
+          "policies": ("none", "tinypipe", "zero-offload")}
+    screened = search("a100", "gpt2", **kw)  # type: ignore[arg-type]
+    exhaustive = search("a100", "gpt2", prune=False, **kw)  # type: ignore[arg-type]
+    assert screened.rejected.get("screen: gpu memory", 0) > 0, screened.rejected
+    assert screened.best is not None and exhaustive.best is not None
+    assert (screened.best.index, screened.best.step_time_s) == (exhaustive.best.index, exhaustive.best.step_time_s)
 
 
 
@@ -198,3 +272,33 @@ def test_screened_search_does_not_depend_on_workers_or_a_far_deadline() -> None:
     far = search("a100", "gpt2", budget_s=600.0, **kw)  # type: ignore[arg-type]
     assert one.n_simulated >= 2 and one.rejected.get(SCREENED_OUT, 0) > 0
     assert two.to_dict() == one.to_dict() == far.to_dict()
+
+
+@st.composite
+def _packing_problems(draw):  # noqa: ANN001, ANN202
+    n = draw(st.integers(1, 8))
+    S = draw(st.integers(1, min(3, n)))
+    layers = tuple(LayerCost(compute_s=draw(st.integers(1, 20)), swap_s=draw(st.integers(0, 30)),
+                             param_bytes=draw(st.integers(1, 12)), state_bytes=draw(st.integers(0, 60)),
+                             act_bytes=draw(st.integers(0, 4)), transient_bytes=draw(st.integers(0, 6)))
+                   for _ in range(n))
+    shared = draw(st.integers(0, int(min(layers[0].param_bytes, layers[-1].param_bytes)))) if n > 1 else 0
+    inflight = tuple(draw(st.sampled_from([S - s, 4])) for s in range(S))
+    return Problem(layers, S, inflight, capacity=draw(st.integers(10, 200)), prefetch=draw(st.integers(0, 2)),
+                   tolerance=draw(st.sampled_from([0.0, 0.05])),
+                   modes=draw(st.sampled_from([MODES, ("gpu",), ("resident", "swap"), ("swap",)])),
+                   shared_param_bytes=shared, stash=draw(st.booleans()),
+                   max_pack_layers=draw(st.sampled_from([1, 2, 16])))
+
+
+@settings(max_examples=80, deadline=None)
+@given(_packing_problems(), st.sampled_from([1.0, 1.3, 2.0]))
+def test_tinypipe_memory_screen_is_the_packing_search_verdict(prob: Problem, above: float) -> None:
+    """At or above the capacity, the one-sweep screen says "over" exactly when the packing search with its tolerance
+    dropped (the policy's retry before PlanInfeasible) finds no partition within the limit; below, its figure is at
+    most that search's peak."""
+    limit = prob.capacity * above * (1 + MEMORY_SLACK)
+    figure, over = least_peak(Model(prob), limit)
+    peak = solve(dataclasses.replace(prob, tolerance=math.inf)).peak_bytes
+    assert over == (peak > limit), (figure, peak, limit)
+    assert figure <= peak

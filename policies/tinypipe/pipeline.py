@@ -186,12 +186,18 @@ def search(job: Job, knobs: Knobs, tolerance: float | None = None) -> tuple[Prob
 
 
 def _search(job: Job, knobs: Knobs, S: int, dp: int, tolerance: float | None) -> tuple[Problem, Solution]:
+    prob = packing_problem(job, knobs, S, dp, tolerance)
+    return prob, solve(prob)
+
+
+def packing_problem(job: Job, knobs: Knobs, S: int, dp: int, tolerance: float | None) -> Problem:
+    """The packing search's problem for ``S`` stages x ``dp`` replicas (the planner's memory screen reads it too)."""
     M = job.accumulation(dp)
     costs, overhead = layer_costs(job)
     inflight = tuple(M if knobs.schedule == "gpipe" else min(S - s, M) for s in range(S))
     table = table_params(job)
     pool, master = gpu_pool(job), master_bytes(job)
-    prob = Problem(tuple(costs), S, inflight, pool.capacity_bytes, knobs.prefetch_packs, overhead,
+    return Problem(tuple(costs), S, inflight, pool.capacity_bytes, knobs.prefetch_packs, overhead,
                    knobs.balance_tolerance if tolerance is None else tolerance, ("gpu",) if unified(job) else MODES,
                    table * dtype_bytes(job), table * (master + ADAM_BYTES),
                    # each GPU tensor as the simulator charges it (``build.declare_gpu_side``, ``tasks``): rounded by
@@ -200,7 +206,6 @@ def _search(job: Job, knobs: Knobs, S: int, dp: int, tolerance: float | None) ->
                    stash=knobs.schedule == "gpipe",
                    state_split=(master / (master + ADAM_BYTES), ADAM_BYTES / (master + ADAM_BYTES)) if master
                    else (1.0,))
-    return prob, solve(prob)
 
 
 def decide(job: Job, knobs: Knobs) -> Pipeline:
