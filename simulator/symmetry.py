@@ -408,37 +408,45 @@ def _ref(a: Ref, b: Ref, m: _Bijection) -> None:
 def _places(a: tuple[Placement, ...], b: tuple[Placement, ...], m: _RankMaps) -> None:
     if len(a) != len(b):
         raise NotSymmetric("placements differ")
+    tensors, locs = m.tensors, m.locs
     for x, y in zip(a, b, strict=True):
-        _ref(x.tensor, y.tensor, m.tensors)
-        m.locs.pair(x.loc, y.loc)
+        tx, ty = x.tensor, y.tensor
+        if tensors.fwd.get(tx.id) != ty.id or (tx.iters_back, tx.steps_back) != (ty.iters_back, ty.steps_back):
+            _ref(tx, ty, tensors)
+        if locs.fwd.get(x.loc) != y.loc:
+            locs.pair(x.loc, y.loc)
 
 
 def _untagged(t: TaskSpec) -> dict[str, Any]:
     """A task's tags but its rank."""
-    return {x: v for x, v in t.tags.items() if x != "rank"}
+    out = dict(t.tags)
+    out.pop("rank", None)
+    return out
 
 
 def _match(a: TaskSpec, b: TaskSpec, m: _RankMaps, streams: Mapping[str, Any], owner_of_task: Mapping[str, int],
            global_ids: frozenset[str], k: int, back: Sequence[Mapping[str, str]],
            a_side: tuple[dict[str, Any], frozenset[tuple]]) -> None:
     """Task ``b`` of rank ``k`` is rank 0's ``a`` relabelled (``a_side``: a's tags but its rank, and its
-    dependency signature)."""
+    dependency signature). Pairs already made (most: a rank's streams and locations recur in every task)
+    are recognised by a look-up before the checking call."""
     same = (a.op, a.flops, a.hbm_bytes, a.bytes, a.alloc_dst, a.free_src, a.params, a.coll)
     if same != (b.op, b.flops, b.hbm_bytes, b.bytes, b.alloc_dst, b.free_src, b.params, b.coll):
         raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} differ")
     ta, a_sig = a_side
     if ta != _untagged(b):
         raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} differ in tags")
-    m.streams.pair(a.stream, b.stream)
-    m.locs.pair(streams[a.stream].device, streams[b.stream].device)
-    if streams[a.stream].kind != streams[b.stream].kind:
-        raise NotSymmetric(f"streams {a.stream!r} and {b.stream!r} differ")
-    for x, y in (("src", a.src), ("dst", a.dst)):
-        other = getattr(b, x)
+    if m.streams.fwd.get(a.stream) != b.stream:  # a new pair of streams: their devices and kinds checked once
+        m.streams.pair(a.stream, b.stream)
+        m.locs.pair(streams[a.stream].device, streams[b.stream].device)
+        if streams[a.stream].kind != streams[b.stream].kind:
+            raise NotSymmetric(f"streams {a.stream!r} and {b.stream!r} differ")
+    locs = m.locs
+    for x, y, other in (("src", a.src, b.src), ("dst", a.dst, b.dst)):
         if (y is None) != (other is None):
             raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} differ in {x}")
-        if y is not None:
-            m.locs.pair(y, other)
+        if y is not None and other is not None and locs.fwd.get(y) != other:
+            locs.pair(y, other)
     if (a.tensor is None) != (b.tensor is None):
         raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} differ in tensor")
     if a.tensor is not None and b.tensor is not None:
@@ -446,10 +454,13 @@ def _match(a: TaskSpec, b: TaskSpec, m: _RankMaps, streams: Mapping[str, Any], o
     if len(a.ranks) != len(b.ranks):
         raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} differ in ranks")
     for x, y in zip(a.ranks, b.ranks, strict=True):
-        m.locs.pair(x, y)
-    _places(a.allocs, b.allocs, m)
-    _places(a.frees, b.frees, m)
-    _places(a.reads, b.reads, m)
+        locs.pair(x, y)
+    if a.allocs or b.allocs:
+        _places(a.allocs, b.allocs, m)
+    if a.frees or b.frees:
+        _places(a.frees, b.frees, m)
+    if a.reads or b.reads:
+        _places(a.reads, b.reads, m)
     if a_sig != _dep_signature(b, {k}, owner_of_task, global_ids, back):
         raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} differ in dependencies")
 
