@@ -282,7 +282,7 @@ def _find(plan: Plan, topo: Topology, route: Callable[[str, str], RouteResources
             spec_st = streams.get(t.stream)
             if spec_st is None:
                 raise NotSymmetric(f"task {t.id!r} runs on an unknown stream")
-            own = _owner(t, st.device, stream_rank)
+            own = _owner(t, spec_st.device, stream_rank)
             if stream_owner.setdefault(t.stream, own) != own:
                 raise NotSymmetric(f"stream {t.stream!r} holds tasks of two owners")
             if own == GLOBAL:
