@@ -44,6 +44,7 @@ from hardware_models import Topology
 from simulator.plan import Placement, Plan, Ref, Segment, TaskSpec
 
 GLOBAL = "<global>"
+_NO_WAITS: frozenset[tuple] = frozenset()
 _Owner = tuple[int, Any]
 
 
@@ -351,8 +352,8 @@ def _find(plan: Plan, topo: Topology, route: Callable[[str, str], RouteResources
     colls = _Collectives(globals_, gpu_of, streams, owner_of_task, back)
     coll_sig0 = {a.id: colls.signature(a, {0}) for seg in base for a in seg}
     for k, m in enumerate(maps):
-        for cls in colls.members:
-            c0, ck = colls.member(0, cls), colls.member(k, cls)
+        for by_rank in colls.of_rank.values():
+            c0, ck = by_rank[0], by_rank[k]
             m.colls.pair(c0, ck)
             if c0 != ck:
                 m.streams.pair(streams_of[c0], streams_of[ck])
@@ -382,6 +383,7 @@ def _find(plan: Plan, topo: Topology, route: Callable[[str, str], RouteResources
     rings = [(t, rings_of(t.ranks, max(t.bytes, 1.0), t.coll or "")) for o in orbits.values() if len(o) > 1
              for t in o]
     kept_streams = frozenset(maps[0].streams.fwd) | {streams_of[c] for c in kept}
+    ring_views: dict[int, tuple] = {}
     return Symmetry(
         n=n, rank_tasks=frozenset(maps[0].tasks.fwd), global_tasks=kept,
         rank_streams=frozenset(maps[0].streams.fwd), rank_tensors=rank_tensors, dropped_tensors=dropped,
@@ -394,9 +396,18 @@ def _find(plan: Plan, topo: Topology, route: Callable[[str, str], RouteResources
         coll_maps=tuple(m.colls.fwd for m in maps), flow_mult={c: float(len(o)) for c, o in orbits.items()},
         coll_ranks={t.id: t.ranks for t in globals_}, kept_streams=kept_streams,
         coll_orbit={c: tuple(t.id for t in o) for c, o in orbits.items()},
-        coll_links={t.id: rg.links for t, rg in rings}, coll_hop_links={
-            t.id: tuple((ln, nbytes / rg.per_rank) for h, nbytes in rg.hop_bytes() for ln in h.links)
-            for t, rg in rings})
+        coll_links={t.id: _ring_links(rg, ring_views)[0] for t, rg in rings},
+        coll_hop_links={t.id: _ring_links(rg, ring_views)[1] for t, rg in rings})
+
+
+def _ring_links(rg: Ring, views: dict[int, tuple]) -> tuple[tuple[str, ...], tuple[tuple[str, float], ...]]:
+    """A ring's links, each once, and its (link, share of per_rank) hop by hop, worked out once per ring
+    (``views`` by the ring's identity: rings are shared among the collectives of one shape)."""
+    got = views.get(id(rg))
+    if got is None:
+        got = views[id(rg)] = (rg.links, tuple((ln, nbytes / rg.per_rank) for h, nbytes in rg.hop_bytes()
+                                               for ln in h.links), rg)  # (rg kept: its id stays its own)
+    return got[0], got[1]
 
 
 def _ref(a: Ref, b: Ref, m: _Bijection) -> None:
@@ -534,11 +545,14 @@ class _Collectives:
     def signature(self, t: TaskSpec, own: set[int]) -> frozenset[tuple]:
         """``t``'s waits for collectives, up to the rank relabelling: the collective of a kind its own ranks
         take part in, or every collective of the kind (a barrier)."""
-        got: dict[tuple, set[str]] = defaultdict(set)
+        got: dict[tuple, set[str]] = {}
+        cls_of = self.cls_of
         for d in t.deps:
-            cls = self.cls_of.get(d.id)
+            cls = cls_of.get(d.id)
             if cls is not None:
-                got[(cls, d.iters_back, d.steps_back)].add(d.id)
+                got.setdefault((cls, d.iters_back, d.steps_back), set()).add(d.id)
+        if not got:
+            return _NO_WAITS
         out: set[tuple] = set()
         for (cls, ib, sb), ids in got.items():
             if ids == {self.of_rank[cls][k] for k in own}:
@@ -711,19 +725,30 @@ def _resources(plan: Plan, base: list[list[TaskSpec]], maps: list[_RankMaps],
         loads.append(load)
     # a collective of one group of ranks and its images in the other groups: paired hop by hop
     joined: set[tuple] = set()  # rings (and pairs of rings) whose resources were joined already
+    flat: dict[tuple, tuple[tuple[str, ...], tuple[float, ...]]] = {}  # ring -> its resources and weights
+
+    def flat_of(rkey: tuple, rg: Ring) -> tuple[tuple[str, ...], tuple[float, ...]]:
+        got = flat.get(rkey)
+        if got is None:
+            res = rg.resources
+            got = flat[rkey] = (res, rg.weights or (1.0,) * len(res))
+        return got
+
     for orbit in orbits.values():
         rkeys = [(c.ranks, max(c.bytes, 1.0), c.coll or "") for c in orbit]
         rings = [rings_of(*k) for k in rkeys]
+        res0 = flat_of(rkeys[0], rings[0])[0]
         load = defaultdict(float)
         for rkey, rg in zip(rkeys, rings, strict=True):
-            for r, x in zip(rg.resources, rg.weights or (1.0,) * len(rg.resources), strict=True):
+            res, weights = flat_of(rkey, rg)
+            for r, x in zip(res, weights, strict=True):
                 load[r] += x  # what the engine's flow puts on it (a hierarchical ring's hops: their shares)
-            if len(rg.resources) != len(rings[0].resources):
+            if len(res) != len(res0):
                 raise NotSymmetric(f"collective {orbit[0].id!r}'s images cross different routes")
             if (rkeys[0], rkey) in joined:
                 continue
             joined.add((rkeys[0], rkey))
-            for a, b in zip(rings[0].resources, rg.resources, strict=True):
+            for a, b in zip(res0, res, strict=True):
                 if capacity.get(a) != capacity.get(b):
                     raise NotSymmetric(f"resources {a!r} and {b!r} differ in capacity")
                 union(a, b)
@@ -737,7 +762,11 @@ def _resources(plan: Plan, base: list[list[TaskSpec]], maps: list[_RankMaps],
     for r in list(parent):
         members[find(r)].add(r)
     for load in loads:
-        for ms in members.values():
+        # an orbit the load does not touch carries 0 on every member: only the orbits it touches can differ
+        for root in {find(r) for r in load}:
+            ms = members.get(root)
+            if ms is None:
+                continue
             vals = {load.get(r, 0.0) for r in ms}
             if len(vals) > 1:
                 raise NotSymmetric(f"resources of one role carry different loads ({', '.join(sorted(ms)[:3])})")
