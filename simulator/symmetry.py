@@ -310,10 +310,13 @@ def _find(plan: Plan, topo: Topology, route: Callable[[str, str], RouteResources
             for t in seg_tasks:
                 owner_of_task[t.id] = k
     maps = [_RankMaps() for _ in owners]
-    for k, o in enumerate(owners):
-        for a_seg, b_seg in zip(base, groups[o], strict=True):
-            for a, b in zip(a_seg, b_seg, strict=True):
-                maps[k].tasks.pair(a.id, b.id)
+    ids0 = [a.id for seg in base for a in seg]
+    for k, o in enumerate(owners):  # the i-th task of rank k is the image of rank 0's i-th: built whole
+        idsk = [b.id for seg in groups[o] for b in seg]
+        fwd, bwd = dict(zip(ids0, idsk, strict=True)), dict(zip(idsk, ids0, strict=True))
+        if len(fwd) != len(ids0) or len(bwd) != len(idsk):
+            raise NotSymmetric("a task id repeats")
+        maps[k].tasks.fwd, maps[k].tasks.back = fwd, bwd
     tensor_owner: dict[str, int] = {}
     back = [m.tasks.back for m in maps]
     # rank 0's side of every comparison, worked out once (not once per rank)
