@@ -22,6 +22,7 @@ class PlanBuilder:
         # every reference text parsed once: a plan of N ranks names each rank's barrier tasks N times
         # (O(N^2) texts, most of them repeats), and parsing them was most of a 128-GPU plan's build time
         self._parsed: dict[str, Ref] = {}
+        self._placed: dict[tuple[str, str], Placement] = {}
 
     # -- declarations ---------------------------------------------------------------------------------
     def tensor(self, tid: str, nbytes: float, kind: str, *, scope: str = "global", home: str | None = None,
@@ -44,10 +45,11 @@ class PlanBuilder:
              reads: Sequence[tuple[str, str]] = (), tensor: str | None = None, **fields: Any) -> str:
         if not self._segments:
             raise ValueError("declare a segment before adding tasks")
+        ref = self._ref
         self._segments[-1][2].append(TaskSpec(
-            id=tid, op=op, stream=stream, deps=tuple(self._ref(d) for d in deps if d), allocs=self._places(allocs),
-            frees=self._places(frees), reads=self._places(reads),
-            tensor=self._ref(tensor) if tensor else None, **fields))
+            id=tid, op=op, stream=stream, deps=tuple(ref(d) for d in deps if d),
+            allocs=self._places(allocs) if allocs else (), frees=self._places(frees) if frees else (),
+            reads=self._places(reads) if reads else (), tensor=ref(tensor) if tensor else None, **fields))
         return tid
 
     def _ref(self, text: str) -> Ref:
@@ -57,7 +59,15 @@ class PlanBuilder:
         return got
 
     def _places(self, items: Iterable[tuple[str, str]]) -> tuple[Placement, ...]:
-        return tuple(Placement(self._ref(t), loc) for t, loc in items)
+        """The placements, each made once per (tensor, location) text pair and shared (they are immutable)."""
+        made = self._placed
+        out = []
+        for t, loc in items:
+            p = made.get((t, loc))
+            if p is None:
+                p = made[(t, loc)] = Placement(self._ref(t), loc)
+            out.append(p)
+        return tuple(out)
 
     # -- output ---------------------------------------------------------------------------------------
     def build(self, *, steps: int = 2, notes: Sequence[str] = (), info: dict[str, Any] | None = None) -> Plan:

@@ -27,7 +27,6 @@ The engine knows no policy. A fresh ``simpy.Environment`` is built for every run
 
 from __future__ import annotations
 
-import gc
 import time
 from collections import defaultdict
 from collections.abc import Generator, Mapping
@@ -52,6 +51,7 @@ from costs import (
 from hardware_models import HardwareSpec, Topology, build_topology
 from simulator.errors import PlanError
 from simulator.flows import FlowNetwork
+from simulator.gc_pause import no_cyclic_gc
 from simulator.memory import MemoryTracker
 from simulator.opcost import plan_pricer, task_seconds
 from simulator.plan import Plan, TaskSpec, validate_plan
@@ -188,18 +188,13 @@ class Engine:
         env = self.env
         # the run allocates ~10 objects per event and frees them itself; the cyclic collector only slows
         # it down (10-30% measured), so it is paused for the run and restored after
-        was_enabled = gc.isenabled()
-        gc.disable()
-        try:
+        with no_cyclic_gc():
             while True:
                 try:
                     env.step()
                 except simpy.core.EmptySchedule:
                     break
                 events += 1
-        finally:
-            if was_enabled:
-                gc.enable()
         unfinished = [t for t in tasks if t.uid not in self._finished]
         if unfinished:
             t = unfinished[0]
@@ -438,8 +433,9 @@ class _RingCache(NamedTuple):
 def plan_symmetry(plan: Plan, hw: HardwareSpec, topology: Topology | None = None) -> Symmetry | str:
     """The verified symmetry of ``plan`` on ``hw`` (``simulator.symmetry``), or why it has none."""
     topo = topology if topology is not None else build_topology(hw)
-    validate_plan(plan, "plan", topo.locations)
-    return find_symmetry(plan, topo, RouteTable(topo), machine_capacities(hw, topo), hw.gpu.shares_host)
+    with no_cyclic_gc():  # the proof's maps are millions of acyclic entries at 1024 GPUs (simulator.gc_pause)
+        validate_plan(plan, "plan", topo.locations)
+        return find_symmetry(plan, topo, RouteTable(topo), machine_capacities(hw, topo), hw.gpu.shares_host)
 
 
 def run_plan(plan: Plan, hw: HardwareSpec, topology: Topology | None = None,

@@ -54,11 +54,10 @@ class Phase(StrEnum):
         """The member spelled ``value``, or None."""
         if not isinstance(value, str):
             return None
-        try:
-            return cls(value)
-        except ValueError:
-            return None
+        return _BY_VALUE.get(value)  # (a dict look-up: validation parses every task's phase)
 
+
+_BY_VALUE: dict[str, Phase] = {p.value: p for p in Phase}
 
 _GROUP: dict[Phase, str] = {
     Phase.FWD: "compute", Phase.RECOMPUTE: "compute", Phase.BWD: "compute",

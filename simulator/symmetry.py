@@ -44,6 +44,7 @@ from hardware_models import Topology
 from simulator.plan import Placement, Plan, Ref, Segment, TaskSpec
 
 GLOBAL = "<global>"
+_NO_WAITS: frozenset[tuple] = frozenset()
 _Owner = tuple[int, Any]
 
 
@@ -282,7 +283,7 @@ def _find(plan: Plan, topo: Topology, route: Callable[[str, str], RouteResources
             spec_st = streams.get(t.stream)
             if spec_st is None:
                 raise NotSymmetric(f"task {t.id!r} runs on an unknown stream")
-            own = _owner(t, st.device, stream_rank)
+            own = _owner(t, spec_st.device, stream_rank)
             if stream_owner.setdefault(t.stream, own) != own:
                 raise NotSymmetric(f"stream {t.stream!r} holds tasks of two owners")
             if own == GLOBAL:
@@ -309,10 +310,13 @@ def _find(plan: Plan, topo: Topology, route: Callable[[str, str], RouteResources
             for t in seg_tasks:
                 owner_of_task[t.id] = k
     maps = [_RankMaps() for _ in owners]
-    for k, o in enumerate(owners):
-        for a_seg, b_seg in zip(base, groups[o], strict=True):
-            for a, b in zip(a_seg, b_seg, strict=True):
-                maps[k].tasks.pair(a.id, b.id)
+    ids0 = [a.id for seg in base for a in seg]
+    for k, o in enumerate(owners):  # the i-th task of rank k is the image of rank 0's i-th: built whole
+        idsk = [b.id for seg in groups[o] for b in seg]
+        fwd, bwd = dict(zip(ids0, idsk, strict=True)), dict(zip(idsk, ids0, strict=True))
+        if len(fwd) != len(ids0) or len(bwd) != len(idsk):
+            raise NotSymmetric("a task id repeats")
+        maps[k].tasks.fwd, maps[k].tasks.back = fwd, bwd
     tensor_owner: dict[str, int] = {}
     back = [m.tasks.back for m in maps]
     # rank 0's side of every comparison, worked out once (not once per rank)
@@ -351,8 +355,8 @@ def _find(plan: Plan, topo: Topology, route: Callable[[str, str], RouteResources
     colls = _Collectives(globals_, gpu_of, streams, owner_of_task, back)
     coll_sig0 = {a.id: colls.signature(a, {0}) for seg in base for a in seg}
     for k, m in enumerate(maps):
-        for cls in colls.members:
-            c0, ck = colls.member(0, cls), colls.member(k, cls)
+        for by_rank in colls.of_rank.values():
+            c0, ck = by_rank[0], by_rank[k]
             m.colls.pair(c0, ck)
             if c0 != ck:
                 m.streams.pair(streams_of[c0], streams_of[ck])
@@ -382,6 +386,7 @@ def _find(plan: Plan, topo: Topology, route: Callable[[str, str], RouteResources
     rings = [(t, rings_of(t.ranks, max(t.bytes, 1.0), t.coll or "")) for o in orbits.values() if len(o) > 1
              for t in o]
     kept_streams = frozenset(maps[0].streams.fwd) | {streams_of[c] for c in kept}
+    ring_views: dict[int, tuple] = {}
     return Symmetry(
         n=n, rank_tasks=frozenset(maps[0].tasks.fwd), global_tasks=kept,
         rank_streams=frozenset(maps[0].streams.fwd), rank_tensors=rank_tensors, dropped_tensors=dropped,
@@ -394,9 +399,18 @@ def _find(plan: Plan, topo: Topology, route: Callable[[str, str], RouteResources
         coll_maps=tuple(m.colls.fwd for m in maps), flow_mult={c: float(len(o)) for c, o in orbits.items()},
         coll_ranks={t.id: t.ranks for t in globals_}, kept_streams=kept_streams,
         coll_orbit={c: tuple(t.id for t in o) for c, o in orbits.items()},
-        coll_links={t.id: rg.links for t, rg in rings}, coll_hop_links={
-            t.id: tuple((ln, nbytes / rg.per_rank) for h, nbytes in rg.hop_bytes() for ln in h.links)
-            for t, rg in rings})
+        coll_links={t.id: _ring_links(rg, ring_views)[0] for t, rg in rings},
+        coll_hop_links={t.id: _ring_links(rg, ring_views)[1] for t, rg in rings})
+
+
+def _ring_links(rg: Ring, views: dict[int, tuple]) -> tuple[tuple[str, ...], tuple[tuple[str, float], ...]]:
+    """A ring's links, each once, and its (link, share of per_rank) hop by hop, worked out once per ring
+    (``views`` by the ring's identity: rings are shared among the collectives of one shape)."""
+    got = views.get(id(rg))
+    if got is None:
+        got = views[id(rg)] = (rg.links, tuple((ln, nbytes / rg.per_rank) for h, nbytes in rg.hop_bytes()
+                                               for ln in h.links), rg)  # (rg kept: its id stays its own)
+    return got[0], got[1]
 
 
 def _ref(a: Ref, b: Ref, m: _Bijection) -> None:
@@ -408,37 +422,45 @@ def _ref(a: Ref, b: Ref, m: _Bijection) -> None:
 def _places(a: tuple[Placement, ...], b: tuple[Placement, ...], m: _RankMaps) -> None:
     if len(a) != len(b):
         raise NotSymmetric("placements differ")
+    tensors, locs = m.tensors, m.locs
     for x, y in zip(a, b, strict=True):
-        _ref(x.tensor, y.tensor, m.tensors)
-        m.locs.pair(x.loc, y.loc)
+        tx, ty = x.tensor, y.tensor
+        if tensors.fwd.get(tx.id) != ty.id or (tx.iters_back, tx.steps_back) != (ty.iters_back, ty.steps_back):
+            _ref(tx, ty, tensors)
+        if locs.fwd.get(x.loc) != y.loc:
+            locs.pair(x.loc, y.loc)
 
 
 def _untagged(t: TaskSpec) -> dict[str, Any]:
     """A task's tags but its rank."""
-    return {x: v for x, v in t.tags.items() if x != "rank"}
+    out = dict(t.tags)
+    out.pop("rank", None)
+    return out
 
 
 def _match(a: TaskSpec, b: TaskSpec, m: _RankMaps, streams: Mapping[str, Any], owner_of_task: Mapping[str, int],
            global_ids: frozenset[str], k: int, back: Sequence[Mapping[str, str]],
            a_side: tuple[dict[str, Any], frozenset[tuple]]) -> None:
     """Task ``b`` of rank ``k`` is rank 0's ``a`` relabelled (``a_side``: a's tags but its rank, and its
-    dependency signature)."""
+    dependency signature). Pairs already made (most: a rank's streams and locations recur in every task)
+    are recognised by a look-up before the checking call."""
     same = (a.op, a.flops, a.hbm_bytes, a.bytes, a.alloc_dst, a.free_src, a.params, a.coll)
     if same != (b.op, b.flops, b.hbm_bytes, b.bytes, b.alloc_dst, b.free_src, b.params, b.coll):
         raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} differ")
     ta, a_sig = a_side
     if ta != _untagged(b):
         raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} differ in tags")
-    m.streams.pair(a.stream, b.stream)
-    m.locs.pair(streams[a.stream].device, streams[b.stream].device)
-    if streams[a.stream].kind != streams[b.stream].kind:
-        raise NotSymmetric(f"streams {a.stream!r} and {b.stream!r} differ")
-    for x, y in (("src", a.src), ("dst", a.dst)):
-        other = getattr(b, x)
+    if m.streams.fwd.get(a.stream) != b.stream:  # a new pair of streams: their devices and kinds checked once
+        m.streams.pair(a.stream, b.stream)
+        m.locs.pair(streams[a.stream].device, streams[b.stream].device)
+        if streams[a.stream].kind != streams[b.stream].kind:
+            raise NotSymmetric(f"streams {a.stream!r} and {b.stream!r} differ")
+    locs = m.locs
+    for x, y, other in (("src", a.src, b.src), ("dst", a.dst, b.dst)):
         if (y is None) != (other is None):
             raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} differ in {x}")
-        if y is not None:
-            m.locs.pair(y, other)
+        if y is not None and other is not None and locs.fwd.get(y) != other:
+            locs.pair(y, other)
     if (a.tensor is None) != (b.tensor is None):
         raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} differ in tensor")
     if a.tensor is not None and b.tensor is not None:
@@ -446,10 +468,13 @@ def _match(a: TaskSpec, b: TaskSpec, m: _RankMaps, streams: Mapping[str, Any], o
     if len(a.ranks) != len(b.ranks):
         raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} differ in ranks")
     for x, y in zip(a.ranks, b.ranks, strict=True):
-        m.locs.pair(x, y)
-    _places(a.allocs, b.allocs, m)
-    _places(a.frees, b.frees, m)
-    _places(a.reads, b.reads, m)
+        locs.pair(x, y)
+    if a.allocs or b.allocs:
+        _places(a.allocs, b.allocs, m)
+    if a.frees or b.frees:
+        _places(a.frees, b.frees, m)
+    if a.reads or b.reads:
+        _places(a.reads, b.reads, m)
     if a_sig != _dep_signature(b, {k}, owner_of_task, global_ids, back):
         raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} differ in dependencies")
 
@@ -523,11 +548,14 @@ class _Collectives:
     def signature(self, t: TaskSpec, own: set[int]) -> frozenset[tuple]:
         """``t``'s waits for collectives, up to the rank relabelling: the collective of a kind its own ranks
         take part in, or every collective of the kind (a barrier)."""
-        got: dict[tuple, set[str]] = defaultdict(set)
+        got: dict[tuple, set[str]] = {}
+        cls_of = self.cls_of
         for d in t.deps:
-            cls = self.cls_of.get(d.id)
+            cls = cls_of.get(d.id)
             if cls is not None:
-                got[(cls, d.iters_back, d.steps_back)].add(d.id)
+                got.setdefault((cls, d.iters_back, d.steps_back), set()).add(d.id)
+        if not got:
+            return _NO_WAITS
         out: set[tuple] = set()
         for (cls, ib, sb), ids in got.items():
             if ids == {self.of_rank[cls][k] for k in own}:
@@ -700,19 +728,30 @@ def _resources(plan: Plan, base: list[list[TaskSpec]], maps: list[_RankMaps],
         loads.append(load)
     # a collective of one group of ranks and its images in the other groups: paired hop by hop
     joined: set[tuple] = set()  # rings (and pairs of rings) whose resources were joined already
+    flat: dict[tuple, tuple[tuple[str, ...], tuple[float, ...]]] = {}  # ring -> its resources and weights
+
+    def flat_of(rkey: tuple, rg: Ring) -> tuple[tuple[str, ...], tuple[float, ...]]:
+        got = flat.get(rkey)
+        if got is None:
+            res = rg.resources
+            got = flat[rkey] = (res, rg.weights or (1.0,) * len(res))
+        return got
+
     for orbit in orbits.values():
         rkeys = [(c.ranks, max(c.bytes, 1.0), c.coll or "") for c in orbit]
         rings = [rings_of(*k) for k in rkeys]
+        res0 = flat_of(rkeys[0], rings[0])[0]
         load = defaultdict(float)
         for rkey, rg in zip(rkeys, rings, strict=True):
-            for r, x in zip(rg.resources, rg.weights or (1.0,) * len(rg.resources), strict=True):
+            res, weights = flat_of(rkey, rg)
+            for r, x in zip(res, weights, strict=True):
                 load[r] += x  # what the engine's flow puts on it (a hierarchical ring's hops: their shares)
-            if len(rg.resources) != len(rings[0].resources):
+            if len(res) != len(res0):
                 raise NotSymmetric(f"collective {orbit[0].id!r}'s images cross different routes")
             if (rkeys[0], rkey) in joined:
                 continue
             joined.add((rkeys[0], rkey))
-            for a, b in zip(rings[0].resources, rg.resources, strict=True):
+            for a, b in zip(res0, res, strict=True):
                 if capacity.get(a) != capacity.get(b):
                     raise NotSymmetric(f"resources {a!r} and {b!r} differ in capacity")
                 union(a, b)
@@ -726,7 +765,11 @@ def _resources(plan: Plan, base: list[list[TaskSpec]], maps: list[_RankMaps],
     for r in list(parent):
         members[find(r)].add(r)
     for load in loads:
-        for ms in members.values():
+        # an orbit the load does not touch carries 0 on every member: only the orbits it touches can differ
+        for root in {find(r) for r in load}:
+            ms = members.get(root)
+            if ms is None:
+                continue
             vals = {load.get(r, 0.0) for r in ms}
             if len(vals) > 1:
                 raise NotSymmetric(f"resources of one role carry different loads ({', '.join(sorted(ms)[:3])})")

@@ -42,8 +42,6 @@ from itertools import accumulate
 from typing import Any
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
-from scipy.sparse import coo_array
 
 GB = 1e9
 MEM_TOL_BYTES = 1024.0
@@ -275,7 +273,13 @@ class _Model:
         self._levels(inst.staged, self.s_levels, self.ys0)
 
     def run(self, c: np.ndarray, time_limit_s: float, mip_rel_gap: float, node_limit: int) -> tuple[Any, float]:
-        """HiGHS on these rows with objective ``c`` (x, yW, yS binary; N integer); scipy's result and the wall time."""
+        """HiGHS on these rows with objective ``c`` (x, yW, yS binary; N integer); scipy's result and the wall time.
+
+        scipy is imported here, not at module level: its cold import takes seconds, and most commands that
+        import this module (every ``plan``, every policy listing) never solve a LazyTrain MILP."""
+        from scipy.optimize import Bounds, LinearConstraint, milp
+        from scipy.sparse import coo_array
+
         hi = np.full(self.nvar, np.inf)
         hi[: self.nx] = 1.0
         hi[self.yw0: self.n0] = 1.0
@@ -306,13 +310,23 @@ def _undominated(w: Window) -> list[tuple[float, dict[tuple[int, int], float]]]:
             var[(i, o)] = var.get((i, o), 0.0) + c
         rows.append((w.load_const.get(r, 0.0), var))
 
+    # a row b can bound row a only if its constant is no smaller and it has every term a has with a positive
+    # coefficient: cheap tests that leave the exact comparison for the few pairs that pass them
+    keys = [frozenset(v) for _, v in rows]
+    positive = [frozenset(k for k, x in v.items() if x > 0.0) for _, v in rows]
+
     def bounds(b: int, a: int) -> bool:  # of two equal rows the first is kept
         (ca, va), (cb, vb) = rows[a], rows[b]
-        if a == b or cb < ca or any(vb.get(k, 0.0) < v for k, v in va.items()):
+        if any(vb.get(k, 0.0) < v for k, v in va.items()):
             return False
         return b < a or cb > ca or any(vb.get(k, 0.0) > va.get(k, 0.0) for k in vb)
 
-    return [row for a, row in enumerate(rows) if not any(bounds(b, a) for b in range(len(rows)))]
+    out = []
+    for a, row in enumerate(rows):
+        ca, pa = row[0], positive[a]
+        if not any(b != a and rows[b][0] >= ca and pa <= keys[b] and bounds(b, a) for b in range(len(rows))):
+            out.append(row)
+    return out
 
 
 def limit_hit(res: Any) -> str | None:
