@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from replay.precision import TORCH_DTYPES, Precision
+from replay.precision import TORCH_DTYPES, Precision, gemm16_note, gemm16_path
 from replay.threads import cpu_op_threads
 
 __all__ = [
@@ -154,6 +154,9 @@ class Calibration:
     attention_curve: list[tuple[float, float]] = field(default_factory=list)
     attention_backward_curve: list[tuple[float, float]] = field(default_factory=list)
     attention_method: str = ""
+    # 16-bit dtype -> "native" | "emulated": the GEMM path every 16-bit figure was measured on, the runner's
+    # (replay.precision.gemm16_path); its citation carries it so a replay can tell a mismatch
+    gemm16: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -703,6 +706,11 @@ def _calibrate(directory: str | os.PathLike[str] | None, sizes: CalibrationSizes
     notes: list[str] = []
     progress(f"host {host['host']}: {host['cores']} cores, {host['dram'] / 2**30:.1f} GiB DRAM, "
              f"{host['cpu_model']}; compute device {dev}")
+    gemm16 = {k: gemm16_path(dev.type, d) for k, d in TORCH_DTYPES.items() if d != torch.float32}
+    note16 = gemm16_note(precision, dev.type)
+    if note16 is not None:  # the path the runner takes is the one measured here (replay.precision.linear)
+        progress(note16)
+        notes.append(note16)
 
     if cuda:
         props = torch.cuda.get_device_properties(dev)
@@ -825,5 +833,5 @@ def _calibrate(directory: str | os.PathLike[str] | None, sizes: CalibrationSizes
         disk=disk, wall_s=time.perf_counter() - t_start, notes=notes, op_overhead_s=op_overhead,
         op_overhead_method=op_method, elementwise_bw=ew_bw, elementwise_method=ew_method,
         gemm_backward_curve=bwd_curve, attention_curve=att_fwd, attention_backward_curve=att_bwd,
-        attention_method=att_how,
+        attention_method=att_how, gemm16=gemm16,
     )

@@ -49,6 +49,13 @@ def _get(d: Mapping[str, Any] | None, path: str) -> Any:
     return cur
 
 
+def _path_tag(cal: Calibration, dtype: str) -> str:
+    """``, gemm16=PATH`` for a 16-bit dtype measured on PATH (``replay.precision.gemm16_path``): the tag
+    ``replay.precision.spec_gemm16`` reads back from a spec's sources."""
+    path = cal.gemm16.get(dtype)
+    return f", gemm16={path}" if path else ""
+
+
 def spec_dict(cal: Calibration, base: Mapping[str, Any] | None = None, base_name: str | None = None,
               ranks: RanksCalibration | None = None) -> dict[str, Any]:
     """The hardware description of the calibrated machine (loads with `spec_from_dict`).
@@ -103,7 +110,8 @@ def spec_dict(cal: Calibration, base: Mapping[str, Any] | None = None, base_name
         measured("gpu.memory", cal.gpu_memory_method)
     for k in cal.peak_flops:
         measured(f"gpu.peak_flops.{k}", f"best {k} linear-layer rate on {cal.device} as the runner computes it "
-                                        f"(F.linear of fp32 operands under {k} autocast, replay.precision) over "
+                                        f"(replay.precision.linear of fp32 operands under {k} autocast"
+                                        f"{_path_tag(cal, k)}) over "
                                         f"square sizes, reached at "
                                         f"{cal.peak_at.get(k, 0):.2e} FLOP/op, {reps}; used as the peak"
                                         + ("" if scale == 1 else
