@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from replay.calibrate import Calibration
     from replay.calibrate_ranks import RanksCalibration
 
-__all__ = ["pcie_fields", "spec_dict"]
+__all__ = ["pcie_fields", "spec_dict", "with_ranks"]
 
 _GIB = 2**30
 _MIB = 2**20
@@ -251,6 +251,19 @@ def spec_dict(cal: Calibration, base: Mapping[str, Any] | None = None, base_name
             kept(f"nvlink.{key}", nvlink[key], "")
     if ranks is not None and cpu_only:
         _apply_ranks(out, sources, ranks, stamp, dram)
+    out["sources"] = sources
+    return out
+
+
+def with_ranks(data: Mapping[str, Any], ranks: RanksCalibration, stamp: str) -> dict[str, Any]:
+    """A CPU-only spec (``spec_dict``'s structure, e.g. a ``HardwareSpec.to_dict()``) with what ``ranks.ranks``
+    ranks share measured by ``ranks`` (as ``spec_dict(..., ranks=...)`` writes it): the 1-rank calibration
+    reused, not measured again."""
+    out = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in data.items()}
+    out["gpu"] = {**out["gpu"], "peak_flops": dict(out["gpu"]["peak_flops"])}
+    out["pcie"] = dict(out["pcie"])
+    sources = dict(out.get("sources") or {})
+    _apply_ranks(out, sources, ranks, stamp, float(out["host"]["dram"]))
     out["sources"] = sources
     return out
 

@@ -254,16 +254,16 @@ def gemm16_note(precision: str, device_type: str) -> str | None:
     dtype = TORCH_DTYPES[precision]
     path = gemm16_path(device_type, dtype)
     forced = gemm16_override()
-    if forced is not None:
-        why = f"forced by {GEMM16_ENV}={forced} (--gemm16)"
-    elif device_type != "cpu":
-        why = f"{device_type}: native 16-bit GEMMs"
+    if device_type != "cpu":
+        why = f"{device_type}: native 16-bit GEMMs" if forced is None else f"forced by {GEMM16_ENV}={forced}"
     else:
-        _, native, emulated = _measured_gemm16(device_type, dtype)
+        picked, native, emulated = _measured_gemm16(device_type, dtype)
         cap = torch.backends.cpu.get_cpu_capability()
-        what = "has no native" if path == "emulated" else "has a native"
+        what = "has no native" if picked == "emulated" else "has a native"
         why = (f"this CPU ({cap}) {what} {precision} GEMM: measured {native / 1e9:.2g} GFLOP/s native vs "
                f"{emulated / 1e9:.3g} emulated; override with --gemm16")
+        if forced is not None and forced != picked:  # --gemm16 against the measured pick
+            why = f"forced by {GEMM16_ENV}={forced} (--gemm16); the measured pick: {picked}, {why.split('; ')[0]}"
     if path == "emulated":
         return f"16-bit GEMMs: fp32 products of {precision} operands, rounded to {precision} ({why})"
     return f"16-bit GEMMs: native {precision} ({why})"

@@ -140,7 +140,13 @@ def test_the_gemm_path_is_picked_by_measurement_and_overridable(monkeypatch: pyt
     assert gemm16_note("fp32", "cpu") is None
     monkeypatch.setenv(GEMM16_ENV, "emulated")
     assert gemm16_note("fp16", "cuda") == ("16-bit GEMMs: fp32 products of fp16 operands, rounded to fp16 (forced "
-                                           f"by {GEMM16_ENV}=emulated (--gemm16))")
+                                           f"by {GEMM16_ENV}=emulated)")
+    other = "native" if picked == "emulated" else "emulated"
+    monkeypatch.setenv(GEMM16_ENV, other)
+    forced = gemm16_note("bf16", "cpu")
+    assert forced is not None and f"forced by {GEMM16_ENV}={other} (--gemm16); the measured pick: {picked}" in forced
+    monkeypatch.setenv(GEMM16_ENV, picked)  # what a command pins its measured pick to: said as measured
+    assert gemm16_note("bf16", "cpu") == note
     monkeypatch.setenv(GEMM16_ENV, "fast")
     with pytest.raises(ReplayError, match=f"{GEMM16_ENV}='fast': give one of auto, native, emulated"):
         gemm16_path("cpu", torch.bfloat16)
