@@ -81,8 +81,14 @@ Findings (2-core CPU-only VM shared with other jobs, see ``CAUSES`` below; print
   load 3: ``torch.mm`` 1024^3 fp32 18 GFLOP/s, bf16 0.4, fp16 0.4; the runner's path (autocast ``F.linear``
   1024x768->3072) fp32 11.9, bf16 2.5, fp16 3.6 GFLOP/s. A bf16 replay here is priced and runs at those
   rates (calibrate, load 12: bf16 peak 1.5, fp32 4.9 GFLOP/s), so the default gpt2 workflow (8 micro-steps
-  of seq 1024, ~8.7 TFLOP per step) takes about an hour per step and was not replayed here; the held-out
-  gpt2 rows use one micro-step.
+  of seq 1024, ~8.7 TFLOP per step) took about an hour per step; the held-out gpt2 rows use one micro-step.
+- Fixed (16-bit GEMMs, 2026-12-03 session 4): torch's CPU kernels convert 16-bit operands to fp32 anyway when
+  the CPU has no AVX512-BF16/AMX, in a slow generic loop. The runner's linear layers now compute a 16-bit
+  GEMM as fp32 products of the 16-bit-rounded operands, fp32 accumulation, result rounded to 16 bits: the
+  numbers a 16-bit tensor-core GEMM gives (``replay.precision.linear``, within one 16-bit ulp of the native
+  CPU kernel, tested), at fp32 speed (probe 256 x 768 x 768, one thread: native 2.3 vs emulated 13-14 GFLOP/s
+  at load 6; a @ b 1024 x 768 x 3072: 0.37 vs 32-34 at load 1). Picked by that probe (native on CUDA),
+  ``--gemm16`` overrides; calibrate measures the same path and cites it.
 - Fixed (kernel kinds, 2026-12-03 session 3): on this CPU (no native bf16) the 16-bit backward of a linear
   layer ran 1.3-3x slower per FLOP than its forward (bf16 backward products 0.2-1.5 GFLOP/s vs forward
   1.5-1.9, load 6), the bf16 attention kernel's forward ran at 5-14 GFLOP/s (SDPA computes in fp32 inside:
