@@ -302,7 +302,7 @@ def linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
     """The runner's linear layer ``x @ w.T + b``: ``F.linear`` under the ambient autocast, or, where autocast
     is on in a 16-bit dtype whose GEMM :func:`gemm16_path` emulates, the same roundings on fp32 GEMMs."""
     dev = x.device.type
-    if torch.is_autocast_enabled(dev):
+    if torch.amp.is_autocast_available(dev) and torch.is_autocast_enabled(dev):
         dtype = torch.get_autocast_dtype(dev)
         if dtype != torch.float32 and gemm16_path(dev, dtype) == "emulated":
             out: Tensor = _Linear16.apply(x, w, b, dtype)
