@@ -77,11 +77,15 @@ _RTOL = {"fp32": RTOL_FP32, "bf16": 1e-2, "fp16": 4e-3}
 GEMM16_ENV = "TIERSIM_GEMM16"  # native | emulated | auto (unset): the override of the measured pick
 GEMM16_PATHS = ("auto", "native", "emulated")
 # the emulated path is taken only when measured this much faster than the native one: on this AVX2 CPU the
-# native 16-bit F.linear of the probe's shape ran 1.7-2.2 GFLOP/s (0.4 for a 1024 x 768 x 3072 a @ b) against
-# 13-32 for the emulation (one thread, load 1-6, 2026-12-03), and where the CPU has native 16-bit GEMMs the
-# two are within a factor of 2 of each other: a margin of 3 keeps noise from flipping the pick (the replay,
-# its reference and every rank must take the same path to verify bit for bit)
-_EMULATE_WHEN_FASTER = 3.0
+# native 16-bit F.linear of the probe's shape ran 1.4-2.3 GFLOP/s (0.4 for a 1024 x 768 x 3072 a @ b, the
+# layout of a backward product) against 9-14 for the emulation at load 6-8 and 30 quiet (one thread,
+# 2026-12-03); one process whose probe was slowed by the load took the native path at a ratio of 3 and ran a
+# gpt2 block 25x slower. Where a CPU has native 16-bit GEMMs (AVX512-BF16, AMX) the native one should be the
+# faster (no such CPU measured here). A margin of 2,
+# with the best of interleaved rounds, keeps the load from flipping the pick (the replay, its reference and
+# every rank must take the same path to verify bit for bit; the commands pin one path for all, gemm16_forced)
+_EMULATE_WHEN_FASTER = 2.0
+_PROBE_ROUNDS = 4
 _PROBE_SHAPE = (256, 768, 768)  # (m, n, k): a small layer's product, 0.3 GFLOP; ~150 ms native on the slow path
 
 
@@ -205,20 +209,11 @@ def gemm16_override() -> str | None:
     return got
 
 
-def _best_time(fn: Callable[[], object], repeats: int = 3) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
 @functools.cache
 def _measured_gemm16(device_type: str, dtype: torch.dtype) -> tuple[str, float, float]:
     """(path, native FLOP/s, emulated FLOP/s) of one (256 x 768) @ (768 x 768) 16-bit product on this CPU with
-    the runner's one thread per op, best of 3, measured once per process (a property of the machine)."""
+    the runner's one thread per op, the best of 4 interleaved rounds, measured once per process (a property
+    of the machine)."""
     from replay.threads import cpu_op_threads
 
     m, n, k = _PROBE_SHAPE
@@ -226,8 +221,17 @@ def _measured_gemm16(device_type: str, dtype: torch.dtype) -> tuple[str, float, 
     w = torch.randn(n, k).to(dtype)
     flops = 2.0 * m * n * k
     with cpu_op_threads(torch.device(device_type)):  # as the runner computes (one thread per op on a CPU)
-        native = _best_time(lambda: F.linear(x, w))
-        emulated = _best_time(lambda: F.linear(x.float(), w.float()).to(dtype))
+        runs: dict[str, Callable[[], object]] = {"native": lambda: F.linear(x, w),
+                                                  "emulated": lambda: F.linear(x.float(), w.float()).to(dtype)}
+        best = dict.fromkeys(runs, float("inf"))
+        for fn in runs.values():
+            fn()  # warm-up
+        for _ in range(_PROBE_ROUNDS):  # interleaved, the best of each: load only ever slows one down
+            for name, fn in runs.items():
+                t0 = time.perf_counter()
+                fn()
+                best[name] = min(best[name], time.perf_counter() - t0)
+        native, emulated = best["native"], best["emulated"]
     path = "emulated" if native > _EMULATE_WHEN_FASTER * emulated else "native"
     return path, flops / native, flops / emulated
 

@@ -86,8 +86,8 @@ Findings (2-core CPU-only VM shared with other jobs, see ``CAUSES`` below; print
   the CPU has no AVX512-BF16/AMX, in a slow generic loop. The runner's linear layers now compute a 16-bit
   GEMM as fp32 products of the 16-bit-rounded operands, fp32 accumulation, result rounded to 16 bits: the
   numbers a 16-bit tensor-core GEMM gives (``replay.precision.linear``, within one 16-bit ulp of the native
-  CPU kernel, tested), at fp32 speed (probe 256 x 768 x 768, one thread: native 2.3 vs emulated 13-14 GFLOP/s
-  at load 6; a @ b 1024 x 768 x 3072: 0.37 vs 32-34 at load 1). Picked by that probe (native on CUDA),
+  CPU kernel, tested), at fp32 speed (probe 256 x 768 x 768, one thread: native 1.4-2.3 vs emulated 9-14 GFLOP/s
+  at load 4-8; a @ b 1024 x 768 x 3072: 0.37 vs 32-34 at load 1). Picked by that probe (native on CUDA),
   ``--gemm16`` overrides; calibrate measures the same path and cites it.
 - Fixed (kernel kinds, 2026-12-03 session 3): on this CPU (no native bf16) the 16-bit backward of a linear
   layer ran 1.3-3x slower per FLOP than its forward (bf16 backward products 0.2-1.5 GFLOP/s vs forward
