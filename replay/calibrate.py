@@ -241,8 +241,17 @@ def measure_gemm_backward(device: torch.device, dtype: torch.dtype, flops: Seque
         t_fwd = _batched_time(linear_rate_op(device, name, n, n, n), device, repeats, min_time_s)
         t_both = _batched_time(linear_backward_rate_op(device, name, n, n, n), device, repeats, min_time_s)
         one = 2.0 * n**3
-        out.append((one, 2 * one / max(t_both - t_fwd, 0.05 * t_both)))
+        out.append((one, 2 * one / backward_seconds(t_fwd, t_both)))
     return out
+
+
+def backward_seconds(t_fwd: float, t_both: float) -> float:
+    """The time of a linear layer's two backward products: forward + backward minus forward, at least one
+    forward's time (two products of the forward's FLOPs each, on the same machine: at most 2x the forward's
+    rate). Under load the two timings' noise made the difference near zero at small sizes: one bf16 point at
+    3e6 FLOP came out at 68 GFLOP/s against a 4 GFLOP/s forward (2026-12-03, load 8) and, as the largest rate
+    measured, became the peak every curve is a fraction of."""
+    return max(t_both - t_fwd, t_fwd)
 
 
 def measure_attention(device: torch.device, precision: str, seqs: Sequence[int], heads: int, head_dim: int,
