@@ -562,7 +562,8 @@ def candidates(hw: HardwareSpec, model: str, case: Case) -> Iterator[tuple[Plan,
     if fallback is not None:
         yield fallback
         return
-    raise RuntimeError(f"{case.name}: no budget in {BUDGET_FRACTIONS} plans ({why})")
+    raise RuntimeError(f"{case.name}: no budget in {BUDGET_FRACTIONS} plans ({why})" if why else
+                       f"{case.name}: the runner rejected the plan at every budget in {BUDGET_FRACTIONS}")
 
 
 def _replay(plan: Plan, hw: HardwareSpec, folder: Path, gpus: int) -> Any:
@@ -581,14 +582,23 @@ def _replay(plan: Plan, hw: HardwareSpec, folder: Path, gpus: int) -> Any:
 
 def run_case(hw: HardwareSpec, case: Case, folder: Path, steps: int) -> Row:
     """Plan, simulate and replay one case; a plan the runner rejects is noted and the next budget tried."""
-    from replay.errors import ReplayError
-    from replay.runner import measured_result, with_steps
-
     t0 = time.perf_counter()
     row = Row(case)
     model = _model_file(case.model, folder)
     failed: list[str] = []
-    for plan, job_hw, sim, budget, note in candidates(hw, model, case):
+    try:
+        return _first_replayed(row, candidates(hw, model, case), folder, steps, failed, t0)
+    except RuntimeError as e:  # every plan rejected: the row says why (the runner's first reason)
+        raise RuntimeError(f"{e}: {failed[0]}" if failed else str(e)) from None
+
+
+def _first_replayed(row: Row, plans: Iterator[tuple[Plan, HardwareSpec, Result, float | None, str]], folder: Path,
+                    steps: int, failed: list[str], t0: float) -> Row:
+    from replay.errors import ReplayError
+    from replay.runner import measured_result, with_steps
+
+    case = row.case
+    for plan, job_hw, sim, budget, note in plans:
         replay_plan = with_steps(plan, max(steps, plan.steps))
         try:
             meas = _replay(replay_plan, job_hw, folder, case.gpus)
