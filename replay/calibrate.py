@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from replay.precision import TORCH_DTYPES, Precision
+from replay.precision import TORCH_DTYPES, Precision, gemm16_note, gemm16_path
 from replay.threads import cpu_op_threads
 
 __all__ = [
@@ -154,6 +154,9 @@ class Calibration:
     attention_curve: list[tuple[float, float]] = field(default_factory=list)
     attention_backward_curve: list[tuple[float, float]] = field(default_factory=list)
     attention_method: str = ""
+    # 16-bit dtype -> "native" | "emulated": the GEMM path every 16-bit figure was measured on, the runner's
+    # (replay.precision.gemm16_path); its citation carries it so a replay can tell a mismatch
+    gemm16: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -238,8 +241,17 @@ def measure_gemm_backward(device: torch.device, dtype: torch.dtype, flops: Seque
         t_fwd = _batched_time(linear_rate_op(device, name, n, n, n), device, repeats, min_time_s)
         t_both = _batched_time(linear_backward_rate_op(device, name, n, n, n), device, repeats, min_time_s)
         one = 2.0 * n**3
-        out.append((one, 2 * one / max(t_both - t_fwd, 0.05 * t_both)))
+        out.append((one, 2 * one / backward_seconds(t_fwd, t_both)))
     return out
+
+
+def backward_seconds(t_fwd: float, t_both: float) -> float:
+    """The time of a linear layer's two backward products: forward + backward minus forward, at least one
+    forward's time (two products of the forward's FLOPs each, on the same machine: at most 2x the forward's
+    rate). Under load the two timings' noise made the difference near zero at small sizes: one bf16 point at
+    3e6 FLOP came out at 68 GFLOP/s against a 4 GFLOP/s forward (2026-12-03, load 8) and, as the largest rate
+    measured, became the peak every curve is a fraction of."""
+    return max(t_both - t_fwd, t_fwd)
 
 
 def measure_attention(device: torch.device, precision: str, seqs: Sequence[int], heads: int, head_dim: int,
@@ -703,6 +715,11 @@ def _calibrate(directory: str | os.PathLike[str] | None, sizes: CalibrationSizes
     notes: list[str] = []
     progress(f"host {host['host']}: {host['cores']} cores, {host['dram'] / 2**30:.1f} GiB DRAM, "
              f"{host['cpu_model']}; compute device {dev}")
+    gemm16 = {k: gemm16_path(dev.type, d) for k, d in TORCH_DTYPES.items() if d != torch.float32}
+    note16 = gemm16_note(precision, dev.type)
+    if note16 is not None:  # the path the runner takes is the one measured here (replay.precision.linear)
+        progress(note16)
+        notes.append(note16)
 
     if cuda:
         props = torch.cuda.get_device_properties(dev)
@@ -825,5 +842,5 @@ def _calibrate(directory: str | os.PathLike[str] | None, sizes: CalibrationSizes
         disk=disk, wall_s=time.perf_counter() - t_start, notes=notes, op_overhead_s=op_overhead,
         op_overhead_method=op_method, elementwise_bw=ew_bw, elementwise_method=ew_method,
         gemm_backward_curve=bwd_curve, attention_curve=att_fwd, attention_backward_curve=att_bwd,
-        attention_method=att_how,
+        attention_method=att_how, gemm16=gemm16,
     )

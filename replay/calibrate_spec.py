@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from replay.calibrate import Calibration
     from replay.calibrate_ranks import RanksCalibration
 
-__all__ = ["pcie_fields", "spec_dict"]
+__all__ = ["pcie_fields", "spec_dict", "with_ranks"]
 
 _GIB = 2**30
 _MIB = 2**20
@@ -47,6 +47,13 @@ def _get(d: Mapping[str, Any] | None, path: str) -> Any:
             return None
         cur = cur[part]
     return cur
+
+
+def _path_tag(cal: Calibration, dtype: str) -> str:
+    """``, gemm16=PATH`` for a 16-bit dtype measured on PATH (``replay.precision.gemm16_path``): the tag
+    ``replay.precision.spec_gemm16`` reads back from a spec's sources."""
+    path = cal.gemm16.get(dtype)
+    return f", gemm16={path}" if path else ""
 
 
 def spec_dict(cal: Calibration, base: Mapping[str, Any] | None = None, base_name: str | None = None,
@@ -103,7 +110,8 @@ def spec_dict(cal: Calibration, base: Mapping[str, Any] | None = None, base_name
         measured("gpu.memory", cal.gpu_memory_method)
     for k in cal.peak_flops:
         measured(f"gpu.peak_flops.{k}", f"best {k} linear-layer rate on {cal.device} as the runner computes it "
-                                        f"(F.linear of fp32 operands under {k} autocast, replay.precision) over "
+                                        f"(replay.precision.linear of fp32 operands under {k} autocast"
+                                        f"{_path_tag(cal, k)}) over "
                                         f"square sizes, reached at "
                                         f"{cal.peak_at.get(k, 0):.2e} FLOP/op, {reps}; used as the peak"
                                         + ("" if scale == 1 else
@@ -243,6 +251,19 @@ def spec_dict(cal: Calibration, base: Mapping[str, Any] | None = None, base_name
             kept(f"nvlink.{key}", nvlink[key], "")
     if ranks is not None and cpu_only:
         _apply_ranks(out, sources, ranks, stamp, dram)
+    out["sources"] = sources
+    return out
+
+
+def with_ranks(data: Mapping[str, Any], ranks: RanksCalibration, stamp: str) -> dict[str, Any]:
+    """A CPU-only spec (``spec_dict``'s structure, e.g. a ``HardwareSpec.to_dict()``) with what ``ranks.ranks``
+    ranks share measured by ``ranks`` (as ``spec_dict(..., ranks=...)`` writes it): the 1-rank calibration
+    reused, not measured again."""
+    out = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in data.items()}
+    out["gpu"] = {**out["gpu"], "peak_flops": dict(out["gpu"]["peak_flops"])}
+    out["pcie"] = dict(out["pcie"])
+    sources = dict(out.get("sources") or {})
+    _apply_ranks(out, sources, ranks, stamp, float(out["host"]["dram"]))
     out["sources"] = sources
     return out
 

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from replay.errors import ReplayError
+from replay.precision import linear
 from workloads import ModelSpec
 
 # the ModelSpec fields the runner builds (the original contract); any other field in to_dict() is refused
@@ -127,20 +128,28 @@ def causal_attention(d: Dims, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return a.transpose(1, 2).reshape(b, s, d.n_heads * hd)
 
 
+class Linear(nn.Linear):
+    """``nn.Linear`` (same parameters and names) computed by :func:`replay.precision.linear`: the plan's
+    16-bit GEMM, native or emulated on fp32 GEMMs where the CPU has no native one."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return linear(x, self.weight, self.bias)
+
+
 class Block(nn.Module):
     def __init__(self, d: Dims):
         super().__init__()
         self.d = d
         kv = d.n_kv_heads * d.head_dim
         self.ln1, self.ln2 = _norm(d), _norm(d)
-        self.q = nn.Linear(d.hidden, d.hidden, bias=d.bias)
-        self.k = nn.Linear(d.hidden, kv, bias=d.bias)
-        self.v = nn.Linear(d.hidden, kv, bias=d.bias)
-        self.o = nn.Linear(d.hidden, d.hidden, bias=d.bias)
+        self.q = Linear(d.hidden, d.hidden, bias=d.bias)
+        self.k = Linear(d.hidden, kv, bias=d.bias)
+        self.v = Linear(d.hidden, kv, bias=d.bias)
+        self.o = Linear(d.hidden, d.hidden, bias=d.bias)
         if d.mlp == "swiglu":
-            self.gate = nn.Linear(d.hidden, d.ffn, bias=d.bias)
-        self.up = nn.Linear(d.hidden, d.ffn, bias=d.bias)
-        self.down = nn.Linear(d.ffn, d.hidden, bias=d.bias)
+            self.gate = Linear(d.hidden, d.ffn, bias=d.bias)
+        self.up = Linear(d.hidden, d.ffn, bias=d.bias)
+        self.down = Linear(d.ffn, d.hidden, bias=d.bias)
 
     def forward(self, x: Tensor) -> Tensor:
         d = self.d
@@ -165,7 +174,7 @@ class Head(nn.Module):
         w = self.lm if self.lm is not None else wte
         if w is None:
             raise ReplayError("head: tied embeddings need the embedding matrix")
-        logits = self.norm(x) @ w.t()
+        logits = linear(self.norm(x), w)
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 

@@ -19,9 +19,25 @@ is fast):
   are still in their backward. A non-finite gradient therefore stops the replay with a ReplayError naming
   the layer and step (replay in bf16 or fp32 then), never a silent skipped or corrupted step.
 
-``tiersim calibrate`` measures its GEMM rates through :func:`linear_rate_op` (the same autocast
-``F.linear`` over fp32 operands the runner's layers call), so the rate a plan is priced at is the rate the
-runner gets (on a CPU without native bf16 that rate is far below fp32's: priced as it runs).
+**16-bit GEMMs** (:func:`linear`, every linear layer and the LM head of ``replay.model`` and the
+tensor-parallel shards): where the device has a native 16-bit GEMM (CUDA always) autocast runs it. A CPU
+without one (no AVX512-BF16 / AMX: torch's CPU kernels then convert the 16-bit operands to fp32 inside a slow
+generic loop, measured ~0.4 GFLOP/s against ~32 GFLOP/s fp32 on one AVX2 core) computes the *same* numbers
+at fp32 GEMM speed: the operands rounded to the 16-bit dtype, multiplied exactly in fp32 (a product of two
+bf16 / fp16 values is exact in fp32), accumulated in fp32 and the result rounded to the 16-bit dtype once --
+what a 16-bit tensor-core GEMM with fp32 accumulation computes (:class:`_Linear16`; its backward keeps the
+same roundings: the input and weight gradients are fp32-accumulated products of 16-bit operands, rounded to
+16 bits, the weight's then widened to the fp32 master's dtype as autocast's cast does). Only the 16-bit
+operands are kept for the backward (the bytes autocast's native GEMM keeps); the fp32 copies live for the
+duration of one product and are freed (the plan's activation bytes are unchanged). The path is picked by
+measurement (:func:`gemm16_path`: native unless the emulated product is measured faster on this device),
+overridden by ``TIERSIM_GEMM16=native|emulated`` (``--gemm16`` of ``calibrate``, ``replay`` and
+``python -m replay.validation`` set it for the command and the rank processes it starts), and printed by
+those commands (:func:`gemm16_note`).
+
+``tiersim calibrate`` measures its GEMM rates through :func:`linear_rate_op` (the same :func:`linear` over
+fp32 operands under the same autocast the runner's layers call), so the rate a plan is priced at is the rate
+the runner gets, on the path it takes.
 
 Verification (``--verify``): the plain-training reference (``replay.reference``) trains in the same
 precision (autocast, the same loss scale). Both run the same kernels on the same inputs, in a different
@@ -36,8 +52,13 @@ missed micro-batch changes a loss by O(1/accum), stale weights differ by ~5%).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+import functools
+import os
+import re
+import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -45,13 +66,27 @@ from torch import Tensor
 
 from replay.errors import ReplayError
 
-__all__ = ["FP16_LOSS_SCALE", "Precision", "TORCH_DTYPES", "attention_rate_ops", "linear_backward_rate_op",
-           "linear_rate_op", "tolerance"]
+__all__ = ["FP16_LOSS_SCALE", "GEMM16_ENV", "GEMM16_PATHS", "Precision", "TORCH_DTYPES", "attention_rate_ops",
+           "gemm16_note", "gemm16_override", "gemm16_path", "linear", "linear_backward_rate_op", "linear_rate_op",
+           "replay_gemm16_lines", "spec_gemm16", "tolerance", "gemm16_forced"]
 
 TORCH_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 FP16_LOSS_SCALE = 2.0**10  # static; within the 8..32K range of Micikevicius et al. 2018
 RTOL_FP32 = 1e-5
 _RTOL = {"fp32": RTOL_FP32, "bf16": 1e-2, "fp16": 4e-3}
+GEMM16_ENV = "TIERSIM_GEMM16"  # native | emulated | auto (unset): the override of the measured pick
+GEMM16_PATHS = ("auto", "native", "emulated")
+# the emulated path is taken only when measured this much faster than the native one: on this AVX2 CPU the
+# native 16-bit F.linear of the probe's shape ran 1.4-2.3 GFLOP/s (0.4 for a 1024 x 768 x 3072 a @ b, the
+# layout of a backward product) against 9-14 for the emulation at load 6-8 and 30 quiet (one thread,
+# 2026-12-03); one process whose probe was slowed by the load took the native path at a ratio of 3 and ran a
+# gpt2 block 25x slower. Where a CPU has native 16-bit GEMMs (AVX512-BF16, AMX) the native one should be the
+# faster (no such CPU measured here). A margin of 2,
+# with the best of interleaved rounds, keeps the load from flipping the pick (the replay, its reference and
+# every rank must take the same path to verify bit for bit; the commands pin one path for all, gemm16_forced)
+_EMULATE_WHEN_FASTER = 2.0
+_PROBE_ROUNDS = 4
+_PROBE_SHAPE = (256, 768, 768)  # (m, n, k): a small layer's product, 0.3 GFLOP; ~150 ms native on the slow path
 
 
 def tolerance(precision: str) -> float:
@@ -104,15 +139,16 @@ class Precision:
 
 
 def linear_rate_op(device: torch.device, precision: str, m: int, n: int, k: int) -> Callable[[], object]:
-    """One (m x k) @ (k x n) product as the runner computes a linear layer in ``precision``: ``F.linear`` of
-    fp32 operands under :meth:`Precision.autocast` (the 16-bit casts of both operands included)."""
+    """One (m x k) @ (k x n) product as the runner computes a linear layer in ``precision``: :func:`linear` of
+    fp32 operands under :meth:`Precision.autocast` (the 16-bit casts of both operands included, on the 16-bit
+    GEMM path :func:`gemm16_path` picks: the runner's)."""
     x = torch.randn(m, k, device=device)
     w = torch.randn(n, k, device=device)
     p = Precision(precision, device.type)
 
     def run() -> Tensor:
         with p.autocast():
-            return F.linear(x, w)
+            return linear(x, w)
 
     return run
 
@@ -131,7 +167,7 @@ def linear_backward_rate_op(device: torch.device, precision: str, m: int, n: int
     def run() -> object:
         with torch.enable_grad():
             with p.autocast():
-                y = F.linear(x, w)
+                y = linear(x, w)
             return torch.autograd.grad(y, (x, w), g.to(y.dtype))
 
     return run
@@ -160,3 +196,166 @@ def attention_rate_ops(device: torch.device, precision: str, batch: int, seq: in
             return torch.autograd.grad(y, qkv, g.to(y.dtype))
 
     return fwd, both
+
+
+def gemm16_override() -> str | None:
+    """The path forced by ``TIERSIM_GEMM16`` (None: unset or ``auto``, the measured pick); ReplayError on any
+    other value."""
+    got = os.environ.get(GEMM16_ENV, "").strip().lower()
+    if got in ("", "auto"):
+        return None
+    if got not in GEMM16_PATHS:
+        raise ReplayError(f"{GEMM16_ENV}={got!r}: give one of {', '.join(GEMM16_PATHS)} (--gemm16)")
+    return got
+
+
+@functools.cache
+def _measured_gemm16(device_type: str, dtype: torch.dtype) -> tuple[str, float, float]:
+    """(path, native FLOP/s, emulated FLOP/s) of one (256 x 768) @ (768 x 768) 16-bit product on this CPU with
+    the runner's one thread per op, the best of 4 interleaved rounds, measured once per process (a property
+    of the machine)."""
+    from replay.threads import cpu_op_threads
+
+    m, n, k = _PROBE_SHAPE
+    x = torch.randn(m, k).to(dtype)
+    w = torch.randn(n, k).to(dtype)
+    flops = 2.0 * m * n * k
+    with cpu_op_threads(torch.device(device_type)):  # as the runner computes (one thread per op on a CPU)
+        runs: dict[str, Callable[[], object]] = {"native": lambda: F.linear(x, w),
+                                                  "emulated": lambda: F.linear(x.float(), w.float()).to(dtype)}
+        best = dict.fromkeys(runs, float("inf"))
+        for fn in runs.values():
+            fn()  # warm-up
+        for _ in range(_PROBE_ROUNDS):  # interleaved, the best of each: load only ever slows one down
+            for name, fn in runs.items():
+                t0 = time.perf_counter()
+                fn()
+                best[name] = min(best[name], time.perf_counter() - t0)
+        native, emulated = best["native"], best["emulated"]
+    path = "emulated" if native > _EMULATE_WHEN_FASTER * emulated else "native"
+    return path, flops / native, flops / emulated
+
+
+def gemm16_path(device_type: str, dtype: torch.dtype) -> str:
+    """``native`` or ``emulated``: how a ``dtype`` GEMM runs on ``device_type`` (module docstring). CUDA and fp32
+    are always native; a CPU's 16-bit GEMM is emulated when measured :data:`_EMULATE_WHEN_FASTER` x slower than
+    the emulation; ``TIERSIM_GEMM16`` overrides the pick."""
+    if dtype == torch.float32:
+        return "native"
+    forced = gemm16_override()
+    if forced is not None:
+        return forced
+    if device_type != "cpu":
+        return "native"
+    return _measured_gemm16(device_type, dtype)[0]
+
+
+def gemm16_note(precision: str, device_type: str) -> str | None:
+    """The line ``calibrate`` and ``replay`` print: which 16-bit GEMM path a ``precision`` run takes, and why
+    (None in fp32)."""
+    if precision not in TORCH_DTYPES or precision == "fp32":
+        return None
+    dtype = TORCH_DTYPES[precision]
+    path = gemm16_path(device_type, dtype)
+    forced = gemm16_override()
+    if device_type != "cpu":
+        why = f"{device_type}: native 16-bit GEMMs" if forced is None else f"forced by {GEMM16_ENV}={forced}"
+    else:
+        picked, native, emulated = _measured_gemm16(device_type, dtype)
+        cap = torch.backends.cpu.get_cpu_capability()
+        what = "has no native" if picked == "emulated" else "has a native"
+        why = (f"this CPU ({cap}) {what} {precision} GEMM: measured {native / 1e9:.2g} GFLOP/s native vs "
+               f"{emulated / 1e9:.3g} emulated; override with --gemm16")
+        if forced is not None and forced != picked:  # --gemm16 against the measured pick
+            why = f"forced by {GEMM16_ENV}={forced} (--gemm16); the measured pick: {picked}, {why.split('; ')[0]}"
+    if path == "emulated":
+        return f"16-bit GEMMs: fp32 products of {precision} operands, rounded to {precision} ({why})"
+    return f"16-bit GEMMs: native {precision} ({why})"
+
+
+class _Linear16(torch.autograd.Function):
+    """``F.linear`` as a 16-bit GEMM with fp32 accumulation computes it, on fp32 GEMMs (module docstring)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, w: Tensor, b: Tensor | None, dtype: torch.dtype) -> Tensor:
+        x16, w16 = x.to(dtype), w.to(dtype)
+        ctx.save_for_backward(x16, w16)
+        ctx.dtypes = (x.dtype, w.dtype, None if b is None else b.dtype, dtype)
+        with torch.autocast(x.device.type, enabled=False):
+            bias = None if b is None else b.to(dtype).float()
+            return F.linear(x16.float(), w16.float(), bias).to(dtype)
+
+    @staticmethod
+    def backward(ctx: Any, gy: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        x16, w16 = ctx.saved_tensors
+        x_dt, w_dt, b_dt, dtype = ctx.dtypes
+        gx = gw = gb = None
+        with torch.autocast(gy.device.type, enabled=False):
+            g = gy.to(dtype).float()
+            if ctx.needs_input_grad[0]:
+                gx = (g @ w16.float()).to(dtype).to(x_dt)
+            g2 = g.reshape(-1, g.shape[-1])
+            if ctx.needs_input_grad[1]:
+                gw = (g2.t() @ x16.reshape(-1, x16.shape[-1]).float()).to(dtype).to(w_dt)
+            if b_dt is not None and ctx.needs_input_grad[2]:
+                gb = g2.sum(0).to(dtype).to(b_dt)
+        return gx, gw, gb, None
+
+
+def linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
+    """The runner's linear layer ``x @ w.T + b``: ``F.linear`` under the ambient autocast, or, where autocast
+    is on in a 16-bit dtype whose GEMM :func:`gemm16_path` emulates, the same roundings on fp32 GEMMs."""
+    dev = x.device.type
+    if torch.amp.is_autocast_available(dev) and torch.is_autocast_enabled(dev):
+        dtype = torch.get_autocast_dtype(dev)
+        if dtype != torch.float32 and gemm16_path(dev, dtype) == "emulated":
+            out: Tensor = _Linear16.apply(x, w, b, dtype)
+            return out
+    return F.linear(x, w, b)
+
+
+def spec_gemm16(sources: Mapping[str, str], precision: str) -> str | None:
+    """The 16-bit GEMM path a calibrated spec's ``precision`` peak was measured on (``gemm16=PATH`` in its
+    citation, written by ``tiersim calibrate``); None for presets and fp32."""
+    m = re.search(r"gemm16=(native|emulated)\b", sources.get(f"gpu.peak_flops.{precision}", ""))
+    return m.group(1) if m else None
+
+
+@contextlib.contextmanager
+def gemm16_forced(path: str | None, precision: str | None = None, device_type: str = "cpu") -> Iterator[None]:
+    """``--gemm16 PATH`` for the duration of a command: sets ``TIERSIM_GEMM16`` (read by :func:`gemm16_path`
+    here and in the rank processes the command starts), restored after. None or ``auto`` with a 16-bit
+    ``precision``: the path picked here for it, so that every rank (and the ``--verify`` reference) takes the
+    one path, whatever a rank's own measurement would say; otherwise nothing changes."""
+    if path in (None, "auto"):
+        if precision not in TORCH_DTYPES or precision == "fp32":
+            yield
+            return
+        path = gemm16_path(device_type, TORCH_DTYPES[precision])
+    if path not in GEMM16_PATHS:
+        raise ReplayError(f"--gemm16 {path!r}: give one of {', '.join(GEMM16_PATHS)}")
+    before = os.environ.get(GEMM16_ENV)
+    os.environ[GEMM16_ENV] = str(path)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(GEMM16_ENV, None)
+        else:
+            os.environ[GEMM16_ENV] = before
+
+
+def replay_gemm16_lines(precision: str, device_type: str, sources: Mapping[str, str]) -> list[str]:
+    """What ``replay`` prints about its 16-bit GEMMs: the path it takes, and a line when the plan's calibrated
+    spec measured its rates on the other path (the timing comparison then prices what does not run)."""
+    note = gemm16_note(precision, device_type)
+    if note is None:
+        return []
+    lines = [note]
+    priced = spec_gemm16(sources, precision)
+    runs = gemm16_path(device_type, TORCH_DTYPES[precision])
+    if priced is not None and priced != runs:
+        lines.append(f"warning: the plan's hardware was calibrated on the {priced} {precision} GEMM path and this "
+                     f"replay runs the {runs} one: the simulated time prices what does not run; replay with "
+                     f"--gemm16 {priced} or recalibrate with --gemm16 {runs}")
+    return lines

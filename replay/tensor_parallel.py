@@ -35,6 +35,7 @@ from torch import Tensor, nn
 
 from replay.errors import ReplayError
 from replay.model import NORM_EPS, Dims, causal_attention
+from replay.precision import linear
 
 COLUMN = ("q.", "k.", "v.", "gate.", "up.")  # split by output rows (weight and bias)
 ROW = ("o.weight", "down.weight")            # split by input columns
@@ -115,18 +116,18 @@ def _norm(d: Dims, p: dict[str, Tensor], prefix: str, x: Tensor) -> Tensor:
 
 def _attention(d: Dims, p: dict[str, Tensor], h: Tensor) -> Tensor:
     """This rank's heads of attention and its part of the output projection (no bias: added after the sum)."""
-    a = causal_attention(d, F.linear(h, p["q.weight"], p.get("q.bias")), F.linear(h, p["k.weight"], p.get("k.bias")),
-                         F.linear(h, p["v.weight"], p.get("v.bias")))
-    return F.linear(a, p["o.weight"])
+    a = causal_attention(d, linear(h, p["q.weight"], p.get("q.bias")), linear(h, p["k.weight"], p.get("k.bias")),
+                         linear(h, p["v.weight"], p.get("v.bias")))
+    return linear(a, p["o.weight"])
 
 
 def _mlp(d: Dims, p: dict[str, Tensor], h: Tensor) -> Tensor:
-    up = F.linear(h, p["up.weight"], p.get("up.bias"))
+    up = linear(h, p["up.weight"], p.get("up.bias"))
     if d.mlp == "swiglu":
-        m = F.silu(F.linear(h, p["gate.weight"], p.get("gate.bias"))) * up
+        m = F.silu(linear(h, p["gate.weight"], p.get("gate.bias"))) * up
     else:
         m = F.gelu(up, approximate="tanh")
-    return F.linear(m, p["down.weight"])
+    return linear(m, p["down.weight"])
 
 
 @dataclass

@@ -81,8 +81,14 @@ Findings (2-core CPU-only VM shared with other jobs, see ``CAUSES`` below; print
   load 3: ``torch.mm`` 1024^3 fp32 18 GFLOP/s, bf16 0.4, fp16 0.4; the runner's path (autocast ``F.linear``
   1024x768->3072) fp32 11.9, bf16 2.5, fp16 3.6 GFLOP/s. A bf16 replay here is priced and runs at those
   rates (calibrate, load 12: bf16 peak 1.5, fp32 4.9 GFLOP/s), so the default gpt2 workflow (8 micro-steps
-  of seq 1024, ~8.7 TFLOP per step) takes about an hour per step and was not replayed here; the held-out
-  gpt2 rows use one micro-step.
+  of seq 1024, ~8.7 TFLOP per step) took about an hour per step; the held-out gpt2 rows use one micro-step.
+- Fixed (16-bit GEMMs, 2026-12-03 session 4): torch's CPU kernels convert 16-bit operands to fp32 anyway when
+  the CPU has no AVX512-BF16/AMX, in a slow generic loop. The runner's linear layers now compute a 16-bit
+  GEMM as fp32 products of the 16-bit-rounded operands, fp32 accumulation, result rounded to 16 bits: the
+  numbers a 16-bit tensor-core GEMM gives (``replay.precision.linear``, within one 16-bit ulp of the native
+  CPU kernel, tested), at fp32 speed (probe 256 x 768 x 768, one thread: native 1.4-2.3 vs emulated 9-14 GFLOP/s
+  at load 4-8; a @ b 1024 x 768 x 3072: 0.37 vs 32-34 at load 1). Picked by that probe (native on CUDA),
+  ``--gemm16`` overrides; calibrate measures the same path and cites it.
 - Fixed (kernel kinds, 2026-12-03 session 3): on this CPU (no native bf16) the 16-bit backward of a linear
   layer ran 1.3-3x slower per FLOP than its forward (bf16 backward products 0.2-1.5 GFLOP/s vs forward
   1.5-1.9, load 6), the bf16 attention kernel's forward ran at 5-14 GFLOP/s (SDPA computes in fp32 inside:
@@ -225,7 +231,9 @@ HELDOUT_CASES: tuple[Case, ...] = (
     Case("gpt-h768-zinf-cpu", "zero-infinity", _g(4, 768, 12, 32000), _ZI_CPU, seq_len=128, **_H),
     Case("gpt-h1024-tinypipe", "tinypipe", _g(2, 1024, 16, 4096), seq_len=256, **_H),
     Case("gpt-h2048-lazytrain", "lazytrain", _g(2, 2048, 16, 1024), seq_len=128, **_H),
-    Case("gpt-h384-synergy", "synergyscale", _g(4, 384, 6, 16384), seq_len=1024, **_H),
+    # vocab 4096 (was 16384: its tied table, 47% of the parameters, stays on the GPU under synergyscale because
+    # the head reads it, and with the seq-1024 logits no plan fit any budget of 30-80% of the no-offload peak)
+    Case("gpt-h384-synergy", "synergyscale", _g(4, 384, 6, 4096), seq_len=1024, **_H),
     Case("gpt-h256-zinf-nvme-bf16", "zero-infinity", _g(4, 256, 4, 1024), _ZI_NVME, seq_len=1024, precision="bf16",
          **_H),
     Case("gpt-h512-none-bf16", "none", _g(4, 512, 8, 2048), offload=False, seq_len=128, precision="bf16", **_H),
@@ -321,12 +329,17 @@ def _private(folder: Path) -> bool:
 
 
 def calibrated_spec(quick: bool = False, recalibrate: bool = False, cache_dir: str | None = None,
-                    precision: str = "fp32") -> HardwareSpec:
+                    precision: str = "fp32", ranks: int = 1) -> HardwareSpec:
     """This machine's spec for plans in `precision` (its GEMM curve and per-operator figures measured in it,
-    ``calibrate --precision``), measured once and cached (JSON of ``HardwareSpec.to_dict()``) in a temp dir."""
+    ``calibrate --precision``), measured once and cached (JSON of ``HardwareSpec.to_dict()``) in a temp dir.
+    ``ranks`` > 1: that spec with what ``ranks`` rank processes share measured on top (``calibrate --ranks``:
+    cores, the gloo all-reduce, copies; ``replay.calibrate_spec.with_ranks``)."""
     folder = Path(cache_dir) if cache_dir else _private_temp_dir()
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path = folder / (f"calibrated-quick-{precision}-v7.json" if quick else f"calibrated-{precision}-v7.json")
+    if ranks > 1:
+        return ranks_spec(calibrated_spec(quick, recalibrate, cache_dir, precision), quick, recalibrate, cache_dir,
+                          precision, ranks)
+    path = folder / (f"calibrated-quick-{precision}-v8.json" if quick else f"calibrated-{precision}-v8.json")
     if path.is_file() and not recalibrate and _private(folder):
         try:
             return spec_from_dict(json.loads(path.read_text()), file=str(path))
@@ -370,6 +383,32 @@ def calibrated_spec(quick: bool = False, recalibrate: bool = False, cache_dir: s
         cal.copy_method = ("replay.pools.Pools.put of a layer's tensors (LAYER_SHAPES, recycled buffers) in a "
                            "worker thread, as the runner's copy streams do")
     spec = spec_from_dict(spec_dict(cal), file="calibration")
+    path.write_text(json.dumps(spec.to_dict()))
+    return spec
+
+
+def ranks_spec(one: HardwareSpec, quick: bool, recalibrate: bool, cache_dir: str | None, precision: str,
+               ranks: int) -> HardwareSpec:
+    """``one`` (this machine's 1-rank spec in ``precision``) with what ``ranks`` rank processes share, measured
+    once and cached beside it."""
+    folder = Path(cache_dir) if cache_dir else _private_temp_dir()
+    path = folder / f"calibrated-{'quick-' if quick else ''}{precision}-r{ranks}-v8.json"
+    if path.is_file() and not recalibrate and _private(folder):
+        try:
+            return spec_from_dict(json.loads(path.read_text()), file=str(path))
+        except (ValueError, OSError):
+            pass
+    from replay.calibrate import CalibrationSizes
+    from replay.calibrate_ranks import measure_ranks
+    from replay.calibrate_spec import with_ranks
+
+    _log(f"{ranks} ranks ({precision}): gloo all_reduce, compute and copies with every rank at once")
+    sizes = CalibrationSizes.tiny() if quick else CalibrationSizes()
+    rc = measure_ranks(ranks, precision, **sizes.ranks_kwargs())
+    _log(f"{ranks} ranks: all_reduce {rc.collective_bw / 1e9:.2f} GB/s, each rank computes at "
+         f"{rc.compute_share:.2f} of its solo rate")
+    stamp = f"python -m replay.validation at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}"
+    spec = spec_from_dict(with_ranks(one.to_dict(), rc, stamp), file="calibration")
     path.write_text(json.dumps(spec.to_dict()))
     return spec
 
@@ -523,22 +562,46 @@ def candidates(hw: HardwareSpec, model: str, case: Case) -> Iterator[tuple[Plan,
     if fallback is not None:
         yield fallback
         return
-    raise RuntimeError(f"{case.name}: no budget in {BUDGET_FRACTIONS} plans ({why})")
+    raise RuntimeError(f"{case.name}: no budget in {BUDGET_FRACTIONS} plans ({why})" if why else
+                       f"{case.name}: the runner rejected the plan at every budget in {BUDGET_FRACTIONS}")
+
+
+def _replay(plan: Plan, hw: HardwareSpec, folder: Path, gpus: int) -> Any:
+    """The plan replayed as ``tiersim replay`` does: in this process, or one process per rank (gloo)."""
+    from replay.runner import DEFAULT_SEED, Runner
+
+    if gpus == 1:
+        return Runner(plan, hw, device="cpu", nvme_dir=str(folder)).run()
+    from replay.dist_launch import run_ranks
+
+    got = run_ranks(plan, hw, device="cpu", nvme_dir=str(folder), seed=DEFAULT_SEED)
+    if got is None:
+        raise RuntimeError("run under a launcher: python -m replay.validation starts its ranks itself")
+    return got[0]
 
 
 def run_case(hw: HardwareSpec, case: Case, folder: Path, steps: int) -> Row:
     """Plan, simulate and replay one case; a plan the runner rejects is noted and the next budget tried."""
-    from replay.errors import ReplayError
-    from replay.runner import Runner, measured_result, with_steps
-
     t0 = time.perf_counter()
     row = Row(case)
     model = _model_file(case.model, folder)
     failed: list[str] = []
-    for plan, job_hw, sim, budget, note in candidates(hw, model, case):
+    try:
+        return _first_replayed(row, candidates(hw, model, case), folder, steps, failed, t0)
+    except RuntimeError as e:  # every plan rejected: the row says why (the runner's first reason)
+        raise RuntimeError(f"{e}: {failed[0]}" if failed else str(e)) from None
+
+
+def _first_replayed(row: Row, plans: Iterator[tuple[Plan, HardwareSpec, Result, float | None, str]], folder: Path,
+                    steps: int, failed: list[str], t0: float) -> Row:
+    from replay.errors import ReplayError
+    from replay.runner import measured_result, with_steps
+
+    case = row.case
+    for plan, job_hw, sim, budget, note in plans:
         replay_plan = with_steps(plan, max(steps, plan.steps))
         try:
-            meas = Runner(replay_plan, job_hw, device="cpu", nvme_dir=str(folder)).run()
+            meas = _replay(replay_plan, job_hw, folder, case.gpus)
         except ReplayError as e:
             failed.append(f"replay rejected the plan at budget {budget / 1e6 if budget else 0:.1f} MB: "
                           f"{' '.join(str(e).split())[:140]}")
@@ -653,15 +716,20 @@ def run(cases: Sequence[Case], *, quick: bool = False, steps: int = 4, recalibra
     """Every case on this machine's spec calibrated in the case's precision; a case that cannot be planned or
     replayed is a row with its reason (``note``) and no figures, the others still run."""
     t0 = time.perf_counter()
-    specs: dict[str, HardwareSpec] = {}
+    specs: dict[tuple[str, int], HardwareSpec] = {}
     rows = []
     with tempfile.TemporaryDirectory(prefix="tiersim-validation-") as tmp:
-        for case in cases:
-            if case.precision not in specs:
-                specs[case.precision] = calibrated_spec(quick, recalibrate, cache_dir, case.precision)
-            _log(f"{case.name}: plan, simulate, replay ({case.precision}, {case.gpus} GPU)")
+        for k, case in enumerate(cases, 1):
+            key = (case.precision, case.gpus)
+            if (case.precision, 1) not in specs:
+                specs[(case.precision, 1)] = calibrated_spec(quick, recalibrate, cache_dir, case.precision)
+            if key not in specs:  # the 1-rank calibration reused, what the ranks share measured on top
+                specs[key] = ranks_spec(specs[(case.precision, 1)], quick, recalibrate, cache_dir, case.precision,
+                                        case.gpus)
+            _log(f"[{k}/{len(cases)}, {time.perf_counter() - t0:.0f} s] {case.name}: plan, simulate, replay "
+                 f"({case.precision}, {case.gpus} GPU)")
             try:
-                rows.append(run_case(specs[case.precision], case, Path(tmp), steps))
+                rows.append(run_case(specs[key], case, Path(tmp), steps))
             except Exception as e:  # noqa: BLE001 - a case the policy cannot plan or the runner cannot replay
                 rows.append(Row(case, note=f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"))
                 _log(f"{case.name}: not replayed: {rows[-1].note}")
@@ -685,6 +753,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--recalibrate", action="store_true", help="measure this machine again (ignore the cache)")
     ap.add_argument("--cache-dir", help="where the calibrated spec is cached (default: a temp dir)")
     ap.add_argument("--only", help="comma-separated case names to run (of any set)")
+    ap.add_argument("--gemm16", choices=("auto", "native", "emulated"), default="auto",
+                    help="16-bit GEMMs: native, or fp32 products of 16-bit operands rounded to 16 bits (default "
+                         "auto: measured, replay.precision.gemm16_path)")
     args = ap.parse_args(argv)
     if args.steps < 2:
         ap.error("--steps must be >= 2 (the first step warms up and is not measured)")
@@ -699,10 +770,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     steps = 2 if args.quick and args.steps == 4 else args.steps
     import torch
 
+    from replay.precision import gemm16_forced, gemm16_note, gemm16_path
     from replay.threads import cpu_op_threads
 
     cases = [c for v in named.values() for c in v]
-    with cpu_op_threads(torch.device("cpu")):  # the suite's own rate measurements too, as the runner runs
+    pinned = args.gemm16
+    if pinned == "auto":  # one path for the calibration and every rank process (when bf16 and fp16 agree)
+        picks = {gemm16_path("cpu", d) for d in (torch.bfloat16, torch.float16)}
+        pinned = picks.pop() if len(picks) == 1 else "auto"
+    with gemm16_forced(pinned), cpu_op_threads(torch.device("cpu")):  # rate measurements as the runner runs
+        for prec in sorted({c.precision for c in cases} - {"fp32"}):
+            _log(gemm16_note(prec, "cpu") or "")
         rows, hw, wall = run(cases, quick=args.quick, steps=steps, recalibrate=args.recalibrate,
                              cache_dir=args.cache_dir)
     by_case = {r.case.name: r for r in rows}

@@ -216,3 +216,21 @@ def test_kind_curves_are_fractions_of_the_peak_and_optional() -> None:
     bare = spec_from_dict(spec_dict(_fake("cuda")))  # an older record without them: the forward curve prices all
     assert bare.gpu.gemm_backward_efficiency is None and bare.gpu.attention_efficiency is None
     assert "attention_efficiency" not in bare.to_dict()["gpu"]
+
+
+def test_the_16bit_gemm_path_is_printed_measured_and_cited(calibrated: dict[str, Any]) -> None:
+    """calibrate prints the 16-bit GEMM path it picked, measures on it (the runner's) and cites it in the spec,
+    from which replay reads it back to tell a mismatch."""
+    from replay.precision import gemm16_path, replay_gemm16_lines, spec_gemm16
+
+    spec = load_hardware(calibrated["path"])
+    picked = gemm16_path("cpu", torch.bfloat16)
+    assert any(line.startswith("calibrate: 16-bit GEMMs: ") for line in calibrated["stderr"].splitlines())
+    assert calibrated["json"]["measurements"]["gemm16"]["bf16"] == picked
+    assert spec_gemm16(spec.sources, "bf16") == picked and spec_gemm16(spec.sources, "fp32") is None
+    assert len(replay_gemm16_lines("bf16", "cpu", spec.sources)) == 1  # the same path: no warning
+    other = "native" if picked == "emulated" else "emulated"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TIERSIM_GEMM16", other)
+        lines = replay_gemm16_lines("bf16", "cpu", spec.sources)
+    assert len(lines) == 2 and lines[1].startswith(f"warning: the plan's hardware was calibrated on the {picked}")

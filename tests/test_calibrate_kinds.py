@@ -133,3 +133,13 @@ def test_a_bad_kind_curve_names_its_field(bad: Any) -> None:
 
     with pytest.raises(HardwareInputError, match="gpu.attention_efficiency"):
         _spec(attention_efficiency=bad)
+
+
+def test_a_backward_is_never_priced_faster_than_twice_its_forward() -> None:
+    """forward + backward minus forward, floored at one forward: timing noise cannot make a backward product
+    look faster than 2x the forward's rate (it set the peak of every curve once)."""
+    from replay.calibrate import backward_seconds
+
+    assert backward_seconds(1.0, 3.0) == 2.0  # two products at the forward's rate
+    assert backward_seconds(1.0, 1.02) == 1.0  # noise: floored
+    assert backward_seconds(2.0, 1.5) == 2.0

@@ -11,7 +11,16 @@ torch = pytest.importorskip("torch")
 
 from policies import get_policy, parse_knobs  # noqa: E402
 from replay.errors import ReplayError  # noqa: E402
-from replay.precision import FP16_LOSS_SCALE, Precision, linear_rate_op, tolerance  # noqa: E402
+from replay.precision import (  # noqa: E402
+    FP16_LOSS_SCALE,
+    GEMM16_ENV,
+    Precision,
+    gemm16_note,
+    gemm16_path,
+    linear,
+    linear_rate_op,
+    tolerance,
+)
 from replay.reference import compare, train_reference  # noqa: E402
 from replay.runner import Runner  # noqa: E402
 from simulator import Plan  # noqa: E402
@@ -64,6 +73,83 @@ def test_mixed_precision_replay_trains_like_its_reference(precision: str, policy
     assert verdict.ok, verdict
     assert verdict.rtol == tolerance(precision) < 0.05
     assert not meas.leaked
+
+
+@pytest.mark.parametrize("path", ["native", "emulated"])
+def test_either_16bit_gemm_path_trains_like_its_reference(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both GEMM paths replay and verify, whichever one this machine would pick (CI may pick either)."""
+    monkeypatch.setenv(GEMM16_ENV, path)
+    assert gemm16_path("cpu", torch.bfloat16) == path
+    _, meas, verdict = _replay(_in(tiny_plan("none", GPT, {}, 2, "full"), "bf16"))
+    assert verdict.ok, verdict
+    assert not meas.leaked
+
+
+def _ulps(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> float:
+    """The largest distance between two tensors of ``dtype`` in units of ``dtype``'s spacing at ``want``."""
+    got, want = got.detach().double(), want.detach().double()
+    info = torch.finfo(dtype)
+    _, exp = torch.frexp(want)  # |want| in [2^(exp-1), 2^exp): the spacing there is eps * 2^(exp-1)
+    spacing = torch.maximum(torch.ldexp(torch.full_like(want, info.eps), exp - 1), torch.full_like(want, info.tiny))
+    return float(((got - want).abs() / spacing).max())
+
+
+@pytest.mark.parametrize("name", ["bf16", "fp16"])
+def test_emulated_16bit_gemm_is_a_16bit_gemm_with_fp32_accumulation(name: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The emulated linear (forward, input, weight and bias gradients) equals the exact product of the
+    16-bit-rounded operands (float64) rounded to 16 bits, within one rounding of the fp32 accumulation (<= 1
+    ulp of the 16-bit result), and the native 16-bit GEMM within the same; without the operand rounding
+    (fp32 products of fp32 operands) it would not be."""
+    monkeypatch.setenv(GEMM16_ENV, "emulated")
+    dtype = Precision(name).dtype
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 33, 96, generator=g, requires_grad=True)
+    w = torch.randn(80, 96, generator=g, requires_grad=True)
+    b = torch.randn(80, generator=g, requires_grad=True)
+    gy = torch.randn(2, 33, 80, generator=g).to(dtype)
+    with Precision(name).autocast():
+        y = linear(x, w, b)
+    gx, gw, gb = torch.autograd.grad(y, (x, w, b), gy)
+    assert y.dtype == dtype and gx.dtype == gw.dtype == gb.dtype == torch.float32
+
+    x16, w16, b16, g64 = (t.detach().to(dtype).double() for t in (x, w, b, gy))
+    want_y = (x16 @ w16.t() + b16).to(dtype)
+    want_gx = (g64 @ w16).to(dtype)
+    want_gw = (g64.reshape(-1, 80).t() @ x16.reshape(-1, 96)).to(dtype)
+    want_gb = g64.reshape(-1, 80).sum(0).to(dtype)
+    for got, want in ((y, want_y), (gx, want_gx), (gw, want_gw), (gb, want_gb)):
+        assert _ulps(got, want, dtype) <= 1.0
+    assert _ulps(torch.nn.functional.linear(x, w, b).detach().to(dtype), want_y, dtype) > 1.0  # unrounded operands
+
+    monkeypatch.setenv(GEMM16_ENV, "native")
+    with Precision(name).autocast():
+        y_native = linear(x, w, b)
+    assert y_native.dtype == dtype
+    assert _ulps(y, y_native.detach(), dtype) <= 1.0
+
+
+def test_the_gemm_path_is_picked_by_measurement_and_overridable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(GEMM16_ENV, raising=False)
+    assert gemm16_path("cpu", torch.float32) == gemm16_path("cuda", torch.bfloat16) == "native"
+    picked = gemm16_path("cpu", torch.bfloat16)
+    assert picked in ("native", "emulated")
+    note = gemm16_note("bf16", "cpu")
+    assert note is not None and "GFLOP/s native" in note
+    assert ("fp32 products of bf16 operands" in note) == (picked == "emulated")
+    assert gemm16_note("fp32", "cpu") is None
+    monkeypatch.setenv(GEMM16_ENV, "emulated")
+    assert gemm16_note("fp16", "cuda") == ("16-bit GEMMs: fp32 products of fp16 operands, rounded to fp16 (forced "
+                                           f"by {GEMM16_ENV}=emulated)")
+    other = "native" if picked == "emulated" else "emulated"
+    monkeypatch.setenv(GEMM16_ENV, other)
+    forced = gemm16_note("bf16", "cpu")
+    assert forced is not None and f"forced by {GEMM16_ENV}={other} (--gemm16); the measured pick: {picked}" in forced
+    monkeypatch.setenv(GEMM16_ENV, picked)  # what a command pins its measured pick to: said as measured
+    assert gemm16_note("bf16", "cpu") == note
+    monkeypatch.setenv(GEMM16_ENV, "fast")
+    with pytest.raises(ReplayError, match=f"{GEMM16_ENV}='fast': give one of auto, native, emulated"):
+        gemm16_path("cpu", torch.bfloat16)
 
 
 def test_a_bf16_replay_is_not_fp32_training() -> None:

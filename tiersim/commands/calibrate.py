@@ -46,7 +46,16 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ranks", type=int, default=1,
                    help="CPU-only: measure what N ranks (one process each, gloo) share -- cores, the all-reduce "
                         "rate, copies -- and write an N-GPU spec that prices N-rank plans (default 1)")
+    add_gemm16_flag(p)
     p.add_argument("--json", action="store_true", help="also print the measurements as one JSON object")
+
+
+def add_gemm16_flag(p: argparse.ArgumentParser) -> None:
+    """``--gemm16``: how 16-bit GEMMs run (replay.precision.gemm16_path), for calibrate, replay and validation."""
+    p.add_argument("--gemm16", choices=("auto", "native", "emulated"), default="auto",
+                   help="16-bit GEMMs: native, or emulated as fp32 products of 16-bit operands rounded to 16 bits "
+                        "(same numbers, fp32 speed); default auto: native unless measured slower on this device "
+                        "(CUDA: native)")
 
 
 def _progress(line: str) -> None:
@@ -111,6 +120,17 @@ def run(args: argparse.Namespace, sizes: Any = None) -> int:
     base = check_calibrate_args(args)
     if importlib.util.find_spec("torch") is None:
         raise UsageError("calibrate needs torch: pip install 'tiersim[replay]' (torch==2.13.0)")
+    import torch
+
+    from replay.precision import gemm16_forced
+
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"  # replay.calibrate's pick of the device
+    # the path measured is the path the replay takes (the calibrated precision's pick, in every rank too)
+    with gemm16_forced(getattr(args, "gemm16", None), getattr(args, "precision", "bf16"), device_type):
+        return _run(args, sizes, base)
+
+
+def _run(args: argparse.Namespace, sizes: Any, base: HardwareSpec | None) -> int:
     from replay.calibrate import calibrate
     from replay.calibrate_spec import spec_dict
 

@@ -38,6 +38,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None, help="seed of the weights and data (default: 1234)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="compute device for the plan's GPU (default: cuda when available)")
+    from tiersim.commands.calibrate import add_gemm16_flag
+
+    add_gemm16_flag(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -61,7 +64,21 @@ def run(args: argparse.Namespace) -> int:
         return _infeasible(args, simulated)
     if importlib.util.find_spec("torch") is None:
         raise UsageError("replay needs torch: pip install 'tiersim[replay]' (torch==2.13.0)")
+    from replay.errors import ReplayError
+    from replay.precision import gemm16_forced
+    from replay.runner import pick_device
+
+    try:
+        device_type = pick_device(args.device).type
+    except ReplayError as e:
+        raise UsageError(f"{args.plan}: {e}") from None
+    with gemm16_forced(getattr(args, "gemm16", None), plan.workload.config.precision, device_type):  # every rank
+        return _replay(args, plan, hw, simulated)
+
+
+def _replay(args: argparse.Namespace, plan: Plan, hw: Any, simulated: Any) -> int:
     from replay.errors import ReplayError, ReplayOom
+    from replay.precision import replay_gemm16_lines
     from replay.ranks import plan_gpus
     from replay.runner import DEFAULT_SEED, Runner, measured_result
 
@@ -95,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
         "losses": [[s, m, v] for (s, m), v in sorted(meas.losses.items())],
         "real_link_bytes": meas.real_link_bytes, "seed": seed, "steps": plan.steps, "ranks": world,
         "timing_note": note, "replica_spread": spread,
+        "gemm16": replay_gemm16_lines(plan.workload.config.precision, meas.device.split(":")[0], hw.sources),
     }
     d = comparison(simulated, measured, extra)
     d["verify"] = None
@@ -104,6 +122,9 @@ def run(args: argparse.Namespace) -> int:
         from reports import write_trace
 
         write_or_fail("--trace", args.trace, lambda path: write_trace(measured, path))
+    if not args.json:  # which 16-bit GEMMs ran (and a spec calibrated on the other path)
+        for line in replay_gemm16_lines(plan.workload.config.precision, meas.device.split(":")[0], hw.sources):
+            print(line)
     print(dumps(d) if args.json else format_comparison(d))
     if world > 1 and not args.json:
         print(f"ranks: {world} processes ({'NCCL' if meas.device.startswith('cuda') else 'gloo'}), "
