@@ -25,6 +25,7 @@ from __future__ import annotations
 import io
 import os
 import queue
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
@@ -138,14 +139,16 @@ def _loads(data: bytes) -> RankResult:
 
 
 def run_ranks(plan: Plan, hw: HardwareSpec, *, device: str = "auto", nvme_dir: str | None = None,
-              seed: int, verify: bool = False) -> tuple[Measurement, list[RankResult]] | None:
+              seed: int, verify: bool = False, timeout_s: float | None = None
+              ) -> tuple[Measurement, list[RankResult]] | None:
     """Replay a multi-GPU plan with one process per rank; the merged measurement and every rank's result
-    (None on the ranks other than 0 under a launcher). Raises ReplayError / ReplayOom."""
+    (None on the ranks other than 0 under a launcher). Raises ReplayError / ReplayOom; with ``timeout_s``,
+    ReplayError when the spawned ranks have not all answered within that many seconds (they are killed)."""
     world = check_world(plan, device, verify)
     job = RankJob(plan.to_dict(), device, nvme_dir, seed, uuid.uuid4().hex[:12])
     if under_launcher():
         return _run_launched(plan, hw, job, world)
-    return _spawn(plan, hw, job, world)
+    return _spawn(plan, hw, job, world, timeout_s)
 
 
 def _run_launched(plan: Plan, hw: HardwareSpec, job: RankJob, world: int
@@ -172,7 +175,8 @@ def _run_launched(plan: Plan, hw: HardwareSpec, job: RankJob, world: int
     return merge(plan, hw, results), results
 
 
-def _spawn(plan: Plan, hw: HardwareSpec, job: RankJob, world: int) -> tuple[Measurement, list[RankResult]]:
+def _spawn(plan: Plan, hw: HardwareSpec, job: RankJob, world: int, timeout_s: float | None = None
+           ) -> tuple[Measurement, list[RankResult]]:
     server = dist.TCPStore("127.0.0.1", 0, None, True, timeout=STORE_TIMEOUT, wait_for_workers=False)
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
@@ -183,6 +187,7 @@ def _spawn(plan: Plan, hw: HardwareSpec, job: RankJob, world: int) -> tuple[Meas
         p.start()
     results: dict[int, RankResult] = {}
     failure: tuple[str, str] | None = None
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     try:
         while len(results) < world and failure is None:
             try:
@@ -191,6 +196,10 @@ def _spawn(plan: Plan, hw: HardwareSpec, job: RankJob, world: int) -> tuple[Meas
                 dead = [p for p in procs if p.exitcode not in (None, 0)]
                 if dead:
                     failure = ("error", f"{dead[0].name} exited with code {dead[0].exitcode} without a result")
+                elif deadline is not None and time.monotonic() > deadline:
+                    missing = [r for r in range(world) if r not in results]
+                    failure = ("error", f"ranks {missing} gave no result within {timeout_s:.0f} s (stopped; a hang "
+                                        "or a plan far slower than simulated)")
                 continue
             if kind == "ok":
                 results[rank] = _loads(payload)

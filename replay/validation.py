@@ -566,18 +566,26 @@ def candidates(hw: HardwareSpec, model: str, case: Case) -> Iterator[tuple[Plan,
                        f"{case.name}: the runner rejected the plan at every budget in {BUDGET_FRACTIONS}")
 
 
-def _replay(plan: Plan, hw: HardwareSpec, folder: Path, gpus: int) -> Any:
-    """The plan replayed as ``tiersim replay`` does: in this process, or one process per rank (gloo)."""
+def _replay(plan: Plan, hw: HardwareSpec, folder: Path, gpus: int, sim_step_s: float) -> Any:
+    """The plan replayed as ``tiersim replay`` does: in this process, or one process per rank (gloo); ranks
+    that have not answered within ``rank_timeout_s`` of the simulated time are stopped (a hang is a row's
+    note, not a matrix that never ends)."""
     from replay.runner import DEFAULT_SEED, Runner
 
     if gpus == 1:
         return Runner(plan, hw, device="cpu", nvme_dir=str(folder)).run()
     from replay.dist_launch import run_ranks
 
-    got = run_ranks(plan, hw, device="cpu", nvme_dir=str(folder), seed=DEFAULT_SEED)
+    got = run_ranks(plan, hw, device="cpu", nvme_dir=str(folder), seed=DEFAULT_SEED,
+                    timeout_s=rank_timeout_s(sim_step_s, plan.steps))
     if got is None:
         raise RuntimeError("run under a launcher: python -m replay.validation starts its ranks itself")
     return got[0]
+
+
+def rank_timeout_s(sim_step_s: float, steps: int) -> float:
+    """How long a multi-rank replay may take: ten times the simulated steps, never under two minutes."""
+    return max(120.0, 10.0 * sim_step_s * steps)
 
 
 def run_case(hw: HardwareSpec, case: Case, folder: Path, steps: int) -> Row:
@@ -601,7 +609,7 @@ def _first_replayed(row: Row, plans: Iterator[tuple[Plan, HardwareSpec, Result, 
     for plan, job_hw, sim, budget, note in plans:
         replay_plan = with_steps(plan, max(steps, plan.steps))
         try:
-            meas = _replay(replay_plan, job_hw, folder, case.gpus)
+            meas = _replay(replay_plan, job_hw, folder, case.gpus, sim.step_time_s)
         except ReplayError as e:
             failed.append(f"replay rejected the plan at budget {budget / 1e6 if budget else 0:.1f} MB: "
                           f"{' '.join(str(e).split())[:140]}")

@@ -191,3 +191,10 @@ def test_tensor_parallel_it_cannot_split_is_refused_before_any_rank_starts(tmp_p
     out, err = capsys.readouterr()
     assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1
     assert "the vocabulary of 255 does not split over 2 ranks" in err
+
+
+def test_ranks_that_do_not_answer_in_time_are_stopped() -> None:
+    """A deadline on a spawned replay (what the validation matrix uses so one hung case cannot stop the
+    matrix): ranks without a result by then are killed and the run raises one ReplayError naming them."""
+    with pytest.raises(ReplayError, match=r"ranks \[0, 1\] gave no result within 0 s"):
+        run_ranks(ranks_plan("none"), ranks_plan("none").hardware, device="cpu", seed=SEED, timeout_s=0.01)
