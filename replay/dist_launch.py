@@ -38,7 +38,7 @@ import torch.multiprocessing as mp
 from hardware_models import HardwareSpec
 from replay.dist_comm import Comm
 from replay.dist_merge import RankResult, merge
-from replay.errors import ReplayError, ReplayOom
+from replay.errors import ReplayError, ReplayOom, ReplayTimeout
 from replay.ranks import check_multi_rank, plan_gpus, shared_groups
 from replay.runner import Measurement, Runner, pick_device
 from simulator.plan import Plan
@@ -198,8 +198,8 @@ def _spawn(plan: Plan, hw: HardwareSpec, job: RankJob, world: int, timeout_s: fl
                     failure = ("error", f"{dead[0].name} exited with code {dead[0].exitcode} without a result")
                 elif deadline is not None and time.monotonic() > deadline:
                     missing = [r for r in range(world) if r not in results]
-                    failure = ("error", f"ranks {missing} gave no result within {timeout_s:.0f} s (stopped; a hang "
-                                        "or a plan far slower than simulated)")
+                    failure = ("timeout", f"ranks {missing} gave no result within {timeout_s:.0f} s (stopped; a hang "
+                                          "or a plan far slower than simulated)")
                 continue
             if kind == "ok":
                 results[rank] = _loads(payload)
@@ -212,6 +212,6 @@ def _spawn(plan: Plan, hw: HardwareSpec, job: RankJob, world: int, timeout_s: fl
             p.join(timeout=30)
         out.close()
     if failure is not None:
-        raise (ReplayOom if failure[0] == "oom" else ReplayError)(failure[1])
+        raise {"oom": ReplayOom, "timeout": ReplayTimeout}.get(failure[0], ReplayError)(failure[1])
     ordered = [results[r] for r in range(world)]
     return merge(plan, hw, ordered), ordered

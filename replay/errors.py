@@ -10,3 +10,7 @@ class ReplayError(Exception):
 
 class ReplayOom(ReplayError):
     """An allocation took a pool over the plan's capacity in the runner's own accounting."""
+
+
+class ReplayTimeout(ReplayError):
+    """Spawned ranks gave no result within the deadline they were given (they were stopped)."""

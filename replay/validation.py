@@ -602,7 +602,7 @@ def run_case(hw: HardwareSpec, case: Case, folder: Path, steps: int) -> Row:
 
 def _first_replayed(row: Row, plans: Iterator[tuple[Plan, HardwareSpec, Result, float | None, str]], folder: Path,
                     steps: int, failed: list[str], t0: float) -> Row:
-    from replay.errors import ReplayError
+    from replay.errors import ReplayError, ReplayTimeout
     from replay.runner import measured_result, with_steps
 
     case = row.case
@@ -610,6 +610,9 @@ def _first_replayed(row: Row, plans: Iterator[tuple[Plan, HardwareSpec, Result, 
         replay_plan = with_steps(plan, max(steps, plan.steps))
         try:
             meas = _replay(replay_plan, job_hw, folder, case.gpus, sim.step_time_s)
+        except ReplayTimeout as e:  # a hang repeats at the next budget: say so once and go on to the next case
+            raise RuntimeError(f"at budget {budget / 1e6 if budget else 0:.1f} MB "
+                               f"{' '.join(str(e).split())[:140]}; the other budgets were not tried") from None
         except ReplayError as e:
             failed.append(f"replay rejected the plan at budget {budget / 1e6 if budget else 0:.1f} MB: "
                           f"{' '.join(str(e).split())[:140]}")

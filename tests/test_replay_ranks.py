@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 from policies import get_policy, parse_knobs  # noqa: E402
 from replay.dist_launch import run_ranks  # noqa: E402
 from replay.dist_merge import replica_spread  # noqa: E402
-from replay.errors import ReplayError  # noqa: E402
+from replay.errors import ReplayError, ReplayTimeout  # noqa: E402
 from replay.model import Dims  # noqa: E402
 from replay.ranks import rank_view, shared_groups, stream_owners  # noqa: E402
 from replay.reference import compare, rtol_for, train_reference  # noqa: E402
@@ -196,5 +196,5 @@ def test_tensor_parallel_it_cannot_split_is_refused_before_any_rank_starts(tmp_p
 def test_ranks_that_do_not_answer_in_time_are_stopped() -> None:
     """A deadline on a spawned replay (what the validation matrix uses so one hung case cannot stop the
     matrix): ranks without a result by then are killed and the run raises one ReplayError naming them."""
-    with pytest.raises(ReplayError, match=r"ranks \[0, 1\] gave no result within 0 s"):
+    with pytest.raises(ReplayTimeout, match=r"ranks \[0, 1\] gave no result within 0 s"):
         run_ranks(ranks_plan("none"), ranks_plan("none").hardware, device="cpu", seed=SEED, timeout_s=0.01)
