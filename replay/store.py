@@ -230,29 +230,36 @@ class Store:
                               f"micro-step {m}) is not there: {missing}")
         return got
 
-    def forward(self, uid: str, key: tuple[int, int, int], version: int, keep_graph: bool, part: int = 0) -> None:
+    def _forward_input(self, uid: str, key: tuple[int, int, int], version: int, missing: str) -> Saved:
+        """What a layer's forward starts from (the whole layer's and a tp shard's): its input, the parameter
+        version it uses (still held) and, for a tied head on the embedding's stage, the embedding's version."""
         s, m, i = key
-        if self.tp.active:
-            self._tp_forward(uid, key, version, keep_graph, part)
-            return
-        x = self._layer_input(uid, key, "that layer's forward has not run")
+        x = self._layer_input(uid, key, missing)
+        if version not in self.versions[i]:
+            raise ReplayError(f"task {uid!r}: uses version {version} of layer {i}'s parameters, which is no longer "
+                              f"held (the runner keeps the last {KEEP_VERSIONS})")
         wte_version = None
         if i == self.head and self.dims.tied and not self.own_table:
             emb = self.saved.get((s, m, 0))
             if emb is None:
                 raise ReplayError(f"task {uid!r}: the tied head needs the embedding of step {s}, micro-step {m}")
             wte_version = emb.version
-        if version not in self.versions[i]:
-            raise ReplayError(f"task {uid!r}: uses version {version} of layer {i}'s parameters, which is no longer "
-                              f"held (the runner keeps the last {KEEP_VERSIONS})")
-        saved = Saved(x, version, wte_version)
+        return Saved(x, version, wte_version)
+
+    def forward(self, uid: str, key: tuple[int, int, int], version: int, keep_graph: bool, part: int = 0) -> None:
+        s, m, i = key
+        if self.tp.active:
+            self._tp_forward(uid, key, version, keep_graph, part)
+            return
+        saved = self._forward_input(uid, key, version, "that layer's forward has not run")
         if keep_graph:
             saved.graph = self._graph(i, saved, key)
             out = saved.graph.out
         else:
-            wte = self.versions[0][wte_version]["wte"] if wte_version is not None else None
+            wv = saved.wte_version
+            wte = self.versions[0][wv]["wte"] if wv is not None else None
             with torch.no_grad():
-                out = self._call(i, self.versions[i][version], x, key, wte)
+                out = self._call(i, self.versions[i][version], saved.x, key, wte)
         with self.lock:
             self.saved[key] = saved
             if i == self.head:
@@ -370,17 +377,7 @@ class Store:
             with self.precision.autocast():
                 block_mlp(self.tp_dims, g, g.a_leaf)
             return
-        x = self._layer_input(uid, key, "that layer's forward (and its tp-fwd) has not run")
-        if version not in self.versions[i]:
-            raise ReplayError(f"task {uid!r}: uses version {version} of layer {i}'s parameters, which is no longer "
-                              f"held (the runner keeps the last {KEEP_VERSIONS})")
-        wte_version = None
-        if i == self.head and self.dims.tied and not self.own_table:
-            emb = self.saved.get((s, m, 0))
-            if emb is None:
-                raise ReplayError(f"task {uid!r}: the tied head needs the embedding of step {s}, micro-step {m}")
-            wte_version = emb.version
-        saved = Saved(x, version, wte_version)
+        saved = self._forward_input(uid, key, version, "that layer's forward (and its tp-fwd) has not run")
         got = self._tp_start(uid, key, saved, grad=keep_graph)
         g, local_max = got if i == self.head else (got, None)
         if keep_graph or i == self.head:
