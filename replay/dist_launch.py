@@ -27,7 +27,7 @@ import os
 import queue
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
@@ -39,6 +39,7 @@ from hardware_models import HardwareSpec
 from replay.dist_comm import Comm
 from replay.dist_merge import RankResult, merge
 from replay.errors import ReplayError, ReplayOom, ReplayTimeout
+from replay.precision import GEMM16_ENV, TORCH_DTYPES, gemm16_path
 from replay.ranks import check_multi_rank, plan_gpus, shared_groups
 from replay.runner import Measurement, Runner, pick_device
 from simulator.plan import Plan
@@ -58,6 +59,7 @@ class RankJob:
     nvme_dir: str | None
     seed: int
     run_id: str
+    gemm16: str | None = None   # the 16-bit GEMM path every spawned rank takes (picked once by the parent)
 
 
 def under_launcher() -> bool:
@@ -112,6 +114,8 @@ def run_rank(rank: int, world: int, store: Any, job: RankJob, local_rank: int) -
 def _child(rank: int, world: int, port: int, job: RankJob, out: Any) -> None:
     """A spawned rank: its result (or its one-line error) goes back to the parent on ``out``."""
     try:
+        if job.gemm16 is not None:  # the parent's pick, whatever this rank's own probe would say
+            os.environ[GEMM16_ENV] = job.gemm16
         store = dist.TCPStore("127.0.0.1", port, None, False, timeout=STORE_TIMEOUT)
         res = run_rank(rank, world, store, job, rank)
         out.put(("ok", rank, _dumps(res)))
@@ -148,6 +152,9 @@ def run_ranks(plan: Plan, hw: HardwareSpec, *, device: str = "auto", nvme_dir: s
     job = RankJob(plan.to_dict(), device, nvme_dir, seed, uuid.uuid4().hex[:12])
     if under_launcher():
         return _run_launched(plan, hw, job, world)
+    precision = plan.workload.config.precision
+    if precision in TORCH_DTYPES and precision != "fp32":  # one path for every rank and this process's reference
+        job = replace(job, gemm16=gemm16_path(pick_device(device).type, TORCH_DTYPES[precision]))
     return _spawn(plan, hw, job, world, timeout_s)
 
 
@@ -191,7 +198,8 @@ def _spawn(plan: Plan, hw: HardwareSpec, job: RankJob, world: int, timeout_s: fl
     try:
         while len(results) < world and failure is None:
             try:
-                kind, rank, payload = out.get(timeout=JOIN_POLL_S)
+                wait = JOIN_POLL_S if deadline is None else max(0.0, min(JOIN_POLL_S, deadline - time.monotonic()))
+                kind, rank, payload = out.get(timeout=wait)
             except queue.Empty:
                 dead = [p for p in procs if p.exitcode not in (None, 0)]
                 if dead:
