@@ -7,7 +7,8 @@ A resource is a string key:
 - ``<gpu>.sm``: a GPU's SMs, capacity 1 (seconds of work per second);
 - ``cpu.adam``: the host's CPU-Adam throughput (parameters/s, shared by every rank's optimizer; with nodes,
   every node's hosts together, as the ``cpu`` pool: ``hardware_models.topology``);
-- ``host.cores``: the host's cores where the "GPU" is the host itself (``gpu.shares_host``), capacity 1.
+- ``host.cores``: the host's cores where the "GPU" is the host itself (``gpu.shares_host``): capacity
+  ``host.cores`` (every node's), each flow one thread's work using at most one core (seconds of work/s).
 """
 
 from __future__ import annotations
@@ -62,5 +63,7 @@ def machine_capacities(hw: HardwareSpec, topo: Topology) -> dict[str, float]:
         caps[sm_resource(g)] = 1.0
     caps[CPU_ADAM] = hw.host.optimizer_params_per_s * hw.nodes
     if hw.gpu.shares_host:
-        caps[HOST_CORES] = 1.0
+        # one core per concurrent flow: on a CPU-only machine every "GPU" kernel, copy and optimizer step
+        # is one thread's work (replay.threads), at most one core each, all of them sharing the cores
+        caps[HOST_CORES] = float(hw.host.cores * hw.nodes)
     return caps

@@ -17,8 +17,9 @@ FlowNetwork (see ``flows.py``):
 
 Where the "GPU" is the host's own cores (``gpu.shares_host``: a CPU-only machine), compute, optimizer
 steps and copies all run on the same cores: every such flow is then expressed in seconds of work at its
-solo speed and also crosses one ``host.cores`` resource (capacity 1), so that two of them at once share
-the cores (each at half speed) instead of running side by side for free.
+solo speed (one thread's, at most one core) and also crosses one ``host.cores`` resource (capacity: the
+host's cores), so that more flows than cores at once share them (three on two cores: each at 2/3 speed)
+instead of running side by side for free, while as many as there are cores run at their solo speed.
 
 Every figure comes from the pure pricing layer ``costs`` (route resources, capacities, shared rates,
 copy/collective/compute/optimizer seconds); the engine adds only time: who runs when, and what shares.

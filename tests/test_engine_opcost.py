@@ -24,9 +24,9 @@ OPT = ("cpu.optim", "cpu", "optim")
 HALF_S_OF_HBM = 2039 / 2  # GB: 0.5 s of HBM-bound work on an A100 (2039 GB/s)
 
 
-def shared(spec=None):  # type: ignore[no-untyped-def]
+def shared(spec=None, cores: int = 1):  # type: ignore[no-untyped-def]
     spec = spec or hw()
-    return replace(spec, gpu=replace(spec.gpu, shares_host=True))
+    return replace(spec, gpu=replace(spec.gpu, shares_host=True), host=replace(spec.host, sockets=1, cores=cores))
 
 
 def test_compute_and_copy_overlap_for_free_on_a_gpu() -> None:
@@ -42,6 +42,25 @@ def test_on_a_shared_host_compute_and_copy_split_the_cores() -> None:
     res = run(p, one_link(10), spec=shared())
     assert log(res) == [("a", 0, 1.0), ("c", 0, 1.0)]
     assert res.link_bytes == {"l": 5 * GB}
+
+
+def test_on_a_shared_host_as_many_flows_as_cores_run_at_solo_speed() -> None:
+    # two cores: compute and copy (one thread each) both end at 0.5 s, as on a GPU; never faster than solo
+    p = plan([compute("c", "gpu0.compute", hbm_gb=HALF_S_OF_HBM), copy("a", "gpu0.h2d", "cpu", "gpu0", 5)],
+             [COMP, H2D])
+    assert log(run(p, one_link(10), spec=shared(cores=2))) == [("a", 0, 0.5), ("c", 0, 0.5)]
+    assert log(run(p, one_link(10), spec=shared(cores=8))) == [("a", 0, 0.5), ("c", 0, 0.5)]
+
+
+def test_on_a_shared_host_three_flows_on_two_cores_run_at_two_thirds() -> None:
+    spec = shared(hw(optimizer_params_per_s=1e9), cores=2)
+    opt = TaskSpec("o", "optimizer", "cpu.optim", params=0.5e9)  # 0.5 s alone
+    p = plan([compute("c", "gpu0.compute", hbm_gb=HALF_S_OF_HBM), copy("a", "gpu0.h2d", "cpu", "gpu0", 5), opt],
+             [COMP, H2D, OPT])
+    # each 0.5 s of work at 2/3 speed: all three end at 0.75 s
+    got = {name: (start, end) for name, start, end in log(run(p, one_link(10), spec=spec))}
+    assert got.keys() == {"a", "c", "o"}
+    assert all(start == 0 and end == pytest.approx(0.75, rel=1e-12) for start, end in got.values())
 
 
 def test_on_a_shared_host_the_cpu_optimizer_slows_the_compute() -> None:
