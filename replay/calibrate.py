@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from replay.host_memory import keep_freed_memory
 from replay.precision import TORCH_DTYPES, Precision, gemm16_note, gemm16_path
 from replay.threads import cpu_op_threads
 
@@ -697,7 +698,7 @@ def calibrate(directory: str | os.PathLike[str] | None = None, sizes: Calibratio
     """
     Precision(precision)  # a ReplayError naming the precision the runner cannot compute
     cuda = torch.cuda.is_available() if device is None else device == "cuda"
-    with cpu_op_threads(torch.device("cuda" if cuda else "cpu")):
+    with cpu_op_threads(torch.device("cuda" if cuda else "cpu")), keep_freed_memory("cuda" if cuda else "cpu"):
         return _calibrate(directory, sizes or CalibrationSizes(), progress, device, precision)
 
 

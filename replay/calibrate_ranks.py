@@ -57,6 +57,15 @@ class RanksCalibration:
         """The fraction of its solo rate one rank computes at while every rank computes (<= 1)."""
         return min(1.0, self.gemm_shared / self.gemm_alone) if self.gemm_alone > 0 else 1.0
 
+    @property
+    def memory_share(self) -> float:
+        """The fraction of its solo memory bandwidth one rank gets while every rank streams memory (<= 1): the
+        ranks' host copies at once against one alone. Every rank's memory-bound work (element-wise operators,
+        a kernel held to its operands' traffic) runs over the same memory bus as their copies."""
+        if self.copy_alone <= 0:
+            return 1.0
+        return min(1.0, self.copy_shared_total / (self.ranks * self.copy_alone))
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -297,6 +297,14 @@ def _apply_ranks(out: dict[str, Any], sources: dict[str, str], rc: RanksCalibrat
             f"derived: {sources.get(f'gpu.peak_flops.{k}', k)}; x {share:.3f}, the share of its solo rate one rank "
             f"computed at while all {n} ranks computed ({rc.precision} linear layer as the runner computes it: "
             f"{rc.gemm_shared / 1e9:.3g} vs {rc.gemm_alone / 1e9:.3g} GFLOP/s; {how}))")
+    mem = rc.memory_share
+    for key in ("hbm_bw", "elementwise_bw"):
+        if gpu.get(key):
+            gpu[key] = float(gpu[key]) * mem
+            sources[f"gpu.{key}"] = (
+                f"derived: {sources.get(f'gpu.{key}', key)}; x {mem:.3f}, the share of its solo memory bandwidth one "
+                f"rank gets while all {n} ranks stream memory (their host copies at once: "
+                f"{rc.copy_shared_total / 1e9:.3g} GB/s in all, one alone {rc.copy_alone / 1e9:.3g} GB/s; {how}))")
     out["nvlink"] = {"per_direction_bw": float(rc.collective_bw), "latency": float(rc.collective_latency_s)}
     sources["nvlink.per_direction_bw"] = (
         f"{how}): torch.distributed gloo all_reduce of {rc.allreduce_bytes / 2**20:.0f} MiB fp32 in "

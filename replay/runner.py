@@ -41,6 +41,7 @@ from torch import Tensor, nn
 from costs.collective import ring_per_rank_bytes
 from hardware_models import HardwareSpec, Topology, build_topology
 from replay.errors import ReplayError, ReplayOom
+from replay.host_memory import keep_freed_memory
 from replay.model import Dims, build_layers
 from replay.pools import Pools
 from replay.ranks import RankView, is_p2p, plan_gpus, rank_view
@@ -270,7 +271,7 @@ class Runner:
 
     # -- running ----------------------------------------------------------------------------------------
     def run(self) -> Measurement:
-        with cpu_op_threads(self.device):
+        with cpu_op_threads(self.device), keep_freed_memory(self.device.type):
             return self._run()
 
     def _run(self) -> Measurement:

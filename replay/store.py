@@ -317,7 +317,7 @@ class Store:
             if i == 0 and self.dims.tied:
                 extra = self.tied_grad.pop((s, m), None)
                 if extra is not None:
-                    pg["wte"] = extra + pg["wte"]  # autograd sums the head's and the lookup's contributions
+                    pg["wte"].add_(extra)  # as autograd's AccumulateGrad sums the two contributions: in place
             self.grads[(loc, i, s, m)] = pg
 
     # -- tensor parallelism (replay.tensor_parallel) ------------------------------------------------------

@@ -339,7 +339,7 @@ def calibrated_spec(quick: bool = False, recalibrate: bool = False, cache_dir: s
     if ranks > 1:
         return ranks_spec(calibrated_spec(quick, recalibrate, cache_dir, precision), quick, recalibrate, cache_dir,
                           precision, ranks)
-    path = folder / (f"calibrated-quick-{precision}-v8.json" if quick else f"calibrated-{precision}-v8.json")
+    path = folder / (f"calibrated-quick-{precision}-v9.json" if quick else f"calibrated-{precision}-v9.json")
     if path.is_file() and not recalibrate and _private(folder):
         try:
             return spec_from_dict(json.loads(path.read_text()), file=str(path))
@@ -349,39 +349,41 @@ def calibrated_spec(quick: bool = False, recalibrate: bool = False, cache_dir: s
 
     from replay.calibrate import CalibrationSizes, calibrate, kernel_curves, measure_layer_elementwise
     from replay.calibrate_spec import spec_dict
+    from replay.host_memory import keep_freed_memory
 
     _log("calibrating this machine" + (" (tiny sizes)" if quick else ""))
     sizes = CalibrationSizes.tiny() if quick else CalibrationSizes()
     cal = calibrate(None, sizes, progress=_log, device="cpu", precision=precision)
     # calibrate() measures the fastest Adam variant it finds over 8 large tensors; measure the runner's own
     # configuration (replay.store.ADAM) too, and use that: what the simulator should predict for the replay.
-    if not quick:  # one pass of GEMM timings on a shared 2-vCPU VM can be off by 5x at some sizes
-        cal.gemm_curve, cal.peak_flops[cal.gemm_dtype] = robust_gemm_curve(cal.gemm_curve, sizes,
-                                                                           precision=cal.gemm_dtype)
-        cal.peak_at[cal.gemm_dtype] = max(cal.gemm_curve, key=lambda p: p[1])[0]
-        # the element-wise rate inside a layer is derived with the GEMM curve: derive it again with this one
-        peak = cal.peak_flops[cal.gemm_dtype]
-        curves = kernel_curves(peak, cal.gemm_curve, cal.gemm_backward_curve, cal.attention_curve,
-                               cal.attention_backward_curve)  # (curves, their peak)
-        bw, how = measure_layer_elementwise(torch.device("cpu"), cal.gemm_dtype, cal.gemm_curve, peak,
-                                            cal.op_overhead_s or 0.0, sizes.repeats, curves=curves)
-        if bw is not None:
-            cal.elementwise_bw, cal.elementwise_method = bw, how + " (with the median-of-3 GEMM curve)"
-        _log(f"element-wise in a layer: {cal.elementwise_bw / 1e9 if cal.elementwise_bw else 0:.2f} GB/s")
-    rate = replay_adam_rate(sizes.adam_params, sizes.repeats)
-    _log(f"Adam as the runner runs it ({ADAM_VARIANT}): {rate / 1e6:.1f} M params/s "
-         f"(calibrate measured {cal.optimizer_params_per_s / 1e6:.1f} M params/s {cal.optimizer_variant})")
-    cal.optimizer_params_per_s = cal.gpu_optimizer_params_per_s = rate
-    cal.optimizer_variant = f"{ADAM_VARIANT} (replay.store.ADAM)"
-    if not quick:  # the copy path as the runner takes it (see replay_copy_rate)
-        copy = replay_copy_rate(sizes.repeats)
-        one_way = (cal.h2d_bw + cal.d2h_bw) / 2
-        _log(f"gpu0 <-> cpu copies as the runner makes them: {copy / 1e9:.2f} GB/s "
-             f"(calibrate measured {one_way / 1e9:.2f} GB/s for one {sizes.copy_bytes / 2**20:.0f} MiB copy)")
-        cal.duplex_bw *= copy / one_way
-        cal.h2d_bw = cal.d2h_bw = copy
-        cal.copy_method = ("replay.pools.Pools.put of a layer's tensors (LAYER_SHAPES, recycled buffers) in a "
-                           "worker thread, as the runner's copy streams do")
+    with keep_freed_memory("cpu"):  # as calibrate() and the runner measure (replay.host_memory)
+        if not quick:  # one pass of GEMM timings on a shared 2-vCPU VM can be off by 5x at some sizes
+            cal.gemm_curve, cal.peak_flops[cal.gemm_dtype] = robust_gemm_curve(cal.gemm_curve, sizes,
+                                                                               precision=cal.gemm_dtype)
+            cal.peak_at[cal.gemm_dtype] = max(cal.gemm_curve, key=lambda p: p[1])[0]
+            # the element-wise rate inside a layer is derived with the GEMM curve: derive it again with this one
+            peak = cal.peak_flops[cal.gemm_dtype]
+            curves = kernel_curves(peak, cal.gemm_curve, cal.gemm_backward_curve, cal.attention_curve,
+                                   cal.attention_backward_curve)  # (curves, their peak)
+            bw, how = measure_layer_elementwise(torch.device("cpu"), cal.gemm_dtype, cal.gemm_curve, peak,
+                                                cal.op_overhead_s or 0.0, sizes.repeats, curves=curves)
+            if bw is not None:
+                cal.elementwise_bw, cal.elementwise_method = bw, how + " (with the median-of-3 GEMM curve)"
+            _log(f"element-wise in a layer: {cal.elementwise_bw / 1e9 if cal.elementwise_bw else 0:.2f} GB/s")
+        rate = replay_adam_rate(sizes.adam_params, sizes.repeats)
+        _log(f"Adam as the runner runs it ({ADAM_VARIANT}): {rate / 1e6:.1f} M params/s "
+             f"(calibrate measured {cal.optimizer_params_per_s / 1e6:.1f} M params/s {cal.optimizer_variant})")
+        cal.optimizer_params_per_s = cal.gpu_optimizer_params_per_s = rate
+        cal.optimizer_variant = f"{ADAM_VARIANT} (replay.store.ADAM)"
+        if not quick:  # the copy path as the runner takes it (see replay_copy_rate)
+            copy = replay_copy_rate(sizes.repeats)
+            one_way = (cal.h2d_bw + cal.d2h_bw) / 2
+            _log(f"gpu0 <-> cpu copies as the runner makes them: {copy / 1e9:.2f} GB/s "
+                 f"(calibrate measured {one_way / 1e9:.2f} GB/s for one {sizes.copy_bytes / 2**20:.0f} MiB copy)")
+            cal.duplex_bw *= copy / one_way
+            cal.h2d_bw = cal.d2h_bw = copy
+            cal.copy_method = ("replay.pools.Pools.put of a layer's tensors (LAYER_SHAPES, recycled buffers) in a "
+                               "worker thread, as the runner's copy streams do")
     spec = spec_from_dict(spec_dict(cal), file="calibration")
     path.write_text(json.dumps(spec.to_dict()))
     return spec
@@ -392,7 +394,7 @@ def ranks_spec(one: HardwareSpec, quick: bool, recalibrate: bool, cache_dir: str
     """``one`` (this machine's 1-rank spec in ``precision``) with what ``ranks`` rank processes share, measured
     once and cached beside it."""
     folder = Path(cache_dir) if cache_dir else _private_temp_dir()
-    path = folder / f"calibrated-{'quick-' if quick else ''}{precision}-r{ranks}-v8.json"
+    path = folder / f"calibrated-{'quick-' if quick else ''}{precision}-r{ranks}-v9.json"
     if path.is_file() and not recalibrate and _private(folder):
         try:
             return spec_from_dict(json.loads(path.read_text()), file=str(path))

@@ -56,6 +56,15 @@ def test_spec_prices_what_two_ranks_share() -> None:
     assert two.pcie.gpus_per_switch == 2
     assert two.missing_sources() == ()
     assert "gloo all_reduce" in two.sources["nvlink.per_direction_bw"]
+    # and gets the measured share of its memory bandwidth (7 GB/s for two copies at once, 5 GB/s alone: 0.7)
+    assert RANKS.memory_share == pytest.approx(0.7)
+    assert two.gpu.hbm_bw == pytest.approx(one.gpu.hbm_bw * 0.7)
+    assert "0.700" in two.sources["gpu.hbm_bw"]
+    assert replace(RANKS, copy_shared_total=12e9).memory_share == 1.0  # never faster than alone
+    cal = _fake_cal()
+    cal.elementwise_bw, cal.elementwise_method = 4e9, "probe block"
+    two_ew = spec_from_dict(spec_dict(cal, ranks=RANKS))
+    assert two_ew.gpu.elementwise_bw == pytest.approx(4e9 * 0.7) and two_ew.missing_sources() == ()
     assert RANKS.compute_share == pytest.approx(0.75)
     assert replace(RANKS, gemm_shared=3e10).compute_share == 1.0  # never faster than alone
 

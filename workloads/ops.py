@@ -40,7 +40,10 @@ kernel and a backward's products at the rates measured for them). Head: final no
 cross-entropy (forward 3 T_V, 2 ops; backward 5 T_V, 2 ops).
 Embedding: a gather (2 T_h, 1 op; learned positions + 2 T_h + 3 T_s, +4 ops, T_s = s*h*e one sequence's
 rows); its backward zeroes the table's gradient and scatter-adds into it (table bytes + T_h, 1 op; learned
-positions + their table + T_h + 2 T_s, +2 ops).
+positions + their table + T_h + 2 T_s, +2 ops). The tables are fp32 weights whatever the training dtype (mixed
+precision keeps fp32 weights, below), so their gradients are 4 bytes per element; with tied embeddings the
+head's gradient of the table is summed into the lookup's in place (AccumulateGrad: two tables read, one
+written, 3 x V*h*4 bytes, 1 op).
 
 Attention without FlashAttention (``WorkloadConfig.flash_attention`` False): the a*s^2*b scores are
 materialised in HBM, as Megatron-LM's ``ParallelAttention`` (``megatron/model/transformer.py``) runs them:
@@ -83,6 +86,7 @@ __all__ = ["PHASES", "LayerOps", "layer_ops"]
 
 PHASES = ("fwd", "bwd", "recompute")
 LOGIT_BYTES = 4  # fp32 logits and loss
+WEIGHT_BYTES = 4  # the weights (and so their gradients) are fp32, in mixed precision too (replay.precision)
 CAST_BYTES = 6  # per weight element: fp32 read (4) + 16-bit written (2), or the reverse for its gradient
 GEMM, ATTENTION = "gemm", "attention"  # LayerOps.kinds
 MASK_BYTES = 1  # a dropout mask element (torch.bool)
@@ -269,9 +273,13 @@ def _embedding(m: ModelSpec, c: WorkloadConfig, phase: str) -> LayerOps:
     t_h = c.micro_batch * c.seq_len * m.hidden * e
     t_pos = c.seq_len * m.hidden * e if m.learned_pos else 0  # one sequence's position rows
     if phase == "bwd":  # zero + scatter-add into each table; positions: sum over the batch first
-        table = m.vocab * m.hidden * e + (m.max_pos * m.hidden * e if m.learned_pos else 0)
-        bwd = LayerOps((), table + t_h + (t_h + 2 * t_pos if m.learned_pos else 0), 1 + (2 if m.learned_pos else 0))
-        return _with_embedding_norm(m, bwd, t_h, phase)
+        # the tables are fp32 weights (mixed precision too): their gradients are written in fp32
+        table = (m.vocab + (m.max_pos if m.learned_pos else 0)) * m.hidden * WEIGHT_BYTES
+        ew = table + t_h + (t_h + 2 * t_pos if m.learned_pos else 0)
+        n = 1 + (2 if m.learned_pos else 0)
+        if m.tied_embeddings:  # autograd sums the head's gradient of the table into the lookup's, in place
+            ew, n = ew + 3 * m.vocab * m.hidden * WEIGHT_BYTES, n + 1
+        return _with_embedding_norm(m, LayerOps((), ew, n), t_h, phase)
     if phase == "recompute":
         return EMPTY
     # gather of the tokens' rows; positions: gather of s rows, broadcast add
