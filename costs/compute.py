@@ -47,10 +47,13 @@ from typing import Any
 from hardware_models import Curve, GpuSpec, HardwareSpec
 from workloads import ModelSpec, WorkloadConfig
 from workloads.config import DTYPE_BYTES
-from workloads.ops import ATTENTION, PHASES, LayerOps, layer_ops
+from workloads.ops import ATTENTION, NO_SHAPE, PHASES, LayerOps, layer_ops
 
-__all__ = ["ComputePricer", "KernelCurves", "compute_seconds", "gemm_kernels_seconds", "kernel_efficiency",
-           "kernel_seconds", "kernel_level_seconds", "matmul_seconds", "ops_seconds"]
+UNALIGNED_ELEMENTS = 8  # a GEMM dimension that is a multiple of 8 elements runs at the curve's rate
+
+__all__ = ["UNALIGNED_ELEMENTS", "ComputePricer", "KernelCurves", "compute_seconds", "gemm_kernels_seconds",
+           "kernel_efficiency", "kernel_seconds", "kernel_level_seconds", "matmul_seconds", "ops_seconds",
+           "unaligned_factor"]
 
 
 @dataclass(frozen=True)
@@ -63,11 +66,23 @@ class KernelCurves:
     gemm_backward: Curve | None = None
     attention: Curve | None = None
     attention_backward: Curve | None = None
+    unaligned: float | None = None  # gpu.gemm_unaligned_efficiency
 
     @classmethod
     def of(cls, gpu: GpuSpec) -> KernelCurves:
         return cls(gpu.gemm_efficiency, gpu.gemm_backward_efficiency, gpu.attention_efficiency,
-                   gpu.attention_backward_efficiency)
+                   gpu.attention_backward_efficiency, gpu.gemm_unaligned_efficiency)
+
+
+def unaligned_factor(unaligned: float | None, phase: str | None, shape: tuple[float, float, float]) -> float:
+    """The share of its curve's rate a GEMM kernel of ``shape`` (M, N, K) runs at: ``unaligned``
+    (``gpu.gemm_unaligned_efficiency``, where measured) for a forward (or recomputed) GEMM whose output width N
+    is not a multiple of ``UNALIGNED_ELEMENTS``, else 1. A backward's products of that layer are not charged
+    (measured on a CPU: an odd K ran at 0.81, an odd M at 0.94 of the aligned rate; the curve stands)."""
+    n = shape[1]
+    if unaligned is None or phase == "bwd" or n <= 0 or n % UNALIGNED_ELEMENTS == 0:
+        return 1.0
+    return unaligned
 
 
 def kernel_efficiency(curves: KernelCurves, kind: str, phase: str | None, flops: float) -> float:
@@ -84,10 +99,13 @@ def kernel_efficiency(curves: KernelCurves, kind: str, phase: str | None, flops:
 
 def matmul_seconds(ops: LayerOps, peak: float, curves: KernelCurves, phase: str | None = None) -> float:
     """Seconds of the matmul kernels of ``ops`` (no HBM floor): each ``f / (peak * efficiency)`` on its kind's
-    curve (:func:`kernel_efficiency`; a kernel of unknown kind is a gemm)."""
+    curve (:func:`kernel_efficiency`; a kernel of unknown kind is a gemm), a GEMM with an unaligned output
+    width at its share of that (:func:`unaligned_factor`)."""
     kinds = ops.kinds or ("",) * len(ops.matmul_flops)
-    return sum(f / (peak * kernel_efficiency(curves, kind, phase, f))
-               for f, kind in zip(ops.matmul_flops, kinds, strict=True) if f > 0)
+    shapes = ops.matmul_shapes or (NO_SHAPE,) * len(ops.matmul_flops)
+    return sum(f / (peak * kernel_efficiency(curves, kind, phase, f)
+                    * (unaligned_factor(curves.unaligned, phase, shape) if kind != ATTENTION else 1.0))
+               for f, kind, shape in zip(ops.matmul_flops, kinds, shapes, strict=True) if f > 0)
 
 
 def compute_seconds(hw: HardwareSpec, flops: float, hbm_bytes: float, dtype: str) -> float:

@@ -106,6 +106,8 @@ SECTIONS: Final[Mapping[str, tuple[FieldDef, ...]]] = FrozenDict(
                      "fraction of peak over FLOPs/op", required=False, omit_default=True),
             FieldDef("shares_host", "shares_host", "bool", required=False, default=False, omit_default=True),
             FieldDef("allocator", "allocator", "str", required=False, default="caching", omit_default=True),
+            FieldDef("gemm_unaligned_efficiency", "gemm_unaligned_efficiency", "fraction",
+                     "of the curve's rate, N not a multiple of 8", required=False, omit_default=True),
         ),
         "host": (
             FieldDef("cpu_model", "cpu_model", "str"),

@@ -72,8 +72,11 @@ class GpuSpec:
     per operator. Where the spec has them, a backward's matmuls run on `gemm_backward_efficiency` (the input-
     and weight-gradient products of a linear layer) and the attention kernel on `attention_efficiency` /
     `attention_backward_efficiency` (fractions of the same peak, over FLOPs per kernel; else the forward
-    GEMM curve). `shares_host`: the "GPU" is the host's own cores (a CPU-only machine), so its kernels,
-    the CPU optimizer and host memory copies share one pool of cores.
+    GEMM curve). `gemm_unaligned_efficiency`: where measured, the fraction of its curve's rate a forward GEMM
+    runs at whose output width N is not a multiple of 8 (``costs.compute.UNALIGNED_ELEMENTS``; a GPT-2 vocabulary:
+    50257; the curves are measured at multiples of 8, as a model's dimensions are). `shares_host`: the "GPU" is the
+    host's own cores (a CPU-only machine), so its kernels, the CPU optimizer and host memory copies share one
+    pool of cores.
 
     Usable memory (``hardware_models.topology``): `memory_bytes` minus the `reserved` lines (CUDA context by
     GPU generation, cuBLAS workspace, NCCL buffers; ``comm_buffers`` only on a machine with more than one
@@ -99,6 +102,7 @@ class GpuSpec:
     attention_backward_efficiency: Curve | None = None
     shares_host: bool = False
     allocator: str = "caching"
+    gemm_unaligned_efficiency: float | None = None
 
     def __post_init__(self) -> None:
         check_text(self.model, "gpu.model")
@@ -114,6 +118,9 @@ class GpuSpec:
                 raise HardwareInputError(f"must be a Curve, got {getattr(self, attr)!r}", field=f"gpu.{attr}")
         if not isinstance(self.shares_host, bool):
             raise HardwareInputError(f"must be true or false, got {self.shares_host!r}", field="gpu.shares_host")
+        if self.gemm_unaligned_efficiency is not None:
+            check_fraction(self.gemm_unaligned_efficiency, "gpu.gemm_unaligned_efficiency", low_inclusive=False,
+                           high_inclusive=True)
         check_int(self.count, "gpu.count")
         _size(self.memory_bytes, "gpu.memory")
         peaks = check_mapping(self.peak_flops, "gpu.peak_flops", _flops, keys=DTYPES)

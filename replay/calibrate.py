@@ -84,6 +84,7 @@ class CalibrationSizes:
     ranks_allreduce_bytes: int = 64 * 2**20  # calibrate --ranks (replay.calibrate_ranks)
     ranks_gemm_n: int = 1024
     ranks_copy_bytes: int = 64 * 2**20
+    unaligned_gemm: tuple[int, int, int] = (1024, 4096, 256)  # (M, N, K) against N + 1 (measure_unaligned_gemm)
     probe_layer: tuple[int, int, int, int] | None = None  # (hidden, heads, ffn, tokens); None: PROBE_LAYER
 
     def ranks_kwargs(self) -> dict[str, int]:
@@ -98,6 +99,7 @@ class CalibrationSizes:
                    attention_heads=(2, 16), gpu_attention_seqs=(64, 128),
                    copy_bytes=2**20, disk_bytes=4 * 2**20, disk_chunk=2**20, adam_params=20_000,
                    gpu_adam_params=20_000, elementwise_bytes=(2**16,), repeats=3, ranks_allreduce_bytes=2**20,
+                   unaligned_gemm=(64, 256, 32),
                    ranks_gemm_n=128, ranks_copy_bytes=2**20, probe_layer=(64, 2, 128, 32))
 
 
@@ -158,6 +160,9 @@ class Calibration:
     # 16-bit dtype -> "native" | "emulated": the GEMM path every 16-bit figure was measured on, the runner's
     # (replay.precision.gemm16_path); its citation carries it so a replay can tell a mismatch
     gemm16: dict[str, str] = field(default_factory=dict)
+    # a forward GEMM whose output width is not a multiple of 8, against the aligned one (measure_unaligned_gemm)
+    gemm_unaligned: float | None = None
+    gemm_unaligned_method: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -211,9 +216,21 @@ def measure_gemm(device: torch.device, dtype: torch.dtype, flops: Sequence[float
     return out
 
 
+GEMM_ALIGN = 8  # the curve's sizes are multiples of 8, as a model's dimensions are (module constant, see below)
+
+
 def _square_sizes(flops: Sequence[float]) -> list[int]:
-    """The distinct n (>= 2) whose square product n x n by n x n, 2 n^3 FLOPs, is closest to each of `flops`."""
-    return list(dict.fromkeys(max(2, round((target / 2) ** (1 / 3))) for target in flops))
+    """The distinct n, a multiple of ``GEMM_ALIGN``, whose square product n x n by n x n, 2 n^3 FLOPs, is
+    closest to each of `flops`. A model's GEMM dimensions are multiples of 8 (hidden sizes, heads x head_dim,
+    FFN widths), and a GEMM with a dimension that is not runs at another rate: on a 2-core AVX512 EPYC VM, one
+    fp32 thread, 1024 x 4097 x 256 ran at 58 GFLOP/s against 87-92 for 1024 x 4096 x 256 and 89 for
+    1024 x 4104 x 256 (2026-12-04). The curve used to be measured at n = round(cbrt(f / 2)) (79, 171, 251,
+    541, 1165, 1710: odd), and its only multiple of 8 (368) was its peak: a model's aligned GEMMs were priced
+    at the misaligned rate (blocks 15-28% slower than measured)."""
+    def aligned(target: float) -> int:
+        return max(GEMM_ALIGN, GEMM_ALIGN * round((target / 2) ** (1 / 3) / GEMM_ALIGN))
+
+    return list(dict.fromkeys(aligned(target) for target in flops))
 
 
 def _batched_time(op: Callable[[], object], device: torch.device, repeats: int, min_time_s: float) -> float:
@@ -225,6 +242,23 @@ def _batched_time(op: Callable[[], object], device: torch.device, repeats: int, 
     probe = _median_time(run, device, 1)
     batch = max(1, min(10_000, math.ceil(2e-3 / max(probe, 1e-9))))
     return _median_time(functools.partial(run, k=batch), device, repeats, min_time_s) / batch
+
+
+def measure_unaligned_gemm(device: torch.device, precision: str, shape: tuple[int, int, int], repeats: int = 5,
+                           min_time_s: float = 0.1) -> tuple[float, str]:
+    """The rate of a linear layer ``M x K -> N + 1`` (output width not a multiple of 8, as a GPT-2 vocabulary of
+    50257) as a fraction of ``M x K -> N`` (N a multiple of 8), in `precision` through the runner's path, at most
+    1 (the larger of the two is the aligned one's due). One fp32 thread on a 2-core AVX512 EPYC VM: 1024 x 4097
+    x 256 at 58 GFLOP/s against 87-92 aligned (0.63-0.67); bf16 unaffected there (0.98)."""
+    from replay.precision import linear_rate_op
+
+    m, n, k = shape
+    t_aligned = _batched_time(linear_rate_op(device, precision, m, n, k), device, repeats, min_time_s)
+    t_odd = _batched_time(linear_rate_op(device, precision, m, n + 1, k), device, repeats, min_time_s)
+    share = min(1.0, (2.0 * m * (n + 1) * k / t_odd) / (2.0 * m * n * k / t_aligned))
+    return share, (f"{precision} linear layer {m} x {k} -> {n + 1} as the runner computes it (replay.precision), "
+                   f"{2e-9 * m * (n + 1) * k / t_odd:.3g} GFLOP/s, against {m} x {k} -> {n}: "
+                   f"{2e-9 * m * n * k / t_aligned:.3g} GFLOP/s; median of repeats")
 
 
 def measure_gemm_backward(device: torch.device, dtype: torch.dtype, flops: Sequence[float], repeats: int = 5,
@@ -789,6 +823,9 @@ def _calibrate(directory: str | os.PathLike[str] | None, sizes: CalibrationSizes
                                                                                           strict=True))
              + " GFLOP/s")
     curves = kernel_curves(peaks[precision], curve, bwd_curve, att_fwd, att_bwd)
+    unaligned, unaligned_how = measure_unaligned_gemm(dev, precision, sizes.unaligned_gemm, sizes.repeats,
+                                                      sizes.gemm_min_time_s)
+    progress(f"GEMM {precision} with an output width not a multiple of 8: {unaligned:.2f} of the aligned rate")
 
     launch = measure_small_op(dev)
     progress(f"eager operators on {dev.type}: per-operator overhead, element-wise bandwidth")
@@ -843,5 +880,5 @@ def _calibrate(directory: str | os.PathLike[str] | None, sizes: CalibrationSizes
         disk=disk, wall_s=time.perf_counter() - t_start, notes=notes, op_overhead_s=op_overhead,
         op_overhead_method=op_method, elementwise_bw=ew_bw, elementwise_method=ew_method,
         gemm_backward_curve=bwd_curve, attention_curve=att_fwd, attention_backward_curve=att_bwd,
-        attention_method=att_how, gemm16=gemm16,
+        attention_method=att_how, gemm16=gemm16, gemm_unaligned=unaligned, gemm_unaligned_method=unaligned_how,
     )

@@ -136,6 +136,9 @@ def spec_dict(cal: Calibration, base: Mapping[str, Any] | None = None, base_name
         if pts:
             gpu[key] = _fractions(pts, peak)
             measured(f"gpu.{key}", f"{how}; as a fraction of gpu.peak_flops.{dtype}")
+    if cal.gemm_unaligned is not None:
+        gpu["gemm_unaligned_efficiency"] = float(cal.gemm_unaligned)
+        measured("gpu.gemm_unaligned_efficiency", cal.gemm_unaligned_method)
     if cal.op_overhead_s is not None:
         gpu["op_overhead"] = float(cal.op_overhead_s)
         measured("gpu.op_overhead", cal.op_overhead_method)

@@ -102,6 +102,26 @@ Findings (2-core CPU-only VM shared with other jobs, see ``CAUSES`` below; print
   the probe's residual is derived with the same pricing (bf16 element-wise 2.4 GB/s at load 6) and the autocast
   weight casts are counted (6 B per weight, one operator per linear, forward and backward). fp32 is barely
   affected (its backward products and attention run near its forward rate: 7.5-11 GFLOP/s vs 9.7).
+- Fixed (host memory, 2026-12-04, a new machine: 2-core AMD EPYC VM with AVX512-BF16): large fresh tensors
+  page-faulted on every use (glibc mmaps a request above its threshold and unmaps it on free; the VM charges
+  ~1-2 us per 4 KiB page): a tied vocab-50257 table's backward measured 810 ms per step against 4 ms priced
+  (gpt-h512-zoff-bf16), llama-h256-none's head 1.39x / 1.59x its price. A CPU replay and calibration now keep
+  freed memory in the process as a GPU's caching allocator does (``replay.host_memory``: 1.6 M -> 0.53 M page
+  faults in three steps of llama-h256-none, its head 1.03x / 1.10x); the tied table's two gradients are summed
+  in place (AccumulateGrad), and ``workloads.ops`` counts the tables' gradients in fp32 (the weights' dtype)
+  and the tied sum.
+- Fixed (2 ranks, 2026-12-04): a CPU-only spec's ``host.cores`` resource had capacity 1, so two ranks'
+  single-thread compute was priced at half speed each (every 2-rank case over-predicted by 26-48%); its
+  capacity is now the host's core count. The ranks' memory-bound work shares the memory bus: each rank's
+  ``gpu.hbm_bw`` and ``gpu.elementwise_bw`` are the measured share of the ranks' copies at once
+  (``calibrate --ranks``: 17.1 GB/s for two against 13.8 GB/s alone here, 0.62).
+- Fixed (GEMM alignment, 2026-12-04): on that CPU an fp32 GEMM whose output width is not a multiple of 8
+  runs at 0.6-0.7 of an aligned one (1024 x 4097 x 256: 58 vs 87-92 GFLOP/s; vocab 50257 vs 50304: 58 vs
+  86.5; bf16 unaffected), and calibrate measured its curve at n = round(cbrt(f / 2)): 79, 171, 251, 541, 1165,
+  1710, odd but for 368, its peak. A model's aligned GEMMs were priced at the misaligned rate (llama-h256-none's
+  blocks measured 0.72-0.85x their price) and its odd vocabulary at the aligned peak. The curve's sizes are now
+  multiples of 8, and ``gpu.gemm_unaligned_efficiency`` (measured: N + 1 against N) prices a forward GEMM whose
+  output width is not.
 - Runner limitations met (not fixed): synergyscale with chunks/streams > 1 ('input of layer 1 is not
   there') or a layer's optimizer split between CPU and GPU ('updates layer 9 on cpu, but another ... on
   gpu0') cannot be replayed, so its knobs are pinned (auto=false, streams=1, chunks=1, cpu_fraction=1).

@@ -140,3 +140,31 @@ def test_new_gpu_fields_are_optional_validated_and_omitted_when_absent() -> None
         pytest.approx(7e-6), pytest.approx(1e12), True)
     assert with_fields.to_dict()["gpu"]["shares_host"] is True
     assert "gpu.op_overhead" in with_fields.sources
+
+
+def test_a_measured_unaligned_rate_prices_a_forward_gemm_whose_output_width_is_not_a_multiple_of_8() -> None:
+    """``gpu.gemm_unaligned_efficiency`` (calibrate measures it): a GPT-2 head (vocab 50257) runs its forward
+    GEMM at that share of the curve's rate; an aligned vocabulary, the backward and specs without it do not."""
+    from costs.compute import KernelCurves, matmul_seconds, unaligned_factor
+    from workloads import ModelSpec, WorkloadConfig
+
+    spec = load_hardware("a100", ["gpu.op_overhead=5us", "gpu.gemm_unaligned_efficiency=0.625"])
+    assert spec.gpu.gemm_unaligned_efficiency == 0.625
+    assert spec.to_dict()["gpu"]["gemm_unaligned_efficiency"] == 0.625
+    assert "gemm_unaligned_efficiency" not in load_hardware("a100").to_dict()["gpu"]
+    cfg = WorkloadConfig(micro_batch=1, seq_len=256, precision="bf16")
+
+    def head(vocab: int, phase: str) -> float:
+        m = ModelSpec(name="t", family="gpt2", n_layers=2, hidden=256, n_heads=4, n_kv_heads=4, ffn=1024,
+                      vocab=vocab, max_pos=512, tied_embeddings=False, mlp="gelu", norm="layernorm", bias=True,
+                      learned_pos=True)
+        ops = layer_ops(m, cfg, 3, phase)
+        return matmul_seconds(ops, spec.peak_flops_for("bf16"), KernelCurves.of(spec.gpu), phase) / ops.matmul_flops[0]
+
+    assert head(50257, "fwd") == pytest.approx(head(50264, "fwd") / 0.625, rel=1e-3)  # per FLOP
+    assert head(50257, "bwd") == pytest.approx(head(50264, "bwd"), rel=1e-3)
+    assert unaligned_factor(None, "fwd", (256, 50257, 256)) == 1.0
+    assert unaligned_factor(0.5, "recompute", (256, 50257, 256)) == 0.5
+    assert unaligned_factor(0.5, "fwd", (256, 4096, 257)) == 1.0  # the output width decides
+    with pytest.raises(HardwareInputError, match="gpu.gemm_unaligned_efficiency"):
+        load_hardware("a100", ["gpu.gemm_unaligned_efficiency=1.5"])
