@@ -123,7 +123,7 @@ def stream_owners(plan: Plan) -> dict[str, frozenset[int]]:
                 raise ReplayError(f"stream {s.id!r} on {s.device!r} serves every rank at once (e.g. task "
                                   f"{ts[0].id!r}: one {ts[0].op} for all ranks' shares, no 'rank' tag); replay runs "
                                   "each rank's host work in that rank's process, so it needs a plan with per-rank "
-                                  "host tasks (zero-infinity: param_device=cpu optimizer_device=cpu), or one GPU")
+                                  "host tasks (each host stream one rank's, as zero-infinity's), or one GPU")
             if not isinstance(rank, int) or not 0 <= rank < len(gpus):
                 raise ReplayError(f"stream {s.id!r} on {s.device!r}: its tasks carry no single 'rank' tag "
                                   f"(found {sorted(map(str, tagged))}); replay cannot tell which rank runs it")

@@ -73,3 +73,22 @@ def test_a_pipeline_stage_host_adam_runs_in_its_stage_process() -> None:
     meas, ranks, verdict = replay_and_verify(plan, timeout_s=90)  # it hung before: ReplayTimeout
     assert verdict.ok and verdict.max_weight_rel_err == 0.0, verdict
     assert ranks[0].dp_world == 1 and len(meas.losses) == plan.steps * 4  # one replica: 4 micro-steps a step
+
+
+def test_zero_infinity_nvme_reads_and_writes_per_rank_replay_and_verify() -> None:
+    """zero-infinity with parameters and optimizer states on NVMe at two ranks: each rank's swapper reads its own
+    parameter slice and writes its own fp32 gradient slice (``cpu.pread{r}``, ``cpu.gwrite{r}``, tagged with
+    its rank, as DeepSpeed's per-rank swappers do), so each rank's process runs its own I/O; before, one read
+    of every rank's slices on one ``cpu.pread`` stream was refused (gpt-h256-zinf-nvme-bf16-2r)."""
+    plan = budget_plan("zero-infinity", "a100", LLAMA, 0.5, {"param_device": "nvme", "optimizer_device": "nvme"})
+    io: dict[str, set] = {}
+    for seg in plan.segments:
+        for t in seg.tasks:
+            if t.stream.startswith(("cpu.pread", "cpu.gwrite")):
+                io.setdefault(t.stream, set()).add(t.tags.get("rank"))
+    assert io == {"cpu.pread0": {0}, "cpu.pread1": {1}, "cpu.gwrite0": {0}, "cpu.gwrite1": {1}}
+    assert {s: sorted(r) for s, r in stream_owners(plan).items() if s in io} == \
+        {"cpu.pread0": [0], "cpu.pread1": [1], "cpu.gwrite0": [0], "cpu.gwrite1": [1]}
+    meas, ranks, verdict = replay_and_verify(plan, timeout_s=120)
+    assert verdict.ok and verdict.max_weight_rel_err == 0.0, verdict
+    assert meas.real_link_bytes  # the reads and writes moved real bytes
