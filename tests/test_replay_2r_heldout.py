@@ -10,6 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from policies import get_policy, parse_knobs  # noqa: E402
+from replay.errors import ReplayError  # noqa: E402
 from replay.ranks import stream_owners  # noqa: E402
 from simulator import Plan, simulate_plan  # noqa: E402
 from simulator.phase import Phase  # noqa: E402
@@ -92,3 +93,13 @@ def test_zero_infinity_nvme_reads_and_writes_per_rank_replay_and_verify() -> Non
     meas, ranks, verdict = replay_and_verify(plan, timeout_s=120)
     assert verdict.ok and verdict.max_weight_rel_err == 0.0, verdict
     assert meas.real_link_bytes  # the reads and writes moved real bytes
+
+
+def test_whole_uploads_of_host_updated_slices_are_refused() -> None:
+    """synergyscale without NVLink (a100 cut to 2 GPUs): each GPU uploads a host-tier layer whole, from host
+    memory where each rank's CPU Adam updated its half. One rank's process holds its own half only, so the
+    replay refuses the plan (it trained with stale parameters before: 4% weight error under --verify)."""
+    plan = budget_plan("synergyscale", "a100", LLAMA, 0.5, {})
+    assert "c" in plan.info["layer_tiers"] and not _upload_gathers(plan)
+    with pytest.raises(ReplayError, match=r"uploads the whole of layer \d, whose 2 ranks' slices are updated"):
+        replay_and_verify(plan, timeout_s=120)
