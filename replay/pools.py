@@ -15,6 +15,7 @@ import re
 import shutil
 import tempfile
 import threading
+import uuid
 from pathlib import Path
 
 import torch
@@ -30,6 +31,8 @@ class Pools:
         self._nvme_dir = Path(nvme_dir) if nvme_dir is not None else None
         self._tmp: Path | None = None
         self._ids = itertools.count()
+        # the ranks of a multi-rank replay share one --nvme-dir: each Pools names its files apart
+        self._prefix = uuid.uuid4().hex[:8]
         self._lock = threading.Lock()
         self._free: dict[tuple[str, torch.dtype, tuple[int, ...]], list[Tensor]] = {}
 
@@ -49,7 +52,7 @@ class Pools:
         """Copies ``tensors`` to ``loc`` (a file there for nvme) and returns what holds them."""
         if loc == "nvme":
             safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
-            path = self.nvme_dir() / f"{safe}.{next(self._ids)}.pt"
+            path = self.nvme_dir() / f"{safe}.{self._prefix}.{next(self._ids)}.pt"
             torch.save({k: v.detach().cpu() for k, v in tensors.items()}, path)
             return path
         dev = self.torch_device(loc)

@@ -63,6 +63,37 @@ def task_ranks(t: TaskSpec, owners: dict[str, frozenset[int]], index: dict[str, 
     return owners[t.stream]
 
 
+def _host_neighbours(plan: Plan, by_stream: dict[str, list[TaskSpec]]) -> dict[str, set[str]]:
+    """For each host stream (not on a GPU), the GPUs its tasks work with: the GPUs its copies move from or to,
+    and the GPUs of the streams of its tasks' dependencies and dependants (collectives and GPU-to-GPU sends,
+    which several ranks run, left out). A stream that works with one GPU only is that GPU's rank's, whatever
+    its ``rank`` tags say (tinypipe tags a stage's host Adam with its data-parallel rank within the stage)."""
+    device = {s.id: s.device for s in plan.streams}
+    stream_of = {t.id: t.stream for ts in by_stream.values() for t in ts
+                 if not (t.op == "collective" and len(t.ranks) > 1) and not is_p2p(t)}
+    host = {sid for sid, dev in device.items() if not dev.startswith("gpu")}
+    near: dict[str, set[str]] = defaultdict(set)
+
+    def gpu_of(tid: str) -> str | None:
+        dev = device.get(stream_of.get(tid, ""), "")
+        return dev if dev.startswith("gpu") else None
+
+    for sid, ts in by_stream.items():
+        for t in ts:
+            if t.id not in stream_of:
+                continue
+            for d in t.deps:
+                g = gpu_of(d.id)
+                if sid in host and g is not None:
+                    near[sid].add(g)
+                other = stream_of.get(d.id)
+                if other in host and gpu_of(t.id) is not None:
+                    near[other].add(str(gpu_of(t.id)))
+            if sid in host:
+                near[sid] |= {str(x) for x in (t.src, t.dst) if x and str(x).startswith("gpu")}
+    return near
+
+
 def stream_owners(plan: Plan) -> dict[str, frozenset[int]]:
     """The ranks that run each stream (one rank, or every rank of a shared collective stream)."""
     gpus = plan_gpus(plan)
@@ -72,6 +103,7 @@ def stream_owners(plan: Plan) -> dict[str, frozenset[int]]:
         for t in seg.tasks:
             by_stream[t.stream].append(t)
     owners: dict[str, frozenset[int]] = {}
+    neighbours = _host_neighbours(plan, by_stream)
     for s in plan.streams:
         ts = by_stream.get(s.id, [])
         if _is_shared(ts):
@@ -82,6 +114,8 @@ def stream_owners(plan: Plan) -> dict[str, frozenset[int]]:
             owners[s.id] = frozenset((0,))
         elif not ts:
             owners[s.id] = frozenset()
+        elif len(near := neighbours.get(s.id, set())) == 1:  # a host stream serving one GPU's work only
+            owners[s.id] = frozenset((index[next(iter(near))],))
         else:
             tagged = {t.tags.get("rank") for t in ts}
             rank = next(iter(tagged)) if len(tagged) == 1 else None
@@ -89,7 +123,7 @@ def stream_owners(plan: Plan) -> dict[str, frozenset[int]]:
                 raise ReplayError(f"stream {s.id!r} on {s.device!r} serves every rank at once (e.g. task "
                                   f"{ts[0].id!r}: one {ts[0].op} for all ranks' shares, no 'rank' tag); replay runs "
                                   "each rank's host work in that rank's process, so it needs a plan with per-rank "
-                                  "host tasks (zero-infinity: param_device=cpu optimizer_device=cpu), or one GPU")
+                                  "host tasks (each host stream one rank's, as zero-infinity's), or one GPU")
             if not isinstance(rank, int) or not 0 <= rank < len(gpus):
                 raise ReplayError(f"stream {s.id!r} on {s.device!r}: its tasks carry no single 'rank' tag "
                                   f"(found {sorted(map(str, tagged))}); replay cannot tell which rank runs it")
@@ -120,8 +154,8 @@ class RankView:
         return t.id in self.tasks
 
 
-REPLAYED_COLLECTIVES = (Phase.GRAD_REDUCE, Phase.PARAM_GATHER, Phase.TP_FWD, Phase.TP_RECOMPUTE, Phase.TP_BWD,
-                        Phase.TIED_GRAD_SYNC)
+REPLAYED_COLLECTIVES = (Phase.GRAD_REDUCE, Phase.PARAM_GATHER, Phase.PARAM_UPLOAD, Phase.TP_FWD, Phase.TP_RECOMPUTE,
+                        Phase.TP_BWD, Phase.TIED_GRAD_SYNC)
 TP_COLLECTIVES = (Phase.TP_FWD, Phase.TP_RECOMPUTE, Phase.TP_BWD)
 REPLAYED_SENDS = (Phase.SEND_ACT, Phase.SEND_GRAD)
 
@@ -138,8 +172,8 @@ def check_multi_rank(plan: Plan) -> None:
                 tied_sums.append(t)
             if t.op == "collective" and len(t.ranks) > 1 and phase not in REPLAYED_COLLECTIVES:
                 raise ReplayError(f"task {t.id!r}: {phase} collectives are not replayed (gradient reductions, "
-                                  "parameter gathers, tensor-parallel all-reduces, tied-gradient sums and pipeline "
-                                  "sends are)")
+                                  "parameter gathers and uploads' all-gathers, tensor-parallel all-reduces, "
+                                  "tied-gradient sums and pipeline sends are)")
             if is_p2p(t) and phase not in REPLAYED_SENDS:
                 raise ReplayError(f"task {t.id!r}: a GPU-to-GPU copy in phase {phase!r} is not replayed "
                                   "(pipeline activations and gradients are)")

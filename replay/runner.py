@@ -59,6 +59,9 @@ from simulator.unroll import ConcreteTask, Unroller
 
 DEFAULT_SEED = 1234
 TP_PHASES = {Phase.TP_FWD: "f", Phase.TP_RECOMPUTE: "r", Phase.TP_BWD: "b"}
+# a parameter gather: at a step's end (ZeRO's updated shards), or a param-upload's all-gather of the 1/n slices
+# each rank uploaded, or of peer GPUs' shards (synergyscale's sliced fetches and its peer tier)
+GATHER_PHASES = (Phase.PARAM_GATHER, Phase.PARAM_UPLOAD)
 
 
 def task_layers(tags: dict | object) -> list[int] | None:
@@ -75,6 +78,8 @@ def task_layers(tags: dict | object) -> list[int] | None:
 # stream that wakes while the compute stream runs Python glue between kernels would wait up to 5 ms for
 # work the simulator prices in microseconds. The replay lowers it for its own run and restores it after.
 SWITCH_INTERVAL_S = 2e-4
+# a failed replay waits this long for its other stream threads to stop (Runner._join)
+JOIN_POLL_S, ABORT_GRACE_S = 0.05, 2.0
 
 
 @dataclass
@@ -213,6 +218,7 @@ class Runner:
         dp_group: tuple[str, ...] = (self.gpu,)
         tp_groups: set[tuple[tuple[str, ...], str]] = set()
         gathers: list[TaskSpec] = []
+        uploads: list[TaskSpec] = []
         self.tp_rc_layers: set[int] = set()
         for t in self._mine():
             layer = t.tags.get("layer")
@@ -236,21 +242,24 @@ class Runner:
             if t.op == "copy" and t.tags.get("phase") in UPLOAD_PHASES and layers is not None \
                     and t.dst == self.gpu:
                 self.producers[t.id] = set(layers)
+                uploads.append(t)
             if t.op == "collective" and len(t.ranks) > 1:
                 if t.tags.get("phase") == Phase.GRAD_REDUCE:
                     dp_group = tuple(t.ranks)  # the data-parallel replicas of this rank's layers
                 if t.tags.get("phase") == Phase.GRAD_REDUCE and t.coll == "reduce_scatter":
                     self.sharded |= set(layers if layers is not None else range(self.n_layers))
-                if t.tags.get("phase") == Phase.PARAM_GATHER:
+                if t.tags.get("phase") in GATHER_PHASES:
                     gathers.append(t)
                 if t.tags.get("phase") in TP_PHASES:
                     tp_groups.add((tuple(t.ranks), t.stream))
                 if t.tags.get("phase") == Phase.TP_RECOMPUTE and isinstance(layer, int):
                     self.tp_rc_layers.add(layer)
+        self.master_loc = [master.get(i, self.gpu) for i in range(self.n_layers)]
         for t in gathers:  # a gather of partitioned layers makes their versions (an upload or update of a shard
             layers = task_layers(t.tags)  # does not)
-            self.producers[t.id] = set(layers) if layers is not None else set(self.sharded)
+            self.producers[t.id] = set(layers) if layers is not None else set(self._gathered())
         gather_ids = {g.id for g in gathers}
+        self._check_whole_uploads(uploads, {x for g in gather_ids for x in self.producers[g] or ()}, len(dp_group))
         for tid, made in list(self.producers.items()):  # an optimizer step or upload of a shard makes no version
             if tid in gather_ids or not self.sharded:
                 continue
@@ -267,7 +276,25 @@ class Runner:
         tp_ranks, self.tp_stream = next(iter(tp_groups)) if tp_groups else ((self.gpu,), "")
         self.tp = TpPlace(tp_ranks.index(self.gpu), len(tp_ranks), len(tp_ranks) > 1)
         self.keep_graph = [i not in recompute for i in range(self.n_layers)]
-        self.master_loc = [master.get(i, self.gpu) for i in range(self.n_layers)]
+
+    def _check_whole_uploads(self, uploads: list[TaskSpec], gathered: set[int], n: int) -> None:
+        """Refuse an upload of a partitioned layer updated on the host that no all-gather follows: each GPU
+        uploads the whole layer from host memory, where each rank's CPU Adam updated its 1/n slice (synergyscale
+        without NVLink). A rank's process holds its own slice only, so the replay would compute with stale
+        parameters (measured: 4% weight error at two ranks) instead of failing."""
+        for t in uploads:
+            for x in task_layers(t.tags) or ():
+                if x in self.sharded and self.master_loc[x] != self.gpu and x not in gathered:
+                    raise ReplayError(f"task {t.id!r}: uploads the whole of layer {x}, whose {n} "
+                                      "ranks' slices are updated by each rank's host optimizer in its own process "
+                                      "(shared host memory is not replayed); replay a plan whose ranks upload their "
+                                      "slices and all-gather them (NVLink), or one GPU")
+
+    def _gathered(self) -> list[int]:
+        """The layers an untagged parameter gather gathers: the partitioned layers updated on this GPU (a
+        layer updated on the host comes back by its own upload and gather, tagged with it: synergyscale's
+        host tiers, whose step-end gather ``agg`` is the GPU tier's)."""
+        return [i for i in sorted(self.sharded) if self.master_loc[i] == self.gpu]
 
     # -- running ----------------------------------------------------------------------------------------
     def run(self) -> Measurement:
@@ -331,8 +358,7 @@ class Runner:
             for th in threads:
                 th.start()
             self._worker(home, per_stream[home])
-            for th in threads:
-                th.join()
+            self._join(threads)
             wall = time.perf_counter() - self.t0
             sys.setswitchinterval(switch)
             if self.error is not None:
@@ -347,6 +373,20 @@ class Runner:
             sys.setswitchinterval(switch)
             self.store.close()
             self.pools.close()
+
+    def _join(self, threads: list[threading.Thread]) -> None:
+        """Wait for the stream threads; once one failed, at most ``ABORT_GRACE_S`` more: a thread inside a
+        blocking send, receive or collective of a multi-rank replay never returns when its peer rank stops
+        on this rank's failure (it would wait for this rank's matching call), so the rank reports its error
+        instead of waiting forever (the threads are daemons: they end with the rank's process)."""
+        deadline = None
+        for th in threads:
+            while th.is_alive():
+                th.join(JOIN_POLL_S)
+                if self.abort.is_set():
+                    deadline = deadline or time.monotonic() + ABORT_GRACE_S
+                    if time.monotonic() > deadline:
+                        return
 
     def _micro_steps(self, tasks: list[ConcreteTask]) -> None:
         """Each task's micro-step within its step: its ``mb`` tag, else the rank of its (segment, iteration)
@@ -575,9 +615,9 @@ class Runner:
             real = self.store.reduce_grads(t.uid, self.comm, s.stream, coll,
                                            layers if layers is not None else list(range(self.n_layers)), t.step,
                                            [self._micro(t)] if grouped else None, self.gpu)
-        elif phase == Phase.PARAM_GATHER:
+        elif phase in GATHER_PHASES and coll == "all_gather":  # a step-end gather, or an upload's (sliced) gather
             real = self.store.gather_params(t.uid, self.comm, s.stream,
-                                            layers if layers is not None else sorted(self.sharded))
+                                            layers if layers is not None else self._gathered())
         elif phase == Phase.TIED_GRAD_SYNC:
             real = self.store.sync_tied(t.uid, self.comm, s.stream, t.step, self.gpu)
         elif phase in TP_PHASES and isinstance(s.tags.get("layer"), int):

@@ -44,8 +44,8 @@ def ranks_plan(policy: str, gpus: int = 2, model: dict | None = None, knobs: dic
     return info.plan(job, parse_knobs(info, knobs or {}))
 
 
-def replay_and_verify(plan: Plan):  # type: ignore[no-untyped-def]
-    got = run_ranks(plan, plan.hardware, device="cpu", seed=SEED, verify=True)
+def replay_and_verify(plan: Plan, timeout_s: float | None = None):  # type: ignore[no-untyped-def]
+    got = run_ranks(plan, plan.hardware, device="cpu", seed=SEED, verify=True, timeout_s=timeout_s)
     assert got is not None
     meas, ranks = got
     cfg = plan.workload.config
@@ -151,9 +151,11 @@ def test_stream_owners_and_groups() -> None:
 
 
 def test_host_stream_without_a_rank_is_refused() -> None:
+    """A host stream belongs to the one GPU its tasks work with, else to the one rank its tasks' tags name."""
     d = ranks_plan("zero-offload").to_dict()
-    first = next(t for seg in d["segments"] for t in seg["tasks"] if t["stream"] == "cpu.adam1")
-    first["tags"]["rank"] = 0  # one task of rank 1's host stream now says rank 0: no single owner
+    first = next(t for seg in d["segments"] for t in seg["tasks"] if t["stream"] == "cpu.adam0")
+    first["stream"] = "cpu.adam1"  # rank 0's Adam of a layer on rank 1's host stream: it works for both GPUs
+    # (its tasks' dependencies are gpu0's and gpu1's copies) and its tags name both ranks: no single owner
     with pytest.raises(ReplayError, match=r"stream 'cpu.adam1' on 'cpu': its tasks carry no single 'rank' tag"):
         stream_owners(Plan.from_dict(d))
 

@@ -161,13 +161,18 @@ def test_a_vocab_that_does_not_split_is_refused() -> None:
 
 
 def test_a_host_stream_serving_every_rank_is_refused_in_one_line() -> None:
-    """zero-infinity's NVMe reads of every rank's slices in one task (no rank tag): refused, with the knobs
-    that give a replayable plan."""
-    plan = tp_plan("zero-infinity", LLAMA, {"param_device": "nvme"})
-    with pytest.raises(ReplayError, match=r"stream 'cpu.pread' on 'cpu' serves every rank at once .* "
-                                          r"param_device=cpu optimizer_device=cpu"):
-        check_multi_rank(plan)
-        rank_view(plan, 0)
+    """NVMe reads of every rank's slices on one host stream, with no rank tag (what zero-infinity planned before
+    each rank's swapper got its own read): refused in one line."""
+    d = tp_plan("zero-infinity", LLAMA, {"param_device": "nvme"}).to_dict()
+    d["streams"] = [s for s in d["streams"] if s["id"] != "cpu.pread1"]
+    for seg in d["segments"]:
+        for t in seg["tasks"]:
+            if t["stream"] in ("cpu.pread0", "cpu.pread1"):
+                t["stream"] = "cpu.pread0"
+                t["tags"].pop("rank", None)
+    with pytest.raises(ReplayError, match=r"stream 'cpu.pread0' on 'cpu' serves every rank at once .* "
+                                          r"per-rank host tasks"):
+        rank_view(Plan.from_dict(d), 0)
 
 
 def test_cli_tp2_in_bf16_is_verified_by_its_losses(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -107,14 +107,18 @@ class MicroStep:
         b, n, k, sfx, window = self.b, self.n, self.knobs, self.sfx, self.order.window
         s = self.job.trace.layers[i].params / n
         opt_dep = [f"{self.last_opt[r]}^1" for r in range(n)] if first_fetch else []
-        if k.param_nvme:  # every rank reads its slice at once: one flow of n slices over the shared drives
-            kit.swap(b, f"nr{ph}{i}{sfx}", "cpu.pread", Phase.PARAM_SWAP_IN, "nvme", "cpu", n * s * self.db,
+        if k.param_nvme and n == 1:
+            kit.swap(b, f"nr{ph}{i}{sfx}", "cpu.pread", Phase.PARAM_SWAP_IN, "nvme", "cpu", s * self.db,
                      window(u, k.nvme_prefetch, self.gpus) + opt_dep, layer=i, use=kit.use_of(ph),
-                     allocs=[(f"pin{ph}{i}.r{r}", "cpu") for r in range(n)],
-                     reads=[(f"param16.r{r}", "nvme") for r in range(n)])
+                     allocs=[(f"pin{ph}{i}.r0", "cpu")], reads=[("param16.r0", "nvme")])
+        elif k.param_nvme:  # each rank's swapper reads its own slice (DeepSpeed): n flows over the shared drives
+            for r, g in enumerate(self.gpus):
+                kit.swap(b, f"nr{ph}{i}{sfx}.r{r}", f"cpu.pread{r}", Phase.PARAM_SWAP_IN, "nvme", "cpu", s * self.db,
+                         window(u, k.nvme_prefetch, [g]) + opt_dep[r:r + 1], layer=i, rank=r, use=kit.use_of(ph),
+                         allocs=[(f"pin{ph}{i}.r{r}", "cpu")], reads=[(f"param16.r{r}", "nvme")])
         kit.sliced_fetch(b, self.gpus, i, ph, s * self.db, self.job.trace.layers[i].params * self.db,
-                         lambda r, g: window(u, k.cpu_prefetch, [g]) + ([f"nr{ph}{i}{sfx}"] if k.param_nvme
-                                                                        else opt_dep[r:r + 1])
+                         lambda r, g: window(u, k.cpu_prefetch, [g]) + ([rank_io(f"nr{ph}{i}{sfx}", r, n)]
+                                                                        if k.param_nvme else opt_dep[r:r + 1])
                          + [f"rsv{ph}{i}{sfx}.{g}"],
                          sfx=sfx, gather_deps=window(u, k.gather_prefetch, self.gpus),
                          frees_of=lambda r: [(f"pin{ph}{i}.r{r}", "cpu")] if k.param_nvme else [],
@@ -177,9 +181,10 @@ class MicroStep:
         stage = self.boundary and self.knobs.optimizer_nvme
         back = self.grad_order() if self.throttled() else []
         p = back.index(i) if back else 0
-        wait = [f"gw{back[p - self.grad_window]}{sfx}"] if back and self.grad_window <= p \
+        waits = [f"gw{back[p - self.grad_window]}{sfx}"] if back and self.grad_window <= p \
             else []  # the swapper's pinned buffers are full until that write ends
         for r, g in enumerate(gpus):
+            wait = [rank_io(w, r, n) for w in waits]
             if buffered:
                 size, reads, allocs = s * self.knobs.grad_bytes_per_param, [(f"grad.r{r}", "cpu")], []
             else:
@@ -188,11 +193,20 @@ class MicroStep:
                 allocs = [(f"gst{i}.r{r}", "cpu")] if stage else []
             kit.offload(b, f"gd{i}{sfx}.{g}", g, size, [f"rs{i}{sfx}" if n > 1 else f"bwd{i}{sfx}.{g}", *wait], layer=i,
                         rank=r, reads=[*reads, (self.bucket(i, g), g)], allocs=allocs)  # released by release()
-        if stage:  # all ranks' fp32 gradient slices: one flow to the drives
-            kit.swap(b, f"gw{i}{sfx}", "cpu.gwrite", Phase.GRAD_SWAP_OUT, "cpu", "nvme",
-                     n * s * pp["grad32"], [f"gd{i}{sfx}.{g}" for g in gpus],
-                     layer=i, allocs=[(f"gst{i}.r{r}", "cpu") for r in range(n)] if buffered else [],
-                     frees=[(f"gst{i}.r{r}", "cpu") for r in range(n)])
+        if stage and n == 1:
+            kit.swap(b, f"gw{i}{sfx}", "cpu.gwrite", Phase.GRAD_SWAP_OUT, "cpu", "nvme", s * pp["grad32"],
+                     [f"gd{i}{sfx}.{gpus[0]}"], layer=i, allocs=[(f"gst{i}.r0", "cpu")] if buffered else [],
+                     frees=[(f"gst{i}.r0", "cpu")])
+        elif stage:  # each rank's swapper writes its own fp32 gradient slice: n flows to the shared drives
+            for r, g in enumerate(gpus):
+                kit.swap(b, f"gw{i}{sfx}.r{r}", f"cpu.gwrite{r}", Phase.GRAD_SWAP_OUT, "cpu", "nvme", s * pp["grad32"],
+                         [f"gd{i}{sfx}.{g}"], layer=i, rank=r, allocs=[(f"gst{i}.r{r}", "cpu")] if buffered else [],
+                         frees=[(f"gst{i}.r{r}", "cpu")])
+
+
+def rank_io(tid: str, r: int, n: int) -> str:
+    """Rank r's task of a per-rank NVMe read or write ``tid`` (its ``.r{r}`` copy; one rank: ``tid`` itself)."""
+    return f"{tid}.r{r}" if n > 1 else tid
 
 
 def grad_staging_window(job: Job, n: int, groups: list[list[int]]) -> int:
@@ -214,7 +228,8 @@ def emit_optimizer(b: PlanBuilder, job: Job, knobs: Knobs, n: int, groups: list[
     layers = job.trace.layers
     pp = per_param_bytes(job, knobs)
     last = next(i for i in range(len(layers)) if layers[i].params > 0)  # the last gradient to arrive
-    all_grads = [f"gd{last}.last.{kit.gpu(r)}" for r in range(n)] + [f"gw{last}.last"] * knobs.optimizer_nvme
+    all_grads = [f"gd{last}.last.{kit.gpu(r)}" for r in range(n)] \
+        + [rank_io(f"gw{last}.last", r, n) for r in range(n)] * knobs.optimizer_nvme
     states = pp["param32"] + pp["optim"]
     for k, grp in enumerate(groups):
         q = sum(layers[i].params for i in grp) / n
@@ -255,9 +270,11 @@ def plan(job: Job, knobs: Knobs) -> Plan:
     lay = kit.Layout(n, flat_comm=True)
     kit.declare_streams(b, lay, cpu_adam=True,
                         cpu_per_rank=[("owrite", "io")] * (knobs.param_nvme or knobs.optimizer_nvme)  # fp16 + states
-                        + [("oread", "io")] * knobs.optimizer_nvme,                                   # swapper reads
-                        shared=[("cpu.pread", "cpu", "io")] * knobs.param_nvme       # parameter reads, all ranks
-                        + [("cpu.gwrite", "cpu", "io")] * knobs.optimizer_nvme,      # fp32 gradients, all ranks
+                        + [("oread", "io")] * knobs.optimizer_nvme                                    # swapper reads
+                        + ([("pread", "io")] * knobs.param_nvme + [("gwrite", "io")] * knobs.optimizer_nvme
+                           if n > 1 else []),  # parameter reads, fp32 gradient writes: each rank its own
+                        shared=[("cpu.pread", "cpu", "io")] * (knobs.param_nvme and n == 1)  # one rank: as before
+                        + [("cpu.gwrite", "cpu", "io")] * (knobs.optimizer_nvme and n == 1),
                         comm_order=("param", "grad"))
     declare_tensors(b, job, knobs, n, groups)
     k = len(groups) - 1  # per rank, the task ending its optimizer step (what the next step's first fetch waits for)
