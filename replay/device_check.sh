@@ -10,6 +10,8 @@
 #   calibrate    `tiersim calibrate` of this machine -> $OUT/calibrated.yaml (tiny sizes in the smoke run)
 #   plan-<p>     `tiersim simulate` of a small model on the calibrated spec with policy p -> $OUT/plan-<p>.json
 #   replay-<p>   `tiersim replay --verify --json` of that plan on the device (cuda; cpu in the smoke run)
+#   plan-gpt2-<p>, replay-gpt2-<p>  the default workflow (CUDA only): gpt2 at its default workload, policies
+#                DEVICE_CHECK_WORKFLOW (default: zero-offload none; empty: none of them), replayed without --verify
 #   validation   `python -m replay.validation` (the held-out matrix is its own; --quick in the smoke run;
 #                on the device when it takes --device)
 #   table        python -m replay.device_check_table: $OUT/table.md (also printed)
@@ -162,6 +164,21 @@ for p in $POLICIES; do
   stage "replay-$p" "$T_REPLAY" "$PY" -m tiersim replay "$OUT/plan-$p.json" --device "$DEVICE" --verify --json \
     --steps 3 --nvme-dir "$OUT" || true
 done
+
+# -- the default workflow: gpt2 at its default workload on the calibrated spec (issue 12) ---------------------
+# What a new user does: calibrate, `simulate --model gpt2 --plan-out`, `replay` (no --verify: the timing is the
+# point, and the reference run would double the stage). Device-sized, so the smoke run records it as skipped.
+WORKFLOW="${DEVICE_CHECK_WORKFLOW-zero-offload none}"
+if [ "$MODE" = smoke ]; then
+  skip workflow "cpu smoke run: gpt2 at its default workload is device-sized"
+else
+  for p in $WORKFLOW; do
+    stage "plan-gpt2-$p" "$T_PLAN" "$PY" -m tiersim simulate --hw "$OUT/calibrated.yaml" --model gpt2 \
+      --policy "$p" --plan-out "$OUT/plan-gpt2-$p.json" --json || { skip "replay-gpt2-$p" "its plan failed"; continue; }
+    stage "replay-gpt2-$p" "$T_REPLAY" "$PY" -m tiersim replay "$OUT/plan-gpt2-$p.json" --device "$DEVICE" --json \
+      --steps 3 --nvme-dir "$OUT" || true
+  done
+fi
 
 # -- validation matrix -------------------------------------------------------------------------------------
 VARGS=(--out "$OUT/validation.md" --json "$OUT/validation.json" --cache-dir "$OUT/validation-cache")

@@ -51,14 +51,19 @@ def test_dry_run_lists_every_stage_with_its_bound(tmp_path: Path) -> None:
     assert "--quick" in next(ln for ln in lines if ln.startswith("dry: validation"))
     assert "gpu.memory=30MB" in next(ln for ln in lines if ln.startswith("dry: plan-tinypipe"))
     assert set(stages(tmp_path).values()) <= {"dry", "skipped (cpu smoke run: the CUDA stages ran on the CPU with "
-                                                      "tiny sizes)"}
+                                                      "tiny sizes)",
+                                              "skipped (cpu smoke run: gpt2 at its default workload is device-sized)"}
 
 
 def test_cuda_mode_dry_run_replays_on_cuda_with_every_policy(tmp_path: Path) -> None:
     r = run_script(tmp_path, DEVICE_CHECK_DRY="1", timeout=60)
     assert r.returncode == 0, r.stderr
     replays = [ln for ln in r.stdout.splitlines() if ln.startswith("dry: replay-")]
-    assert len(replays) == 6 and all("--device cuda" in ln for ln in replays)
+    assert len(replays) == 8 and all("--device cuda" in ln for ln in replays)
+    workflow = [ln for ln in replays if ln.startswith("dry: replay-gpt2-")]
+    assert [ln.split()[1] for ln in workflow] == ["replay-gpt2-zero-offload", "replay-gpt2-none"]
+    assert all("--verify" not in ln for ln in workflow)
+    assert "--model gpt2" in next(ln for ln in r.stdout.splitlines() if ln.startswith("dry: plan-gpt2-none"))
     assert "--quick" not in next(ln for ln in r.stdout.splitlines() if ln.startswith("dry: validation"))
 
 
@@ -128,7 +133,7 @@ def test_cpu_smoke_runs_every_stage(tmp_path: Path) -> None:
     r = run_script(tmp_path, "--cpu-smoke", DEVICE_CHECK_POLICIES="zero-infinity", timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     st = stages(tmp_path)
-    assert [k for k, v in st.items() if v != "ok"] == ["cuda"]
+    assert [k for k, v in st.items() if v != "ok"] == ["cuda", "workflow"]
     assert {"env", "calibrate", "plan-zero-infinity", "replay-zero-infinity", "validation"} <= set(st)
     replay = json.loads((tmp_path / "replay-zero-infinity.out").read_text())
     assert replay["verify"]["ok"]
