@@ -29,6 +29,10 @@ lists, and costs::
     max( sum_i f_i / (peak * eff(f_i))  +  elementwise_bytes / elementwise_bw  +  n_ops * op_overhead,
          hbm_bytes / hbm_bw )
 
+(with ``gpu.dispatch_overlap``, a CUDA device whose host issues operators ahead of its kernels, the first
+term's ``+ n_ops * op_overhead`` is a ``max`` with the kernels instead: the host's dispatch and the device's
+kernels overlap within a task, which the runner ends with one synchronisation)
+
 (the task's own HBM traffic stays a floor, as in the roofline) where f_i are its matmul kernels (each at
 its own size on its kind's curve, :func:`kernel_efficiency`: a backward's products on
 ``gpu.gemm_backward_efficiency`` and the attention kernel on ``gpu.attention_efficiency`` /
@@ -143,11 +147,14 @@ def kernel_level_seconds(hw: HardwareSpec, ops: LayerOps, dtype: str) -> float:
 
 
 def ops_seconds(hw: HardwareSpec, ops: LayerOps, dtype: str, phase: str | None = None) -> float:
-    """Seconds of a list of operators of ``phase`` on one GPU of ``hw`` (needs ``gpu.op_overhead``)."""
+    """Seconds of a list of operators of ``phase`` on one GPU of ``hw`` (needs ``gpu.op_overhead``): their
+    kernels plus their fixed cost, or the larger of the two where the host issues operators ahead of the device
+    (``gpu.dispatch_overlap``: CUDA's asynchronous launches; a CPU "GPU" runs each operator as it is issued)."""
     g = hw.gpu
     t = matmul_seconds(ops, hw.peak_flops_for(dtype), KernelCurves.of(g), phase)
     t += ops.elementwise_bytes / (g.elementwise_bw or g.hbm_bw)
-    return t + ops.n_ops * (g.op_overhead_s or 0.0)
+    fixed = ops.n_ops * (g.op_overhead_s or 0.0)
+    return max(t, fixed) if g.dispatch_overlap else t + fixed
 
 
 class ComputePricer:

@@ -12,7 +12,8 @@ A file looks like::
     gpu:    {model, count, memory, peak_flops: {bf16: ...}, hbm_bw, gemm_efficiency: [[flops, eff], ...],
              launch_overhead, reserved: {name: size}, fragmentation, optimizer_bytes_per_param,
              op_overhead, elementwise_bw, gemm_backward_efficiency, attention_efficiency,
-             attention_backward_efficiency, shares_host (optional: per-operator compute pricing, see GpuSpec),
+             attention_backward_efficiency, shares_host, dispatch_overlap (optional: per-operator compute
+             pricing, see GpuSpec),
              allocator (optional: caching | exact, default caching)}
     host:   {cpu_model, sockets, cores, dram, dram_bw, optimizer_params_per_s, reserved: {name: size}}
     pcie:   {gen, lanes, efficiency, duplex_fraction, gpus_per_switch, latency, p2p (optional, true)}
@@ -108,6 +109,8 @@ SECTIONS: Final[Mapping[str, tuple[FieldDef, ...]]] = FrozenDict(
             FieldDef("allocator", "allocator", "str", required=False, default="caching", omit_default=True),
             FieldDef("gemm_unaligned_efficiency", "gemm_unaligned_efficiency", "fraction",
                      "of the curve's rate, N not a multiple of 8", required=False, omit_default=True),
+            FieldDef("dispatch_overlap", "dispatch_overlap", "bool", required=False, default=False,
+                     omit_default=True),
         ),
         "host": (
             FieldDef("cpu_model", "cpu_model", "str"),

@@ -69,7 +69,10 @@ class GpuSpec:
     kernel): `op_overhead_s` is the fixed cost of one operator (dispatch + launch). When it is set, a
     layer task is priced operator by operator (`workloads.ops`): each matmul at its own size on the
     efficiency curve, the element-wise bytes at `elementwise_bw` (default `hbm_bw`), plus `op_overhead_s`
-    per operator. Where the spec has them, a backward's matmuls run on `gemm_backward_efficiency` (the input-
+    per operator (`dispatch_overlap` true: the host issues operators ahead of the device, as CUDA's
+    asynchronous launches do, so a task costs the larger of its kernels and its operators' fixed cost, not
+    their sum; ``tiersim calibrate`` sets it on a CUDA device). Where the spec has them, a backward's matmuls
+    run on `gemm_backward_efficiency` (the input-
     and weight-gradient products of a linear layer) and the attention kernel on `attention_efficiency` /
     `attention_backward_efficiency` (fractions of the same peak, over FLOPs per kernel; else the forward
     GEMM curve). `gemm_unaligned_efficiency`: where measured, the fraction of its curve's rate a forward GEMM
@@ -103,6 +106,7 @@ class GpuSpec:
     shares_host: bool = False
     allocator: str = "caching"
     gemm_unaligned_efficiency: float | None = None
+    dispatch_overlap: bool = False
 
     def __post_init__(self) -> None:
         check_text(self.model, "gpu.model")
@@ -118,6 +122,9 @@ class GpuSpec:
                 raise HardwareInputError(f"must be a Curve, got {getattr(self, attr)!r}", field=f"gpu.{attr}")
         if not isinstance(self.shares_host, bool):
             raise HardwareInputError(f"must be true or false, got {self.shares_host!r}", field="gpu.shares_host")
+        if not isinstance(self.dispatch_overlap, bool):
+            raise HardwareInputError(f"must be true or false, got {self.dispatch_overlap!r}",
+                                     field="gpu.dispatch_overlap")
         if self.gemm_unaligned_efficiency is not None:
             check_fraction(self.gemm_unaligned_efficiency, "gpu.gemm_unaligned_efficiency", low_inclusive=False,
                            high_inclusive=True)

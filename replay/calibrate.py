@@ -80,6 +80,8 @@ class CalibrationSizes:
     adam_params: int = 8_000_000
     gpu_adam_params: int = 64_000_000  # CUDA: enough that a fused step is bandwidth-bound, not launch-bound
     elementwise_bytes: tuple[int, ...] = (2**18, 2**20, 2**22)  # operand sizes of the element-wise chain
+    # CUDA: operands large enough that the chain is bound by the device's memory, not the host's dispatch
+    gpu_elementwise_bytes: tuple[int, ...] = (2**24, 2**26, 2**28)
     repeats: int = 5
     ranks_allreduce_bytes: int = 64 * 2**20  # calibrate --ranks (replay.calibrate_ranks)
     ranks_gemm_n: int = 1024
@@ -98,7 +100,8 @@ class CalibrationSizes:
                    gemm_backward_flops=(1e5, 1e6), gpu_gemm_backward_flops=(1e6, 1e8), attention_seqs=(16, 32),
                    attention_heads=(2, 16), gpu_attention_seqs=(64, 128),
                    copy_bytes=2**20, disk_bytes=4 * 2**20, disk_chunk=2**20, adam_params=20_000,
-                   gpu_adam_params=20_000, elementwise_bytes=(2**16,), repeats=3, ranks_allreduce_bytes=2**20,
+                   gpu_adam_params=20_000, elementwise_bytes=(2**16,), gpu_elementwise_bytes=(2**16,), repeats=3,
+                   ranks_allreduce_bytes=2**20,
                    unaligned_gemm=(64, 256, 32),
                    ranks_gemm_n=128, ranks_copy_bytes=2**20, probe_layer=(64, 2, 128, 32))
 
@@ -148,6 +151,7 @@ class Calibration:
     wall_s: float = 0.0
     notes: list[str] = field(default_factory=list)
     op_overhead_s: float | None = None  # fixed cost of one eager operator (the replay block's, see below)
+    dispatch_overlap: bool = False  # the host issues operators ahead of the device (CUDA), see GpuSpec
     op_overhead_method: str = ""
     elementwise_bw: float | None = None  # bytes read + written per second by element-wise operators
     elementwise_method: str = ""
@@ -407,7 +411,8 @@ def kernel_curves(peak: float, gemm_curve: Sequence[tuple[float, float]],
 
 def measure_layer_elementwise(device: torch.device, dtype: str, gemm_curve: Sequence[tuple[float, float]],
                               peak: float, op_overhead_s: float, repeats: int = 5,
-                              probe: dict[str, int] | None = None, curves: Any = None) -> tuple[float | None, str]:
+                              probe: dict[str, int] | None = None, curves: Any = None,
+                              overlap: bool = False) -> tuple[float | None, str]:
     """Bytes/s of the element-wise operators *inside* a layer, derived from one real layer: the replay's
     decoder block (``replay.model.Block``, :data:`PROBE_LAYER`) forward + backward is timed, and what the
     matmuls and the attention kernel (each at its size on its measured curve; `curves`: a
@@ -416,7 +421,10 @@ def measure_layer_elementwise(device: torch.device, dtype: str, gemm_curve: Sequ
     to its element-wise bytes (``workloads.ops``, the 16-bit weight casts included). Inside a layer those
     operators broadcast over transposed activations, reduce rows, run on cold caches and wake the
     thread pool after every matmul, which the hot chain of :func:`measure_elementwise` does not see.
-    Returns (None, why) when the layer is no slower than its matmuls and overheads (nothing to charge)."""
+    Returns (None, why) when the layer is no slower than its matmuls and overheads (nothing to charge).
+    ``overlap`` (a CUDA device, ``gpu.dispatch_overlap``): the layer costs the larger of its kernels and its
+    operators' fixed cost, so only a layer well above that fixed cost (bound by the device) says anything about its
+    element-wise kernels: the rest is then its time minus its matmuls."""
     from costs.compute import matmul_seconds
     from replay.model import Block, Dims
     from workloads import ModelSpec, WorkloadConfig
@@ -451,7 +459,12 @@ def measure_layer_elementwise(device: torch.device, dtype: str, gemm_curve: Sequ
            f"measured curves ({t_mm * 1e3:.2f} ms) and its operators' fixed cost ({t_fixed * 1e3:.2f} ms); "
            f"the rest carries its "
            f"{moved / 1e6:.1f} MB of element-wise bytes (workloads.ops)")
-    rest = t - t_mm - t_fixed
+    if overlap:
+        if t <= 1.1 * t_fixed:
+            return None, how + ": bound by the host's dispatch (the operators' fixed cost), nothing to derive"
+        rest = t - t_mm
+    else:
+        rest = t - t_mm - t_fixed
     if rest <= 0.05 * t:
         return None, how + ": nothing left to charge"
     return moved / rest, how
@@ -836,9 +849,10 @@ def _calibrate(directory: str | os.PathLike[str] | None, sizes: CalibrationSizes
         probe = dict(zip(("hidden", "n_heads", "ffn", "seq_len"), sizes.probe_layer, strict=True)) \
             if sizes.probe_layer else None
         layer_bw, ew_method = measure_layer_elementwise(dev, gemm_dtype, curve, peaks[gemm_dtype], op_overhead,
-                                                        sizes.repeats, probe, curves)
+                                                        sizes.repeats, probe, curves, overlap=cuda)
     if layer_bw is None:  # the layer is all matmuls and overheads: use the hot chain's rate
-        ew_bw, chain_how = measure_elementwise(dev, sizes.elementwise_bytes, sizes.repeats)
+        ew_bw, chain_how = measure_elementwise(dev, sizes.gpu_elementwise_bytes if cuda else sizes.elementwise_bytes,
+                                               sizes.repeats)
         ew_method = f"{chain_how} ({ew_method})"
     else:
         ew_bw = layer_bw
@@ -878,7 +892,7 @@ def _calibrate(directory: str | os.PathLike[str] | None, sizes: CalibrationSizes
         hbm_bw=hbm_bw, hbm_method=hbm_method, dram_bw=dram_bw, launch_overhead_s=launch,
         optimizer_params_per_s=opt_rate, optimizer_variant=variant, gpu_optimizer_params_per_s=gpu_opt_rate,
         disk=disk, wall_s=time.perf_counter() - t_start, notes=notes, op_overhead_s=op_overhead,
-        op_overhead_method=op_method, elementwise_bw=ew_bw, elementwise_method=ew_method,
+        op_overhead_method=op_method, elementwise_bw=ew_bw, elementwise_method=ew_method, dispatch_overlap=cuda,
         gemm_backward_curve=bwd_curve, attention_curve=att_fwd, attention_backward_curve=att_bwd,
         attention_method=att_how, gemm16=gemm16, gemm_unaligned=unaligned, gemm_unaligned_method=unaligned_how,
     )

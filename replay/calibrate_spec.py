@@ -142,6 +142,11 @@ def spec_dict(cal: Calibration, base: Mapping[str, Any] | None = None, base_name
     if cal.op_overhead_s is not None:
         gpu["op_overhead"] = float(cal.op_overhead_s)
         measured("gpu.op_overhead", cal.op_overhead_method)
+    if cal.dispatch_overlap:
+        gpu["dispatch_overlap"] = True
+        sources["gpu.dispatch_overlap"] = (f"derived: {stamp}: a CUDA device, whose kernels are launched "
+                                           "asynchronously (the runner synchronises once per task), so a task's "
+                                           "operator dispatch overlaps its kernels")
     if cal.elementwise_bw is not None:
         gpu["elementwise_bw"] = float(cal.elementwise_bw)
         measured("gpu.elementwise_bw", cal.elementwise_method)

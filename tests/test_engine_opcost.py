@@ -168,3 +168,25 @@ def test_a_measured_unaligned_rate_prices_a_forward_gemm_whose_output_width_is_n
     assert unaligned_factor(0.5, "fwd", (256, 4096, 257)) == 1.0  # the output width decides
     with pytest.raises(HardwareInputError, match="gpu.gemm_unaligned_efficiency"):
         load_hardware("a100", ["gpu.gemm_unaligned_efficiency=1.5"])
+
+
+def test_with_dispatch_overlap_a_layer_task_costs_the_larger_of_its_kernels_and_its_dispatch() -> None:
+    """CUDA launches are asynchronous: the host's per-operator cost overlaps the kernels within a task."""
+    from costs.compute import KernelCurves, matmul_seconds
+
+    job, serial = _layer_records(["gpu.op_overhead=10us", "gpu.elementwise_bw=500GB/s"])
+    _, overlapped = _layer_records(["gpu.op_overhead=10us", "gpu.elementwise_bw=500GB/s",
+                                    "gpu.dispatch_overlap=true"])
+    g = job.hw.gpu
+    assert not g.dispatch_overlap and len(serial) == len(overlapped)
+    for a, b in zip(serial, overlapped, strict=True):
+        layer, phase = b.tags["layer"], b.tags["phase"]
+        ops = layer_ops(job.model, job.config, layer, phase)
+        kernels = (matmul_seconds(ops, job.hw.peak_flops_for("bf16"), KernelCurves.of(g), phase)
+                   + ops.elementwise_bytes / 500e9)
+        fixed = ops.n_ops * 10e-6
+        assert a.end - a.start == pytest.approx(kernels + fixed, rel=1e-9)
+        assert b.end - b.start == pytest.approx(max(kernels, fixed), rel=1e-9)
+    with pytest.raises(HardwareInputError, match="gpu.dispatch_overlap"):
+        load_hardware("a100", ["gpu.dispatch_overlap=3"])
+    assert "dispatch_overlap" not in load_hardware("a100").to_dict()["gpu"]
