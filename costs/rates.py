@@ -62,11 +62,14 @@ def max_min_rates(flows: Sequence[Usage], capacity: Mapping[str, float]) -> list
                 on[r] = []
             count[r] += x
             on[r].append(i)
+    active = {r: len(ids) for r, ids in on.items()}  # flows not yet frozen on each resource
     rates = [0.0] * len(flows)
     frozen = [False] * len(flows)
     left = len(flows)
     while left:
-        r_star = min((r for r in cap if count[r] > _EPS), key=lambda r: (cap[r] / count[r], r))
+        # a resource whose flows are all frozen is done, whatever rounding left in its count (weights of ~1e10,
+        # as bytes/s, leave residues far above _EPS: picking it again froze nothing, for ever)
+        r_star = min((r for r in cap if active[r] and count[r] > _EPS), key=lambda r: (cap[r] / count[r], r))
         share = max(cap[r_star], 0.0) / count[r_star]
         for i in on[r_star]:
             if frozen[i]:
@@ -77,6 +80,7 @@ def max_min_rates(flows: Sequence[Usage], capacity: Mapping[str, float]) -> list
             for r, x in flows[i].items():
                 cap[r] -= share * x
                 count[r] -= x
+                active[r] -= 1
     return rates
 
 

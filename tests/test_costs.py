@@ -357,3 +357,22 @@ def test_the_engine_runs_concurrent_uploads_at_their_transfer_rates() -> None:
     lat = route_resources(topo, "cpu", "gpu0").latency_s
     for rec, rate in zip(sorted(res.records, key=lambda r: r.id), rates, strict=True):
         assert rec.end - rec.start == pytest.approx(lat + 2 * GB / rate, rel=1e-12)
+
+
+def test_max_min_rates_ends_when_rounding_leaves_a_done_resource_a_count() -> None:
+    """Weights of bytes/s (~3e10) leave a rounding residue in a saturated resource's count once its flows are
+    frozen; the progressive filling must not pick that resource again (it froze nothing, for ever: a
+    validation case hung here). The case the hang was caught in: compute beside three PCIe copies on 2 cores."""
+    from costs.rates import max_min_rates
+
+    w = 29518070398.828526
+    flows = [{"gpu0.sm": 1.0, "host.cores": 1.0},
+             {"gpu0.pcie:fwd": w, "gpu0.pcie:duplex": w, "host.cores": 1.0},
+             {"gpu0.pcie:rev": w, "gpu0.pcie:duplex": w, "host.cores": 1.0},
+             {"gpu0.pcie:fwd": w, "gpu0.pcie:duplex": w, "host.cores": 1.0}]
+    cap = {"gpu0.pcie:fwd": w, "gpu0.pcie:rev": w, "gpu0.pcie:duplex": 39874359876.116875, "gpu0.sm": 1.0,
+           "host.cores": 2.0}
+    rates = max_min_rates(flows, cap)
+    copy = 39874359876.116875 / (3 * w)  # the duplex budget shared by the three copies
+    assert rates[1:] == pytest.approx([copy] * 3, rel=1e-12)
+    assert rates[0] == pytest.approx(min(1.0, 2.0 - 3 * copy), rel=1e-12)
