@@ -63,6 +63,12 @@ KEEP_VERSIONS = 3  # parameter versions kept per layer besides those in use (a d
 ADAM = {"lr": LR, "betas": (0.9, 0.999), "eps": 1e-8, "fused": True}
 
 
+def _host_copy(t: Tensor, dev: torch.device, pin: bool) -> Tensor:
+    """A copy of ``t`` on ``dev``, page-locked when ``pin`` (a host master of a CUDA replay)."""
+    out = t.to(dev, copy=True)
+    return out.pin_memory() if pin else out
+
+
 @dataclass
 class Graph:
     x: Tensor | None            # the layer input as an autograd leaf (None for the embedding)
@@ -137,12 +143,15 @@ class Store:
             dev = pools.torch_device(master_loc[i])
             if master_loc[i] == "nvme":
                 raise ReplayError(f"layer {i}: optimizer on nvme is not supported by replay yet")
+            # host masters of a CUDA replay in page-locked memory, as DeepSpeed's CPU optimizer keeps them: a copy
+            # from pageable memory goes through a staging buffer at a fraction of the link's rate
+            pin = pools.pin and dev.type == "cpu"
             if i in self.sharding.layers:  # this rank's contiguous shard of the layer's flat parameters
                 lo, hi = self.shard_range(i)
                 flat = self.flat(i, {n: p.detach() for n, p in m.named_parameters()})
-                mp = {"flat": nn.Parameter(flat[lo:hi].to(dev, copy=True))}
+                mp = {"flat": nn.Parameter(_host_copy(flat[lo:hi], dev, pin))}
             else:
-                mp = {n: nn.Parameter(p.detach().to(dev, copy=True)) for n, p in m.named_parameters()}
+                mp = {n: nn.Parameter(_host_copy(p.detach(), dev, pin)) for n, p in m.named_parameters()}
             self.master.append(mp)
             self.optim.append(torch.optim.Adam(list(mp.values()), **ADAM) if mp else None)  # type: ignore[arg-type]
             self.master_version.append(0)

@@ -367,7 +367,13 @@ def calibrated_spec(quick: bool = False, recalibrate: bool = False, cache_dir: s
             pass  # a stale or broken cache: measure again
     import torch
 
-    from replay.calibrate import CalibrationSizes, calibrate, kernel_curves, measure_layer_elementwise
+    from replay.calibrate import (
+        CalibrationSizes,
+        adam_sample_params,
+        calibrate,
+        kernel_curves,
+        measure_layer_elementwise,
+    )
     from replay.calibrate_spec import spec_dict
     from replay.host_memory import keep_freed_memory
 
@@ -390,7 +396,7 @@ def calibrated_spec(quick: bool = False, recalibrate: bool = False, cache_dir: s
             if bw is not None:
                 cal.elementwise_bw, cal.elementwise_method = bw, how + " (with the median-of-3 GEMM curve)"
             _log(f"element-wise in a layer: {cal.elementwise_bw / 1e9 if cal.elementwise_bw else 0:.2f} GB/s")
-        rate = replay_adam_rate(sizes.adam_params, sizes.repeats)
+        rate = replay_adam_rate(adam_sample_params(sizes), sizes.repeats)
         _log(f"Adam as the runner runs it ({ADAM_VARIANT}): {rate / 1e6:.1f} M params/s "
              f"(calibrate measured {cal.optimizer_params_per_s / 1e6:.1f} M params/s {cal.optimizer_variant})")
         cal.optimizer_params_per_s = cal.gpu_optimizer_params_per_s = rate

@@ -234,3 +234,25 @@ def test_the_16bit_gemm_path_is_printed_measured_and_cited(calibrated: dict[str,
         mp.setenv("TIERSIM_GEMM16", other)
         lines = replay_gemm16_lines("bf16", "cpu", spec.sources)
     assert len(lines) == 2 and lines[1].startswith(f"warning: the plan's hardware was calibrated on the {picked}")
+
+
+def test_the_host_adam_sample_outgrows_the_last_level_cache(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """An offloaded optimizer sweeps its state from DRAM: the measured Adam's state is 4x the largest cache
+    (sysfs sizes such as 32768K), never below the configured sample, at most ADAM_MAX_PARAMS; tiny sizes as set."""
+    from replay.calibrate import (
+        ADAM_MAX_PARAMS,
+        CalibrationSizes,
+        adam_sample_params,
+        last_level_cache_bytes,
+    )
+
+    for i, size in enumerate(["48K", "2048K", "320M", "junk"]):
+        (tmp_path / f"index{i}").mkdir()
+        (tmp_path / f"index{i}" / "size").write_text(size + "\n")
+    assert last_level_cache_bytes(tmp_path) == 320 * 2**20
+    assert last_level_cache_bytes(tmp_path / "missing") == 0
+    sizes = CalibrationSizes()
+    assert adam_sample_params(sizes, 320 * 2**20) == 4 * 320 * 2**20 // 16
+    assert adam_sample_params(sizes, 0) == sizes.adam_params
+    assert adam_sample_params(sizes, 64 * 2**30) == ADAM_MAX_PARAMS
+    assert adam_sample_params(CalibrationSizes.tiny(), 320 * 2**20) == CalibrationSizes.tiny().adam_params
