@@ -71,3 +71,24 @@ def test_pools_reuse_recycled_buffers_of_the_same_shape() -> None:
     assert torch.equal(again["a"], src["a"] * 2) and torch.equal(again["b"], src["b"] * 2)
     other = pools.put("cpu", {"a": torch.randn(5, 4)}, "z")  # another shape: a fresh buffer
     assert isinstance(other, dict) and other["a"].data_ptr() not in ptrs.values()
+
+
+def test_pools_keep_no_more_spares_than_put_had_out_at_once() -> None:
+    """Recycled buffers serve later copies; a key keeps at most as many as put() ever had out at once, none for
+    a key it never copied to (autograd's gradients handed back by a plan that copies nothing, `none`, grew the
+    process by its parameters' bytes every micro-step)."""
+    pools = Pools(torch.device("cpu"))
+    key = ("cpu", torch.float32, (4, 4))
+    for _ in range(5):  # a plan that never copies: nothing is kept
+        pools.recycle({"g": torch.zeros(4, 4)})
+    assert not pools._free.get(key)
+    a = pools.put("gpu0", {"w": torch.ones(4, 4)}, "a")
+    b = pools.put("gpu0", {"w": torch.ones(4, 4)}, "b")  # two out at once
+    pools.recycle(a)
+    pools.recycle(b)
+    for _ in range(5):
+        pools.recycle({"g": torch.zeros(4, 4)})
+    assert len(pools._free[key]) == 2
+    spare = pools._free[key][-1]
+    c = pools.put("gpu0", {"w": torch.full((4, 4), 3.0)}, "c")
+    assert c["w"] is spare and torch.equal(c["w"], torch.full((4, 4), 3.0))  # reused, and holds the copy
