@@ -122,6 +122,14 @@ Findings (2-core CPU-only VM shared with other jobs, see ``CAUSES`` below; print
   blocks measured 0.72-0.85x their price) and its odd vocabulary at the aligned peak. The curve's sizes are now
   multiples of 8, and ``gpu.gemm_unaligned_efficiency`` (measured: N + 1 against N) prices a forward GEMM whose
   output width is not.
+- Fixed (a leak, 2026-12-04): the runner's buffer cache (``replay.pools``) kept every buffer handed back for a
+  later copy of its shape; a plan that copies nothing (``none``) never took one again and grew by its
+  parameters' bytes each micro-step (llama-h2048-none: 5.0 GB after 3 steps, its backward 3-6x slower after the
+  first). A key now keeps at most as many spares as ``put`` had out at once.
+- Open (2026-12-04): a 1-rank case replays in the matrix's one long process and can run 2-3x slower there than
+  alone (gpt-h2048-lazytrain: +148% / +188% in two runs, +23% alone at the same load); some cases still slow
+  down until their third or fourth step (llama-h2048-tinypipe); gpu0 peaks of gpt-h512-zoff-bf16 (+27%) and
+  gpt-h2048-lazytrain (+26%) depend on timing (gradients in flight). docs/calib.md, "A new machine".
 - Runner limitations met (not fixed): synergyscale with chunks/streams > 1 ('input of layer 1 is not
   there') or a layer's optimizer split between CPU and GPU ('updates layer 9 on cpu, but another ... on
   gpu0') cannot be replayed, so its knobs are pinned (auto=false, streams=1, chunks=1, cpu_fraction=1).
