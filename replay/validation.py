@@ -128,8 +128,11 @@ Findings (2-core CPU-only VM shared with other jobs, see ``CAUSES`` below; print
   first). A key now keeps at most as many spares as ``put`` had out at once.
 - Open (2026-12-04): a 1-rank case replays in the matrix's one long process and can run 2-3x slower there than
   alone (gpt-h2048-lazytrain: +148% / +188% in two runs, +23% alone at the same load); some cases still slow
-  down until their third or fourth step (llama-h2048-tinypipe); gpu0 peaks of gpt-h512-zoff-bf16 (+27%) and
-  gpt-h2048-lazytrain (+26%) depend on timing (gradients in flight). docs/calib.md, "A new machine".
+  down until their third or fourth step (llama-h2048-tinypipe); lazytrain's gradient buckets are freed by their
+  copies, so its gpu0 peak depends on timing (gpt-h2048-lazytrain +26%). docs/calib.md, "A new machine".
+- Fixed (zero-offload's peak, 2026-12-04): its gradient copy freed its bucket on the D2H stream, so a replay whose
+  copies ran slower than priced held the tied table's bucket into the next forward (gpt-h512-zoff-bf16 gpu0
+  +27%); the buckets are now released on the compute stream (``policies.kit.release_buckets``).
 - Runner limitations met (not fixed): synergyscale with chunks/streams > 1 ('input of layer 1 is not
   there') or a layer's optimizer split between CPU and GPU ('updates layer 9 on cpu, but another ... on
   gpu0') cannot be replayed, so its knobs are pinned (auto=false, streams=1, chunks=1, cpu_fraction=1).

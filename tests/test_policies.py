@@ -58,8 +58,9 @@ def test_delayed_update_hides_the_cpu_optimizer() -> None:
 
     In our plans D2H already overlaps the backward and H2D overlaps the chunked Adam, so the bound is
     max(GPU compute, CPU Adam, gradient D2H) of one step, plus the tail that cannot overlap: the backward
-    waits for the double-buffered gradient copies, and the forward of a micro-step cannot hide them
-    (here 0.332 s vs max 0.304 s).
+    waits for the double-buffered gradient copies, and the next micro-step's forward waits for the last ones
+    (DeepSpeed synchronises the device after each backward with overlap_comm: ``kit.release_buckets``)
+    (here 0.346 s vs max 0.304 s; 0.332 s before that wait was modelled).
     """
     job = job_for("a100", "gpt2-xl", global_batch=2)
     plain = simulate_plan(make_plan(job, "zero-offload"), job.hw)
@@ -70,7 +71,7 @@ def test_delayed_update_hides_the_cpu_optimizer() -> None:
     assert dpu.step_time_s < plain.step_time_s
     d2h = dpu.stream_busy_s["gpu0.d2h"]
     assert dpu.step_time_s >= max(compute, adam, d2h) * (1 - 1e-9)
-    assert dpu.step_time_s == pytest.approx(max(compute, adam, d2h), rel=0.10)
+    assert dpu.step_time_s == pytest.approx(max(compute, adam, d2h), rel=0.15)
     assert dpu.stream_busy_s["gpu0.compute"] == pytest.approx(compute, rel=1e-9)
     assert check_invariants(dpu) == []
 
@@ -150,9 +151,8 @@ def test_steady_state_extrapolation_equals_full_simulation(policy: str, knobs: d
     plan = make_plan(job, policy, knobs)
     fast = simulate_plan(plan, job.hw)
     full = simulate_plan(plan, job.hw, extrapolate=False)
-    if knobs.get("delayed_update"):  # the CPU optimizer spans the next step's micro-steps: no shortcut,
-        assert fast.sim.method.startswith("full")  # and a trailing step must contend with the tail
-        assert "measuring steps" in fast.sim.method
+    if knobs.get("delayed_update"):  # the CPU optimizer spans the next step's micro-steps: no shortcut
+        assert fast.sim.method.startswith("full")
     else:
         assert fast.sim.method.startswith("extrapolated")
         assert fast.sim.simulated_tasks < full.sim.simulated_tasks
@@ -163,6 +163,20 @@ def test_steady_state_extrapolation_equals_full_simulation(policy: str, knobs: d
     for pool, peak in full.peak_bytes.items():
         assert fast.peak_bytes[pool] == pytest.approx(peak, rel=1e-9)
     assert fast.exposed_transfer_s == pytest.approx(full.exposed_transfer_s, rel=1e-6, abs=1e-9)
+
+
+def test_a_plan_whose_last_step_ends_early_is_measured_on_a_longer_run() -> None:
+    """DPU over PCIe gen 3: the CPU optimizer of the plan's last step has nothing after it to contend with, so
+    that step ends early; the simulator runs more steps and measures one that a trailing step contends with."""
+    from planner.job import JobRequest, make_job
+
+    job, _ = make_job("a100", "gpt2-xl", JobRequest(global_batch=2), hw_overrides=["pcie.gen=3"])
+    plan = make_plan(job, "zero-offload", {"delayed_update": True})
+    res = simulate_plan(plan, job.hw)
+    assert res.sim.method.startswith("full with 6 steps, measuring steps 4-5"), res.sim.method
+    assert res.step_time_s >= res.stream_busy_s["gpu0.compute"] * (1 - 1e-9)
+    assert res.step_time_s >= res.stream_busy_s["cpu.adam0"] * (1 - 1e-9)
+    assert check_invariants(res) == []
 
 
 def test_unknown_knob_and_bad_values_are_clear() -> None:

@@ -58,13 +58,25 @@ def test_offload_microstep_emits_exactly_these_tasks_with_a_two_bucket_gate() ->
     want: list[tuple[str, list[str], str, str]] = [
         (f"fwd{i}.gpu{r}", [], f"gpu{r}.compute", "fwd") for i in range(4) for r in range(2)]
     gate = {3: "d2h1.{g}@1", 2: "d2h0.{g}@1", 1: "d2h3.{g}", 0: "d2h2.{g}"}  # two buckets back, across steps
+    # each bucket is released on the compute stream once its copy has drained: the one two back before a layer's
+    # recomputation and backward, the last two after the micro-step's last backward (kit.release_buckets)
+    released = {3: [], 2: [], 1: [3], 0: [2], None: [1, 0]}
+
+    def releases(i: int | None) -> list[tuple[str, list[str], str, str]]:
+        return [(f"gfree{o}.gpu{r}", [f"d2h{o}.gpu{r}"], f"gpu{r}.compute", "grad-release")
+                for o in released[i] for r in range(2)]
+
     for i in (3, 2, 1, 0):
+        want += releases(i)
         if i in (1, 2):  # blocks recompute under full checkpointing
             want += [(f"rc{i}.gpu{r}", [], f"gpu{r}.compute", "recompute") for r in range(2)]
         want += [(f"bwd{i}.gpu{r}", [gate[i].format(g=f"gpu{r}")], f"gpu{r}.compute", "bwd") for r in range(2)]
         want += [(f"red{i}.d0", [f"bwd{i}.gpu0", f"bwd{i}.gpu1"], "dp0.grad", "grad-reduce")]
         want += [(f"d2h{i}.gpu{r}", [f"red{i}.d0"], f"gpu{r}.d2h", "grad-offload") for r in range(2)]
+    want += releases(None)
     assert [brief(t) for t in tasks_of(b)] == want
+    d2h_frees = [t.frees for t in tasks_of(b) if t.id.startswith("d2h")]
+    assert d2h_frees and not any(d2h_frees)  # a copy frees nothing: its bucket goes in the compute order
     assert list(b._streams) == ["gpu0.compute", "gpu0.h2d", "gpu0.d2h", "cpu.adam0", "gpu1.compute", "gpu1.h2d",
                                 "gpu1.d2h", "cpu.adam1", "dp0.grad", "dp0.param"]
 

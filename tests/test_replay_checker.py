@@ -67,7 +67,7 @@ def test_optimizer_without_its_gradients() -> None:
     seg["tasks"] = [t for t in seg["tasks"] if t["id"] != "d2h1.gpu0"]  # layer 1's gradients never leave the GPU
     for t in seg["tasks"]:  # and nothing waits for that copy (the backward's double-buffering dep), so it is valid
         t["deps"] = [x for x in t.get("deps", []) if x.split("@")[0].split("^")[0] != "d2h1.gpu0"]
-    task(d, "bwd0.gpu0").setdefault("frees", []).append(["gb1.gpu0", "gpu0"])  # freed, not moved (no leak)
+    assert task(d, "gfree1.gpu0")["frees"] == [["gb1.gpu0", "gpu0"]]  # released on the compute stream: no leak
     with pytest.raises(ReplayError, match=r"task 'adam1.r0\[s0.0\]': the gradients of layer 1 \(step 0, micro-step 0\)"
                                           r" are not on 'cpu'"):
         replay(d)

@@ -562,9 +562,10 @@ def reduce_and_offload(b: PlanBuilder, job: Job, lay: Layout, grads: Grads, i: i
                          frees=[(f"gb{i}.{g}", g) for g in grp] if grads.bucket and not grads.offload else [])
         for g in grp:
             r = int(g[3:])
-            if grads.offload:
+            if grads.offload:  # a gated bucket is released on the compute stream (release_buckets), else here
                 offload(b, f"d2h{i}.{g}", g, layer.params / lay.n * grads.offload_bytes_per_param,
-                        [red] if red else ready(g), layer=i, rank=r, frees=[(f"gb{i}.{g}", g)])
+                        [red] if red else ready(g), layer=i, rank=r,
+                        frees=[] if grads.buckets_in_flight else [(f"gb{i}.{g}", g)])
             elif grads.bucket and red is None:
                 release(b, f"acc{i}.{g}", g, [(f"gb{i}.{g}", g)], layer=i, rank=r, phase=Phase.GRAD_ACCUMULATE,
                         deps=ready(g)[1:])
@@ -623,6 +624,7 @@ def _backward_pass(b: PlanBuilder, job: Job, lay: Layout, grads: Grads, *, gathe
     order = list(reversed(range(L)))
     for i in order:
         layer = layers[i]
+        release_buckets(b, lay, grads, order, i)
         pre: dict[int, str] = {}
         if gather_params:
             after = f"fwd{L - 1}" if i >= L - 2 else f"bwd{i + 2}"  # backward prefetch: also one layer ahead
@@ -650,6 +652,23 @@ def _backward_pass(b: PlanBuilder, job: Job, lay: Layout, grads: Grads, *, gathe
                               allocs_of=_on_gpu(["gb"] if grads.bucket else [], i),
                               frees_of=_on_gpu(["act", *(["pg"] if gather_params else [])], i))
         reduce_and_offload(b, job, lay, grads, i, prev_sync)  # the embedding's gradient is local: no sync
+    release_buckets(b, lay, grads, order, None)
+
+
+def release_buckets(b: PlanBuilder, lay: Layout, grads: Grads, order: Sequence[int], i: int | None) -> None:
+    """With offloaded, gated buckets: on every GPU's compute stream, the buckets ``bucket_release`` releases
+    before layer i's recomputation and backward (None: after the micro-step's last backward), each once its copy
+    has ended, so the GPU's peak is the compute order's at every timing (module docstring). The last ones hold
+    the next micro-step's forward until the copies end, as DeepSpeed does: with ``overlap_comm`` (on with
+    offload) ``DeepSpeedZeroOptimizer.independent_gradient_partition_epilogue`` synchronises the device after
+    each backward (deepspeed/runtime/zero/stage_1_and_2.py, 0.19.8, lines 1016-1028). Before, the copy freed
+    its bucket on the D2H stream: a replay whose copies ran slower than priced held the 53.6 MB tied-table
+    bucket of gpt-h512-zoff-bf16 into the next forward (gpu0 peak +27%, docs/calib.md)."""
+    if not (grads.offload and grads.buckets_in_flight):
+        return
+    for o in bucket_release(order, i, grads.buckets_in_flight):
+        for r, g in enumerate(lay.gpus()):
+            release(b, f"gfree{o}.{g}", g, [(f"gb{o}.{g}", g)], layer=o, rank=r, deps=[f"d2h{o}.{g}"])
 
 
 def cpu_update_by_layer(b: PlanBuilder, job: Job, lay: Layout, *, upload_bytes_per_param: float, staged: bool,
