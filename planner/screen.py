@@ -40,6 +40,7 @@ from typing import Any
 from costs.compute import gemm_kernels_seconds
 from hardware_models import HardwareSpec
 from planner.memory_screens import SCREENS
+from planner.screen_terms import TERMS, Links, links_of
 from policies import Job, KnobError
 from policies.base import gpu_pool
 from workloads.ops import LayerOps, layer_ops
@@ -110,22 +111,45 @@ def compute_screen(job: Job, recompute: bool) -> float:
 
 
 class Screener:
-    """Screens candidates of one search (one hardware and model): ``time(job, policy)``, memoised per workload
-    configuration and policy class."""
+    """Screens candidates of one search (one hardware and model): ``time(job, policy, knobs)``, the compute screen
+    memoised per workload configuration and policy class, raised by the policy's own terms
+    (``planner.screen_terms``) memoised per configuration, policy and knobs."""
 
     def __init__(self) -> None:
         self._memo: dict[tuple[str, bool], float] = {}
+        self._terms: dict[tuple[str, str, str], tuple[float, str]] = {}
+        self._links: tuple[HardwareSpec, Links] | None = None
 
-    def time(self, job: Job, policy: str) -> Screen:
+    def time(self, job: Job, policy: str, knobs: Mapping[str, Any] | None = None) -> Screen:
         recompute = policy in HONOURS_CHECKPOINTING and job.config.checkpointing != "none"
         key = (repr(job.config), recompute)
         if key not in self._memo:
             self._memo[key] = compute_screen(job, recompute)
-        return Screen(self._memo[key], "gpu.sm (compute)")
+        best = Screen(self._memo[key], "gpu.sm (compute)")
+        term = self._term(job, policy, knobs or {})
+        if term[0] > best.time_s:
+            return Screen(term[0], term[1])
+        return best
+
+    def _term(self, job: Job, policy: str, knobs: Mapping[str, Any]) -> tuple[float, str]:
+        terms = TERMS.get(policy)
+        if terms is None:
+            return 0.0, "none"
+        key = (repr(job.config), policy, repr(sorted(knobs.items())))
+        if key not in self._terms:
+            if self._links is None or self._links[0] != job.hw:
+                self._links = (job.hw, links_of(job))
+            try:
+                got = terms(job, knobs, self._links[1])
+            except KnobError:
+                got = []
+            t, r = max(got, default=(0.0, "none"))
+            self._terms[key] = (t * (1 - SCREEN_SLACK), r)
+        return self._terms[key]
 
 
 def screen_all(jobs: Iterable[tuple[Job, str]]) -> list[Screen]:
-    """The screen of each (job, policy) pair, in order (one Screener: the jobs share hardware and model)."""
+    """The compute screen of each (job, policy) pair, in order (one Screener: the jobs share hardware and model)."""
     sc = Screener()
     return [sc.time(job, policy) for job, policy in jobs]
 

@@ -851,7 +851,7 @@ def _screened_search(s: _Search, cands: list[Candidate]) -> None:
 def _screened_loop(s: _Search, lz: _Lazy, run: _Runner, cands: list[Candidate]) -> None:
     screener = Screener()
     for c in _to_plan(s, cands, screen_memory=False):  # memory screens when a candidate comes up (module doc)
-        lz.push(screener.time(s.ready_job(c), c.policy).time_s, c.index, False)
+        lz.push(screener.time(s.ready_job(c), c.policy, c.knob_dict).time_s, c.index, False)
     for c in cands:  # answered by the cache
         if c.index in s.summaries and s.summaries[c.index].bounded:
             lz.planned(c)

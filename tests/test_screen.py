@@ -16,11 +16,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hardware_models import Curve, HardwareSpec, build_topology
-from planner.bounds import memory_lower_bound, plan_bounds
+from planner.bounds import memory_lower_bound, plan_bounds, resource_work
 from planner.candidates import enumerate_candidates
 from planner.job import JobRequest, make_job, make_plan, resolve_hardware
 from planner.memory_screens import least_peak
 from planner.screen import MEMORY_SLACK, SCREEN_SLACK, Screener, compute_screen, memory_screen, monotone_curve
+from planner.screen_terms import TERMS, Links
 from planner.search import SCREENED_OUT, plan_summary, search
 from policies import POLICIES, Job, KnobError, PlanInfeasible, kit
 from policies.tinypipe.packing import MODES, LayerCost, Model, Problem, solve
@@ -62,7 +63,7 @@ def test_screen_never_exceeds_the_plan_bound(hw: str, sets: tuple[str, ...], mod
     screener = Screener()
     n = 0
     for c, job, plan in _candidate_plans(spec, model, request_):
-        screen = screener.time(job, c.policy).time_s
+        screen = screener.time(job, c.policy, c.knob_dict).time_s
         bound = plan_bounds(plan, job.hw, topo).time_s
         assert 0 < screen <= bound, (c.label(), screen, bound)
         n += 1
@@ -95,7 +96,7 @@ def test_a_falling_efficiency_curve_falls_back_to_the_top_efficiency() -> None:
     topo = build_topology(spec)
     n = 0
     for c, job, plan in _candidate_plans(spec, "gpt2", JobRequest(seq_len=128, global_batch=8)):
-        screen = Screener().time(job, c.policy).time_s
+        screen = Screener().time(job, c.policy, c.knob_dict).time_s
         assert 0 < screen <= plan_bounds(plan, job.hw, topo).time_s, c.label()
         n += 1
     assert n >= 10
@@ -129,7 +130,7 @@ def test_screened_search_picks_the_exhaustive_best(hw: str, model: str, request_
     for e in screened.evaluated:
         if e.reason == SCREENED_OUT:
             job, _ = make_job(spec, model, e.request)
-            assert screener.time(job, e.policy).time_s >= best_s
+            assert screener.time(job, e.policy, e.knobs).time_s >= best_s
 
 
 def test_screened_search_builds_fewer_plans_than_it_has_candidates() -> None:
@@ -302,3 +303,55 @@ def test_tinypipe_memory_screen_is_the_packing_search_verdict(prob: Problem, abo
     peak = solve(dataclasses.replace(prob, tolerance=math.inf)).peak_bytes
     assert over == (peak > limit), (figure, peak, limit)
     assert figure <= peak
+
+
+TERM_SWEEP = [
+    ("a100x8", "gpt2", JobRequest(seq_len=256, global_batch=16)),
+    ("a100", "gpt2", JobRequest(seq_len=256, global_batch=4)),
+    ("dgx-spark", "gpt2", JobRequest(seq_len=256, global_batch=4)),
+]
+ZERO_OFFLOAD_KNOBS = [
+    {}, {"tp": 1}, {"tp": 2}, {"tp": 8}, {"delayed_update": True},
+    {"upload_bytes_per_param": 4.0, "grad_offload_bytes_per_param": 4.0, "tp": 2},
+    {"grad_offload_bytes_per_param": 4.0, "cpu_grad_bytes": 2.0},
+]
+
+
+@pytest.mark.parametrize(("hw", "model", "request_"), TERM_SWEEP, ids=[c[0] for c in TERM_SWEEP])
+def test_every_policy_term_is_below_its_resource_work(hw: str, model: str, request_: JobRequest) -> None:
+    """Each term of planner.screen_terms is at most the work of the resource it names in the plan (so at most
+    the plan bound), over knobs, micro-batches and checkpointing; and the screen with the terms stays <= bound."""
+    spec = resolve_hardware(hw, ())
+    topo = build_topology(spec)
+    links = Links(topo)
+    n = 0
+    for policy, grid in TERM_GRIDS.items():
+        for knobs in grid:
+            for mb in (1, 2):
+                for ckpt in ("none", "full"):
+                    job, _ = make_job(spec, model, dataclasses.replace(request_, micro_batch=mb, checkpointing=ckpt))
+                    try:
+                        plan = make_plan(job, policy, knobs)
+                    except (PlanInfeasible, KnobError):
+                        continue
+                    work = resource_work(plan, job.hw, topo)
+                    bound = plan_bounds(plan, job.hw, topo).time_s
+                    for t, r in TERMS[policy](job, knobs, links):
+                        assert t <= work.get(r, 0.0) * (1 + 1e-9), (policy, knobs, mb, ckpt, r, t, work.get(r))
+                    assert Screener().time(job, policy, knobs).time_s <= bound, (policy, knobs, mb, ckpt)
+                    n += 1
+    assert n >= 10
+
+
+TERM_GRIDS = {"zero-offload": ZERO_OFFLOAD_KNOBS}
+
+
+def test_zero_offload_link_term_is_tight_on_70b() -> None:
+    """70b on a100x8 at tp=8: the plan's bound is the switch uplinks' gradient traffic, which the term is."""
+    job, _ = make_job("a100x8", "70b", JobRequest(micro_batch=1, checkpointing="none"))
+    knobs = {"tp": 8}
+    screen = Screener().time(job, "zero-offload", knobs)
+    bound = plan_bounds(make_plan(job, "zero-offload", knobs), job.hw)
+    assert screen.resource == bound.time_resource.replace("sw0", screen.resource.split(".")[0]) or \
+        screen.resource.endswith(bound.time_resource.split(".", 1)[1])
+    assert 0.999 * bound.time_s <= screen.time_s <= bound.time_s

@@ -1,0 +1,93 @@
+"""Per-policy time terms of the screen: lower bounds of a policy's plan time bound (``planner.bounds``) on a
+resource other than the GPUs' SMs, from (hardware, workload, knobs) alone.
+
+``planner.bounds`` bounds a plan's step by the work of its busiest resource; the compute screen
+(``planner.screen.compute_screen``) is the SM part of that. A term here is another resource's part, counted only
+from tasks the policy emits whatever it decides, priced with the same functions as the bound:
+
+- ``host_link_seconds``: bytes each GPU certainly copies to and from the host per step, routed as the bound
+  routes them (``costs.RouteTable``); a link resource's work is the bytes of every GPU whose route crosses it,
+  over its capacity (``costs.link_capacities``); a duplex budget counts both directions, as the bound does;
+- ``cpu_optimizer_seconds``: the parameters the host's CPU Adam updates per step, priced as the bound prices
+  each CPU optimizer task (``costs.cpu_adam_seconds`` over the node count).
+
+The screen of a candidate is the largest of the compute screen and its policy's terms (each a lower bound of
+one resource's work, so of the bound's maximum). Per policy (``TERMS``):
+
+- ``zero-offload``: every micro-step each of the n GPUs copies ``1/n`` of every layer's gradients to the CPU
+  (``kit.reduce_and_offload``, ``grad_offload_bytes_per_param`` bytes a parameter), once a step each uploads
+  ``1/n`` of every layer's updated parameters (``kit.cpu_update_by_layer``, ``upload_bytes_per_param``) and
+  the CPU steps Adam over every parameter once.
+
+Returns 0 where a figure is not certain (several nodes: the host is per node; GPUs the topology does not name).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from costs import RouteTable, cpu_adam_seconds, link_capacities
+from hardware_models import Topology, build_topology
+from policies import Job, get_policy, kit, parse_knobs
+from policies.zero_offload import auto_tp
+
+Term = tuple[float, str]
+
+
+class Links:
+    """Routes and link capacities of one machine (built once per search)."""
+
+    def __init__(self, topo: Topology) -> None:
+        self.topo = topo
+        self.route = RouteTable(topo)
+        self.caps = link_capacities(topo)
+
+
+def links_of(job: Job) -> Links:
+    return Links(build_topology(job.hw))
+
+
+def host_link_seconds(job: Job, links: Links, down_per_gpu: float, up_per_gpu: float) -> Term:
+    """The busiest link's seconds when each of the job's GPUs copies ``down_per_gpu`` bytes to the host ("cpu")
+    and ``up_per_gpu`` bytes from it in one step (at least; the plan may copy more)."""
+    gpus = [kit.gpu(r) for r in range(job.n_gpus)]
+    if job.hw.nodes != 1 or "cpu" not in links.topo.pools or any(g not in links.topo.pools for g in gpus):
+        return 0.0, "none"
+    nbytes: dict[str, float] = defaultdict(float)
+    for g in gpus:
+        for src, dst, b in ((g, "cpu", down_per_gpu), ("cpu", g, up_per_gpu)):
+            if b > 0:
+                for r in links.route(src, dst).resources:
+                    nbytes[r] += b
+    work = [(b / links.caps[r], r) for r, b in sorted(nbytes.items()) if links.caps.get(r, 0) > 0]
+    return max(work, default=(0.0, "none"))
+
+
+def cpu_optimizer_seconds(job: Job, params: float) -> Term:
+    """The CPU-Adam resource's seconds for ``params`` parameters stepped on the host per step."""
+    return cpu_adam_seconds(job.hw, params) / job.hw.nodes, "cpu.adam"
+
+
+def _params(job: Job) -> float:
+    return float(sum(ly.params for ly in job.trace.layers))
+
+
+def zero_offload(job: Job, knobs: Mapping[str, Any], links: Links) -> list[Term]:
+    k = parse_knobs(get_policy("zero-offload"), dict(knobs))
+    k.validate()
+    tp = k.tp or auto_tp(job)
+    if tp <= 0 or job.n_gpus % tp:
+        return []
+    accum = job.accumulation(job.n_gpus // tp)
+    p = _params(job)
+    per_gpu = p / job.n_gpus
+    link = host_link_seconds(job, links, accum * per_gpu * k.grad_offload_bytes_per_param,
+                             per_gpu * k.upload_bytes_per_param)
+    return [link, cpu_optimizer_seconds(job, p)]
+
+
+TERMS: dict[str, Callable[[Job, Mapping[str, Any], Links], list[Term]]] = {
+    "zero-offload": zero_offload,
+}
