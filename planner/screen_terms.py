@@ -18,6 +18,12 @@ one resource's work, so of the bound's maximum). Per policy (``TERMS``):
   (``kit.reduce_and_offload``, ``grad_offload_bytes_per_param`` bytes a parameter), once a step each uploads
   ``1/n`` of every layer's updated parameters (``kit.cpu_update_by_layer``, ``upload_bytes_per_param``) and
   the CPU steps Adam over every parameter once.
+- ``zero-infinity`` (ZeRO-3, no tensor parallelism): every micro-step each rank uploads its ``1/n`` slice of
+  every layer with parameters twice (the forward's and the backward's fetch, ``kit.sliced_fetch`` from the CPU,
+  whichever device the parameters live on: NVMe reads land in pinned CPU memory first), and with
+  ``offload_checkpoints`` copies each block's saved activations down after its forward and back before its
+  backward (``states.offloads_ckpt``); the CPU steps Adam over every parameter once (in place or swapped).
+  Gradient copies are not counted (with NVMe optimizer states they may stream to the drives).
 
 Returns 0 where a figure is not certain (several nodes: the host is per node; GPUs the topology does not name).
 """
@@ -31,6 +37,7 @@ from typing import Any
 from costs import RouteTable, cpu_adam_seconds, link_capacities
 from hardware_models import Topology, build_topology
 from policies import Job, get_policy, kit, parse_knobs
+from policies.zero_infinity.states import offloads_ckpt
 from policies.zero_offload import auto_tp
 
 Term = tuple[float, str]
@@ -88,6 +95,20 @@ def zero_offload(job: Job, knobs: Mapping[str, Any], links: Links) -> list[Term]
     return [link, cpu_optimizer_seconds(job, p)]
 
 
+def zero_infinity(job: Job, knobs: Mapping[str, Any], links: Links) -> list[Term]:
+    k = parse_knobs(get_policy("zero-infinity"), dict(knobs))
+    k.validate()
+    n = job.n_gpus
+    accum = job.accumulation(n)
+    db = kit.dtype_bytes(job)
+    layers = job.trace.layers
+    ckpt = sum(ly.activation_bytes for i, ly in enumerate(layers) if offloads_ckpt(job, k, i))
+    fetched = 2 * sum(ly.params / n * db for ly in layers if ly.params > 0)  # the forward's and the backward's
+    link = host_link_seconds(job, links, accum * ckpt, accum * (ckpt + fetched))
+    return [link, cpu_optimizer_seconds(job, _params(job))]
+
+
 TERMS: dict[str, Callable[[Job, Mapping[str, Any], Links], list[Term]]] = {
     "zero-offload": zero_offload,
+    "zero-infinity": zero_infinity,
 }

@@ -343,7 +343,11 @@ def test_every_policy_term_is_below_its_resource_work(hw: str, model: str, reque
     assert n >= 10
 
 
-TERM_GRIDS = {"zero-offload": ZERO_OFFLOAD_KNOBS}
+TERM_GRIDS = {
+    "zero-offload": ZERO_OFFLOAD_KNOBS,
+    "zero-infinity": [{"param_device": pd, "optimizer_device": od, "offload_checkpoints": oc}
+                      for pd in ("cpu", "nvme") for od in ("cpu", "nvme") for oc in (False, True)],
+}
 
 
 def test_zero_offload_link_term_is_tight_on_70b() -> None:
@@ -355,3 +359,18 @@ def test_zero_offload_link_term_is_tight_on_70b() -> None:
     assert screen.resource == bound.time_resource.replace("sw0", screen.resource.split(".")[0]) or \
         screen.resource.endswith(bound.time_resource.split(".", 1)[1])
     assert 0.999 * bound.time_s <= screen.time_s <= bound.time_s
+
+
+@pytest.mark.parametrize("param_device", ["cpu", "nvme"])
+def test_zero_infinity_link_term_on_70b(param_device: str) -> None:
+    """70b on a100x8 with offloaded checkpoints: the plan is bound by the switch uplinks' duplex budget; the term
+    (checkpoints down and up, parameter fetches) is below that and well above the compute screen."""
+    job, _ = make_job("a100x8", "70b", JobRequest(micro_batch=1, checkpointing="none"))
+    knobs = {"param_device": param_device, "optimizer_device": "nvme", "offload_checkpoints": True}
+    topo = build_topology(job.hw)
+    plan = make_plan(job, "zero-infinity", knobs)
+    work = resource_work(plan, job.hw, topo)
+    for t, r in TERMS["zero-infinity"](job, knobs, Links(topo)):
+        assert t <= work[r] * (1 + 1e-9), (r, t, work[r])
+    screen = Screener().time(job, "zero-infinity", knobs).time_s
+    assert compute_screen(job, False) * 1.3 < screen <= plan_bounds(plan, job.hw, topo).time_s
