@@ -92,6 +92,25 @@ def _layer_seconds(job: Job, index: int, phase: str, flops: float, monotone: boo
     return _kernel_floor(job.hw, ops.scaled(flops / ops.flops), job.config.precision, monotone)
 
 
+def layer_floors(job: Job, recompute: bool) -> list[float]:
+    """Per layer of the trace, the kernel seconds of one micro-batch's forward and backward (and recomputation
+    with ``recompute``) that the GPU running the whole layer is charged at least (as in ``compute_screen``)."""
+    monotone = monotone_curve(job.hw)
+    memo: dict[tuple[object, ...], float] = {}
+    out = []
+    for ly in job.trace.layers:
+        phases = [("fwd", ly.fwd_flops), ("bwd", ly.bwd_flops)] + ([("recompute", ly.recompute_flops)]
+                                                                  if recompute else [])
+        total = 0.0
+        for phase, flops in phases:
+            key = (ly.kind, ly.params, ly.fwd_flops, ly.bwd_flops, phase, flops)
+            if key not in memo:
+                memo[key] = _layer_seconds(job, ly.index, phase, flops, monotone)
+            total += memo[key]
+        out.append(total)
+    return out
+
+
 def compute_screen(job: Job, recompute: bool) -> float:
     """Seconds of SM work the busiest GPU does at least in one step (see the module docstring)."""
     monotone = monotone_curve(job.hw)

@@ -24,6 +24,15 @@ one resource's work, so of the bound's maximum). Per policy (``TERMS``):
   ``offload_checkpoints`` copies each block's saved activations down after its forward and back before its
   backward (``states.offloads_ckpt``); the CPU steps Adam over every parameter once (in place or swapped).
   Gradient copies are not counted (with NVMe optimizer states they may stream to the drives).
+- ``tinypipe``: each stage is a contiguous range of whole layers on one GPU, which runs the forward and backward
+  (and the recomputation the checkpointing asks for) of each of its layers for every micro-batch of its
+  replica, so its SMs do at least the stage's sum of ``planner.screen.layer_floors`` times the micro-batches.
+  The policy only plans a partition whose every stage fits the GPU in some mode (it raises ``PlanInfeasible``
+  otherwise); each such stage's least memory over the modes (``memory_screens.least_mode_memory``, which never
+  falls as the range grows) is at most the capacity. So the busiest GPU does at least the least, over the
+  partitions whose stages all pass that test, of the largest stage sum (``least_bottleneck``: a min-max
+  partition by dynamic programming). Only where the stage count is known without a solve (as the memory
+  screen); none where no partition passes (the memory screen rejects the candidate then).
 
 Returns 0 where a figure is not certain (several nodes: the host is per node; GPUs the topology does not name).
 """
@@ -36,7 +45,11 @@ from typing import Any
 
 from costs import RouteTable, cpu_adam_seconds, link_capacities
 from hardware_models import Topology, build_topology
+from planner.memory_screens import least_mode_memory, tinypipe_stages
 from policies import Job, get_policy, kit, parse_knobs
+from policies.base import gpu_pool
+from policies.tinypipe.packing import Model
+from policies.tinypipe.pipeline import packing_problem
 from policies.zero_infinity.states import offloads_ckpt
 from policies.zero_offload import auto_tp
 
@@ -108,7 +121,61 @@ def zero_infinity(job: Job, knobs: Mapping[str, Any], links: Links) -> list[Term
     return [link, cpu_optimizer_seconds(job, _params(job))]
 
 
+def least_bottleneck(floors: list[float], stages: int, fits: Callable[[int, int, int], bool]) -> float | None:
+    """The least, over every partition of the layers into ``stages`` contiguous non-empty stages whose every stage
+    ``fits(first, last, stage)``, of the largest stage sum of ``floors``; None when no partition fits. ``fits``
+    must hold for a range whenever it holds for a larger one of the same stage (then a stage ending at j fits
+    exactly from some first start on; found by bisection). One stage is the whole range, asked directly."""
+    n = len(floors)
+    pre = [0.0]
+    for f in floors:
+        pre.append(pre[-1] + f)
+    if stages == 1:
+        return pre[n] if fits(0, n - 1, 0) else None
+    inf = float("inf")
+    prev = [pre[j + 1] if fits(0, j, 0) else inf for j in range(n)]  # stage 0 ends at j
+    for s in range(1, stages):
+        cur = [inf] * n
+        for j in range(s, n - (stages - 1 - s)):
+            lo, hi = s, j + 1  # the first start that fits lies in [lo, hi] (hi: none)
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if fits(mid, j, s):
+                    hi = mid
+                else:
+                    lo = mid + 1
+            for i in range(lo, j + 1):
+                v = max(prev[i - 1], pre[j + 1] - pre[i])
+                if v < cur[j]:
+                    cur[j] = v
+        prev = cur
+    return None if prev[n - 1] == inf else prev[n - 1]
+
+
+def tinypipe(job: Job, knobs: Mapping[str, Any], links: Links) -> list[Term]:
+    from planner.screen import MEMORY_SLACK, layer_floors  # planner.screen imports this module
+
+    k = parse_knobs(get_policy("tinypipe"), dict(knobs))
+    k.validate()
+    S = tinypipe_stages(job, k.stages)
+    if S is None:
+        return []
+    dp = job.n_gpus // S
+    accum = job.accumulation(dp)
+    model = Model(packing_problem(job, k, S, dp, None))
+    floors = layer_floors(job, job.config.checkpointing != "none")
+    if model.n != len(floors):
+        return []
+    memory = least_mode_memory(model)
+    limit = gpu_pool(job).capacity_bytes * (1 + MEMORY_SLACK)
+    worst = least_bottleneck(floors, S, lambda i, j, s: memory(i, j, s) <= limit)
+    if worst is None:
+        return []  # the policy rejects it for the GPU (the memory screen says so)
+    return [(worst * accum, f"gpu.sm (the busiest of {S} pipeline stages)")]
+
+
 TERMS: dict[str, Callable[[Job, Mapping[str, Any], Links], list[Term]]] = {
     "zero-offload": zero_offload,
     "zero-infinity": zero_infinity,
+    "tinypipe": tinypipe,
 }
