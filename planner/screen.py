@@ -140,15 +140,23 @@ class Screener:
         self._links: tuple[HardwareSpec, Links] | None = None
 
     def time(self, job: Job, policy: str, knobs: Mapping[str, Any] | None = None) -> Screen:
+        """The screen: the compute screen, raised by the policy's terms for ``knobs``."""
+        best = self.compute(job, policy)
+        term = self.term(job, policy, knobs or {})
+        return term if term.time_s > best.time_s else best
+
+    def compute(self, job: Job, policy: str) -> Screen:
+        """The compute screen alone (the same for every knob of the policy: cheap)."""
         recompute = policy in HONOURS_CHECKPOINTING and job.config.checkpointing != "none"
         key = (repr(job.config), recompute)
         if key not in self._memo:
             self._memo[key] = compute_screen(job, recompute)
-        best = Screen(self._memo[key], "gpu.sm (compute)")
-        term = self._term(job, policy, knobs or {})
-        if term[0] > best.time_s:
-            return Screen(term[0], term[1])
-        return best
+        return Screen(self._memo[key], "gpu.sm (compute)")
+
+    def term(self, job: Job, policy: str, knobs: Mapping[str, Any]) -> Screen:
+        """The largest of the policy's terms (``planner.screen_terms``) for ``knobs``; 0 s where it has none."""
+        t, r = self._term(job, policy, knobs)
+        return Screen(t, r)
 
     def _term(self, job: Job, policy: str, knobs: Mapping[str, Any]) -> tuple[float, str]:
         terms = TERMS.get(policy)
