@@ -355,7 +355,9 @@ def test_every_policy_term_is_below_its_resource_work(hw: str, sets: tuple[str, 
 TERM_GRIDS = {
     "zero-offload": ZERO_OFFLOAD_KNOBS,
     "zero-infinity": [{"param_device": pd, "optimizer_device": od, "offload_checkpoints": oc}
-                      for pd in ("cpu", "nvme") for od in ("cpu", "nvme") for oc in (False, True)],
+                      for pd in ("cpu", "nvme") for od in ("cpu", "nvme") for oc in (False, True)]
+    + [{"offload_checkpoints": True, "tile_factor": 4}, {"param_device": "nvme", "tile_factor": 2, "cpu_prefetch": 0},
+       {"offload_checkpoints": True, "cpu_grad_buffer": "always", "grad_bytes_per_param": 4.0}],
     "tinypipe": [{"stages": st} for st in (0, 1, 2, 4, 8)] + [{"stages": 2, "schedule": "gpipe"},
                                                               {"stages": 4, "prefetch_packs": 0}],
 }
