@@ -22,6 +22,10 @@ curve's highest efficiency instead (still a lower bound, looser). Policies that 
 ``checkpointing`` says (:data:`HONOURS_CHECKPOINTING`) are charged its recomputation too; the others
 (LazyTrain decides per layer) are not.
 
+A candidate's screen is the larger of that and its policy's time terms (``planner.screen_terms``: host-link
+bytes and CPU Adam of ZeRO-Offload and ZeRO-Infinity, tinypipe's busiest pipeline stage), each a lower bound of
+one resource's work in the plan bound; the screened search adds them lazily (``Screener.term``).
+
 Everything is per distinct (micro-batch, checkpointing) job and policy class, so screening every candidate
 of a search costs a few hundred kernel prices (memoised), not a plan.
 
