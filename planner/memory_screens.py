@@ -88,7 +88,7 @@ def no_offload(job: Job, knobs: Mapping[str, Any], threshold: float) -> Screen:
                             f"workspace and one micro-batch's saved activations {_gb(raw)}")
 
 
-def _tinypipe_stages(job: Job, stages: int) -> int | None:
+def tinypipe_stages(job: Job, stages: int) -> int | None:
     """The plan's stage count when it is decided without a packing solve; None when auto would have to solve."""
     n, L = job.n_gpus, len(job.trace.layers)
     if stages:
@@ -108,7 +108,7 @@ def _tinypipe_stages(job: Job, stages: int) -> int | None:
     return fits[-1]
 
 
-def _least_mode_memory(model: Model) -> Callable[[int, int, int], float]:
+def least_mode_memory(model: Model) -> Callable[[int, int, int], float]:
     """A stage's least GPU memory over the modes the problem allows, a swapped stage with its smallest possible
     pack buffer (the least pack size the search can pick: its largest layer). At most the memory of the mode the
     policy's rule picks, and equal to it when nothing fits (then the rule picks the least hungry); it never falls
@@ -163,7 +163,7 @@ def least_peak(model: Model, threshold: float) -> tuple[float, bool]:
     it, the least float above it (one sweep; the peak itself would take a bisection); else the least memory of
     any single layer on the stage holding the fewest micro-batches (every layer is on some stage)."""
     n, S = model.n, model.p.stages
-    memory = _least_mode_memory(model)
+    memory = least_mode_memory(model)
     if partition_fits(n, S, memory, threshold):
         fewest = min(range(S), key=lambda s: model.p.inflight[s])  # a stage's memory grows with what it holds
         return max(memory(x, x, fewest) for x in range(n)), False
@@ -172,7 +172,7 @@ def least_peak(model: Model, threshold: float) -> tuple[float, bool]:
 
 def tinypipe(job: Job, knobs: Mapping[str, Any], threshold: float) -> Screen | None:
     k = _knobs("tinypipe", knobs)
-    S = _tinypipe_stages(job, k.stages)
+    S = tinypipe_stages(job, k.stages)
     if S is None:
         return None
     dp = job.n_gpus // S

@@ -22,6 +22,10 @@ curve's highest efficiency instead (still a lower bound, looser). Policies that 
 ``checkpointing`` says (:data:`HONOURS_CHECKPOINTING`) are charged its recomputation too; the others
 (LazyTrain decides per layer) are not.
 
+A candidate's screen is the larger of that and its policy's time terms (``planner.screen_terms``: host-link
+bytes and CPU Adam of ZeRO-Offload and ZeRO-Infinity, tinypipe's busiest pipeline stage), each a lower bound of
+one resource's work in the plan bound; the screened search adds them lazily (``Screener.term``).
+
 Everything is per distinct (micro-batch, checkpointing) job and policy class, so screening every candidate
 of a search costs a few hundred kernel prices (memoised), not a plan.
 
@@ -40,6 +44,7 @@ from typing import Any
 from costs.compute import gemm_kernels_seconds
 from hardware_models import HardwareSpec
 from planner.memory_screens import SCREENS
+from planner.screen_terms import TERMS, Links, links_of
 from policies import Job, KnobError
 from policies.base import gpu_pool
 from workloads.ops import LayerOps, layer_ops
@@ -91,6 +96,25 @@ def _layer_seconds(job: Job, index: int, phase: str, flops: float, monotone: boo
     return _kernel_floor(job.hw, ops.scaled(flops / ops.flops), job.config.precision, monotone)
 
 
+def layer_floors(job: Job, recompute: bool) -> list[float]:
+    """Per layer of the trace, the kernel seconds of one micro-batch's forward and backward (and recomputation
+    with ``recompute``) that the GPU running the whole layer is charged at least (as in ``compute_screen``)."""
+    monotone = monotone_curve(job.hw)
+    memo: dict[tuple[object, ...], float] = {}
+    out = []
+    for ly in job.trace.layers:
+        phases = [("fwd", ly.fwd_flops), ("bwd", ly.bwd_flops)] + ([("recompute", ly.recompute_flops)]
+                                                                  if recompute else [])
+        total = 0.0
+        for phase, flops in phases:
+            key = (ly.kind, ly.params, ly.fwd_flops, ly.bwd_flops, phase, flops)
+            if key not in memo:
+                memo[key] = _layer_seconds(job, ly.index, phase, flops, monotone)
+            total += memo[key]
+        out.append(total)
+    return out
+
+
 def compute_screen(job: Job, recompute: bool) -> float:
     """Seconds of SM work the busiest GPU does at least in one step (see the module docstring)."""
     monotone = monotone_curve(job.hw)
@@ -110,22 +134,53 @@ def compute_screen(job: Job, recompute: bool) -> float:
 
 
 class Screener:
-    """Screens candidates of one search (one hardware and model): ``time(job, policy)``, memoised per workload
-    configuration and policy class."""
+    """Screens candidates of one search (one hardware and model): ``time(job, policy, knobs)``, the compute screen
+    memoised per workload configuration and policy class, raised by the policy's own terms
+    (``planner.screen_terms``) memoised per configuration, policy and knobs."""
 
     def __init__(self) -> None:
         self._memo: dict[tuple[str, bool], float] = {}
+        self._terms: dict[tuple[str, str, str], tuple[float, str]] = {}
+        self._links: tuple[HardwareSpec, Links] | None = None
 
-    def time(self, job: Job, policy: str) -> Screen:
+    def time(self, job: Job, policy: str, knobs: Mapping[str, Any] | None = None) -> Screen:
+        """The screen: the compute screen, raised by the policy's terms for ``knobs``."""
+        best = self.compute(job, policy)
+        term = self.term(job, policy, knobs or {})
+        return term if term.time_s > best.time_s else best
+
+    def compute(self, job: Job, policy: str) -> Screen:
+        """The compute screen alone (the same for every knob of the policy: cheap)."""
         recompute = policy in HONOURS_CHECKPOINTING and job.config.checkpointing != "none"
         key = (repr(job.config), recompute)
         if key not in self._memo:
             self._memo[key] = compute_screen(job, recompute)
         return Screen(self._memo[key], "gpu.sm (compute)")
 
+    def term(self, job: Job, policy: str, knobs: Mapping[str, Any]) -> Screen:
+        """The largest of the policy's terms (``planner.screen_terms``) for ``knobs``; 0 s where it has none."""
+        t, r = self._term(job, policy, knobs)
+        return Screen(t, r)
+
+    def _term(self, job: Job, policy: str, knobs: Mapping[str, Any]) -> tuple[float, str]:
+        terms = TERMS.get(policy)
+        if terms is None:
+            return 0.0, "none"
+        key = (repr(job.config), policy, repr(sorted(knobs.items())))
+        if key not in self._terms:
+            if self._links is None or self._links[0] != job.hw:
+                self._links = (job.hw, links_of(job))
+            try:
+                got = terms(job, knobs, self._links[1])
+            except KnobError:
+                got = []
+            t, r = max(got, default=(0.0, "none"))
+            self._terms[key] = (t * (1 - SCREEN_SLACK), r)
+        return self._terms[key]
+
 
 def screen_all(jobs: Iterable[tuple[Job, str]]) -> list[Screen]:
-    """The screen of each (job, policy) pair, in order (one Screener: the jobs share hardware and model)."""
+    """The compute screen of each (job, policy) pair, in order (one Screener: the jobs share hardware and model)."""
     sc = Screener()
     return [sc.time(job, policy) for job, policy in jobs]
 

@@ -654,6 +654,8 @@ class _Lazy:
         self.first_of: dict[str, int] = {}  # plan fingerprint -> the lowest index planned with it
         self.n_built = 0  # plans built so far (progress)
         self.least_bound = float("inf")  # the least time bound of a plan built so far
+        self.screener = Screener()
+        self.termed: dict[int, float] = {}  # unbuilt candidates' keys once their policy's terms are counted
 
     def ship_below(self) -> float:
         """The time bound above which a plan built in a worker stays there (``_plan_keep_task``): above the best
@@ -664,6 +666,24 @@ class _Lazy:
 
     def push(self, key: float, index: int, planned: bool) -> None:
         heapq.heappush(self.heap, (key, index, planned))
+
+    def raise_by_terms(self, index: int, key: float) -> bool:
+        """The policy's time terms of an unbuilt candidate (``planner.screen_terms``), computed once when its
+        compute screen ``key`` comes up (or a worker would build it ahead); True when they exceed the key: the
+        candidate is queued again under them (a lower bound of its plan's bound too), the old entry goes stale."""
+        if index in self.termed:
+            return False
+        c = self.cands[index]
+        term = self.screener.term(self.s.ready_job(c), c.policy, c.knob_dict).time_s
+        self.termed[index] = max(term, key)
+        if term > key:
+            self.push(term, index, False)
+            return True
+        return False
+
+    def stale(self, key: float, index: int, planned: bool) -> bool:
+        """An unbuilt candidate's entry below the key its terms raised it to (it waits under that one too)."""
+        return not planned and key < self.termed.get(index, key)
 
     def note(self, index: int, plan: Plan | None, result: Result | None) -> None:
         v = self.s.objective.done_value(self.s.summaries[index])
@@ -705,6 +725,7 @@ class _Lazy:
         for k, i, p in [(key, index, planned), *self.heap]:
             if i in self.s.skipped or (p and self.s.summaries[i].sim is not None):
                 continue
+            k = k if p else max(k, self.termed.get(i, k))  # an unbuilt one waits under its terms' key
             if self.best is None or (k, i) <= self.best:
                 self.s.skipped[i] = reason
             elif not p:
@@ -775,8 +796,10 @@ class _Runner:
                 return
             if planned or index in s.skipped or index in self.submitted or index in self.done:
                 continue
-            if s.memory_screened(lz.cands[index]) is not None:
-                continue  # rejected unbuilt when it comes up
+            if lz.stale(key, index, planned) or s.memory_screened(lz.cands[index]) is not None:
+                continue  # waits under a higher key, or rejected unbuilt when it comes up
+            if lz.raise_by_terms(index, key):
+                continue
             self.pool.submit(index, _plan_keep_task, s.ready_job(lz.cands[index]), lz.cands[index], lz.ship_below())
             self.submitted.add(index)
             free -= 1
@@ -849,9 +872,9 @@ def _screened_search(s: _Search, cands: list[Candidate]) -> None:
 
 
 def _screened_loop(s: _Search, lz: _Lazy, run: _Runner, cands: list[Candidate]) -> None:
-    screener = Screener()
+    screener = lz.screener
     for c in _to_plan(s, cands, screen_memory=False):  # memory screens when a candidate comes up (module doc)
-        lz.push(screener.time(s.ready_job(c), c.policy).time_s, c.index, False)
+        lz.push(screener.compute(s.ready_job(c), c.policy).time_s, c.index, False)
     for c in cands:  # answered by the cache
         if c.index in s.summaries and s.summaries[c.index].bounded:
             lz.planned(c)
@@ -867,6 +890,8 @@ def _screened_loop(s: _Search, lz: _Lazy, run: _Runner, cands: list[Candidate]) 
                     s.skipped[i] = SCREENED_OUT
             return
         c = lz.cands[index]
+        if lz.stale(key, index, planned):
+            continue
         if planned and s.summaries[index].sim is not None:
             lz.note(index, None, None)
             continue
@@ -877,6 +902,8 @@ def _screened_loop(s: _Search, lz: _Lazy, run: _Runner, cands: list[Candidate]) 
         if not planned:
             if (over := s.memory_screened(c)) is not None:
                 s.store(c, over)
+                continue
+            if lz.raise_by_terms(index, key):
                 continue
             if not _screen_plan(s, run, c):
                 lz.cut("skipped: budget", f"wall-time {s.deadline.describe()} reached while building plans",

@@ -16,11 +16,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hardware_models import Curve, HardwareSpec, build_topology
-from planner.bounds import memory_lower_bound, plan_bounds
+from planner.bounds import memory_lower_bound, plan_bounds, resource_work
 from planner.candidates import enumerate_candidates
 from planner.job import JobRequest, make_job, make_plan, resolve_hardware
 from planner.memory_screens import least_peak
 from planner.screen import MEMORY_SLACK, SCREEN_SLACK, Screener, compute_screen, memory_screen, monotone_curve
+from planner.screen_terms import TERMS, Links, least_bottleneck
 from planner.search import SCREENED_OUT, plan_summary, search
 from policies import POLICIES, Job, KnobError, PlanInfeasible, kit
 from policies.tinypipe.packing import MODES, LayerCost, Model, Problem, solve
@@ -62,7 +63,7 @@ def test_screen_never_exceeds_the_plan_bound(hw: str, sets: tuple[str, ...], mod
     screener = Screener()
     n = 0
     for c, job, plan in _candidate_plans(spec, model, request_):
-        screen = screener.time(job, c.policy).time_s
+        screen = screener.time(job, c.policy, c.knob_dict).time_s
         bound = plan_bounds(plan, job.hw, topo).time_s
         assert 0 < screen <= bound, (c.label(), screen, bound)
         n += 1
@@ -95,7 +96,7 @@ def test_a_falling_efficiency_curve_falls_back_to_the_top_efficiency() -> None:
     topo = build_topology(spec)
     n = 0
     for c, job, plan in _candidate_plans(spec, "gpt2", JobRequest(seq_len=128, global_batch=8)):
-        screen = Screener().time(job, c.policy).time_s
+        screen = Screener().time(job, c.policy, c.knob_dict).time_s
         assert 0 < screen <= plan_bounds(plan, job.hw, topo).time_s, c.label()
         n += 1
     assert n >= 10
@@ -129,7 +130,7 @@ def test_screened_search_picks_the_exhaustive_best(hw: str, model: str, request_
     for e in screened.evaluated:
         if e.reason == SCREENED_OUT:
             job, _ = make_job(spec, model, e.request)
-            assert screener.time(job, e.policy).time_s >= best_s
+            assert screener.time(job, e.policy, e.knobs).time_s >= best_s
 
 
 def test_screened_search_builds_fewer_plans_than_it_has_candidates() -> None:
@@ -302,3 +303,112 @@ def test_tinypipe_memory_screen_is_the_packing_search_verdict(prob: Problem, abo
     peak = solve(dataclasses.replace(prob, tolerance=math.inf)).peak_bytes
     assert over == (peak > limit), (figure, peak, limit)
     assert figure <= peak
+
+
+TERM_SWEEP = [
+    ("a100x8", (), "gpt2", JobRequest(seq_len=256, global_batch=16)),
+    ("a100", (), "gpt2", JobRequest(seq_len=256, global_batch=4)),
+    ("dgx-spark", (), "gpt2", JobRequest(seq_len=256, global_batch=4)),
+    # memory tight enough that tinypipe's stages swap and its partitions are bounded by memory
+    ("a100x8", ("gpu.memory=1.1GB",), "gpt2", JobRequest(seq_len=512, global_batch=16)),
+    ("a100", ("gpu.memory=1.3GB",), "gpt2", JobRequest(seq_len=512, global_batch=4)),
+]
+ZERO_OFFLOAD_KNOBS = [
+    {}, {"tp": 1}, {"tp": 2}, {"tp": 8}, {"delayed_update": True},
+    {"upload_bytes_per_param": 4.0, "grad_offload_bytes_per_param": 4.0, "tp": 2},
+    {"grad_offload_bytes_per_param": 4.0, "cpu_grad_bytes": 2.0},
+]
+
+
+@pytest.mark.parametrize(("hw", "sets", "model", "request_"), TERM_SWEEP,
+                         ids=[c[0] + "-tight" * bool(c[1]) for c in TERM_SWEEP])
+def test_every_policy_term_is_below_its_resource_work(hw: str, sets: tuple[str, ...], model: str,
+                                                      request_: JobRequest) -> None:
+    """Each term of planner.screen_terms is at most the work of the resource it names in the plan (so at most
+    the plan bound), over knobs, micro-batches and checkpointing; and the screen with the terms stays <= bound."""
+    spec = resolve_hardware(hw, sets)
+    topo = build_topology(spec)
+    links = Links(topo)
+    n = 0
+    for policy, grid in TERM_GRIDS.items():
+        for knobs in grid:
+            for mb in (1, 2):
+                for ckpt in ("none", "full"):
+                    job, _ = make_job(spec, model, dataclasses.replace(request_, micro_batch=mb, checkpointing=ckpt))
+                    try:
+                        plan = make_plan(job, policy, knobs)
+                    except (PlanInfeasible, KnobError):
+                        continue
+                    work = resource_work(plan, job.hw, topo)
+                    bound = plan_bounds(plan, job.hw, topo).time_s
+                    for t, r in TERMS[policy](job, knobs, links):
+                        # an SM term bounds the busiest GPU's SMs (which one the plan decides)
+                        got = max(w for k, w in work.items() if k.endswith(".sm")) if r.startswith("gpu.sm") \
+                            else work.get(r, 0.0)
+                        assert t <= got * (1 + 1e-9), (policy, knobs, mb, ckpt, r, t, got)
+                    screen = Screener().time(job, policy, knobs)
+                    assert screen.time_s <= bound, (policy, knobs, mb, ckpt)
+                    n += 1
+    assert n >= 10
+
+
+TERM_GRIDS = {
+    "zero-offload": ZERO_OFFLOAD_KNOBS,
+    "zero-infinity": [{"param_device": pd, "optimizer_device": od, "offload_checkpoints": oc}
+                      for pd in ("cpu", "nvme") for od in ("cpu", "nvme") for oc in (False, True)]
+    + [{"offload_checkpoints": True, "tile_factor": 4}, {"param_device": "nvme", "tile_factor": 2, "cpu_prefetch": 0},
+       {"offload_checkpoints": True, "cpu_grad_buffer": "always", "grad_bytes_per_param": 4.0}],
+    "tinypipe": [{"stages": st} for st in (0, 1, 2, 4, 8)] + [{"stages": 2, "schedule": "gpipe"},
+                                                              {"stages": 4, "prefetch_packs": 0}],
+}
+
+
+def test_zero_offload_link_term_is_tight_on_70b() -> None:
+    """70b on a100x8 at tp=8: the plan's bound is the switch uplinks' gradient traffic, which the term is."""
+    job, _ = make_job("a100x8", "70b", JobRequest(micro_batch=1, checkpointing="none"))
+    knobs = {"tp": 8}
+    screen = Screener().time(job, "zero-offload", knobs)
+    bound = plan_bounds(make_plan(job, "zero-offload", knobs), job.hw)
+    assert screen.resource == bound.time_resource.replace("sw0", screen.resource.split(".")[0]) or \
+        screen.resource.endswith(bound.time_resource.split(".", 1)[1])
+    assert 0.999 * bound.time_s <= screen.time_s <= bound.time_s
+
+
+@pytest.mark.parametrize("param_device", ["cpu", "nvme"])
+def test_zero_infinity_link_term_on_70b(param_device: str) -> None:
+    """70b on a100x8 with offloaded checkpoints: the plan is bound by the switch uplinks' duplex budget; the term
+    (checkpoints down and up, parameter fetches) is below that and well above the compute screen."""
+    job, _ = make_job("a100x8", "70b", JobRequest(micro_batch=1, checkpointing="none"))
+    knobs = {"param_device": param_device, "optimizer_device": "nvme", "offload_checkpoints": True}
+    topo = build_topology(job.hw)
+    plan = make_plan(job, "zero-infinity", knobs)
+    work = resource_work(plan, job.hw, topo)
+    for t, r in TERMS["zero-infinity"](job, knobs, Links(topo)):
+        assert t <= work[r] * (1 + 1e-9), (r, t, work[r])
+    screen = Screener().time(job, "zero-infinity", knobs).time_s
+    assert compute_screen(job, False) * 1.3 < screen <= plan_bounds(plan, job.hw, topo).time_s
+
+
+@pytest.mark.parametrize("stages", [0, 2, 8])
+def test_tinypipe_pipeline_term_on_70b(stages: int) -> None:
+    """70b on a100x8: the stages must be cut where the GPU's memory allows, so the busiest stage does more than
+    the average GPU (the compute screen); the term stays below the plan's busiest GPU and its bound."""
+    job, _ = make_job("a100x8", "70b", JobRequest(micro_batch=1, checkpointing="none"))
+    knobs = {"stages": stages}
+    topo = build_topology(job.hw)
+    plan = make_plan(job, "tinypipe", knobs)
+    work = resource_work(plan, job.hw, topo)
+    [(t, r)] = TERMS["tinypipe"](job, knobs, Links(topo))
+    assert r.startswith("gpu.sm")
+    assert compute_screen(job, False) * 1.15 < t <= max(w for k, w in work.items() if k.endswith(".sm"))
+    assert t <= plan_bounds(plan, job.hw, topo).time_s
+
+
+def test_least_bottleneck_is_the_min_max_partition() -> None:
+    floors = [1.0, 5.0, 2.0, 2.0, 3.0, 1.0]
+    assert least_bottleneck(floors, 1, lambda i, j, s: True) == 14.0
+    assert least_bottleneck(floors, 2, lambda i, j, s: True) == 8.0  # [1, 5, 2] [2, 3, 1]
+    assert least_bottleneck(floors, 3, lambda i, j, s: True) == 6.0  # [1, 5] [2, 2] [3, 1]
+    assert least_bottleneck(floors, 3, lambda i, j, s: j - i < 2) == 6.0  # at most two layers a stage
+    assert least_bottleneck(floors, 2, lambda i, j, s: j - i < 3) == 8.0  # at most three: [1, 5, 2] [2, 3, 1]
+    assert least_bottleneck(floors, 2, lambda i, j, s: j - i < 2) is None
