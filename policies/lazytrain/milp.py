@@ -246,12 +246,13 @@ class _Model:
         return const, terms
 
     def _levels(self, values: tuple[tuple[float, ...], ...], levels: list[float], y0: int) -> None:
-        """x[i,o] <= y_k for the highest level k its value reaches; y_k >= y_{k+1} (levels are nested)."""
+        """``sum_{o: value[i,o] >= T_k} x[i,o] <= y_k`` per layer and level (the one-hot makes the sum exact, and
+        its LP relaxation is tighter than one row per option); y_k >= y_{k+1} (levels are nested)."""
         for i, row in enumerate(values):
-            for o, v in enumerate(row):
-                ks = [k for k, lv in enumerate(levels) if lv <= v]
-                if ks:
-                    self.row([(self.x(i, o), 1.0), (y0 + ks[-1], -1.0)], -np.inf, 0.0)
+            for k, lv in enumerate(levels):
+                reach = [o for o, v in enumerate(row) if v >= lv]
+                if reach:
+                    self.row([(self.x(i, o), 1.0) for o in reach] + [(y0 + k, -1.0)], -np.inf, 0.0)
         for k in range(len(levels) - 1):
             self.row([(y0 + k + 1, 1.0), (y0 + k, -1.0)], -np.inf, 0.0)
 
