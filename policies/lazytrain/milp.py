@@ -322,10 +322,18 @@ def _undominated(w: Window) -> list[tuple[float, dict[tuple[int, int], float]]]:
             return False
         return b < a or cb > ca or any(vb.get(k, 0.0) > va.get(k, 0.0) for k in vb)
 
+    # the rows holding each term: a row's possible bounders hold all its positive terms, so the rows holding its
+    # rarest positive term are the only ones to test
+    holding: dict[tuple[int, int], list[int]] = {}
+    for b, kb in enumerate(keys):
+        for k in kb:
+            holding.setdefault(k, []).append(b)
+    everyone = range(len(rows))
     out = []
     for a, row in enumerate(rows):
         ca, pa = row[0], positive[a]
-        if not any(b != a and rows[b][0] >= ca and pa <= keys[b] and bounds(b, a) for b in range(len(rows))):
+        among = min((holding[k] for k in pa), key=len) if pa else everyone
+        if not any(b != a and rows[b][0] >= ca and pa <= keys[b] and bounds(b, a) for b in among):
             out.append(row)
     return out
 
