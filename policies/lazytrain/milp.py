@@ -263,11 +263,21 @@ class _Model:
             self.row([(self.x(i, o), 1.0) for o in range(len(opts))], 1.0, 1.0)
         for wi, w in enumerate(inst.windows):
             comp = [(self.x(i, o), -c) for i, o, c in w.compute_var]
+            most = w.compute_s + _most_extra(w.compute_var)
+            single: dict[int, dict[int, float]] = {}
             for const, var in _undominated(w):
                 if not var and const <= w.compute_s:
                     continue  # always hidden
                 self.row([(self.x(i, o), c) for (i, o), c in var.items()] + comp + [(self.e0 + wi, -1.0)],
                          -np.inf, w.compute_s - const)
+                for (i, o), c in (var.items() if min(var.values(), default=0.0) >= 0.0 else ()):
+                    if (v := const + c - most) > single.setdefault(i, {}).get(o, 0.0):
+                        single[i][o] = v
+            # one layer's choice alone exposes at least its load above the most compute the window can have
+            # (valid on integer points; the LP relaxation of the rows above spreads it over fractions)
+            for i, by_o in single.items():
+                if by_o:
+                    self.row([(self.x(i, o), v) for o, v in by_o.items()] + [(self.e0 + wi, -1.0)], -np.inf, 0.0)
         for (gi, o), col in self.count.items():
             self.row([(self.x(i, o), 1.0) for i in self.groups[gi]] + [(col, -1.0)], 0.0, 0.0)
         self._levels(inst.transient, self.w_levels, self.yw0)
@@ -300,6 +310,17 @@ class _Model:
     def choice(self, xv: np.ndarray) -> tuple[int, ...]:
         return tuple(int(np.argmax(xv[self.xoff[i]: self.xoff[i] + len(opts)]))
                      for i, opts in enumerate(self.inst.options))
+
+
+def _most_extra(terms: Terms) -> float:
+    """The most a sum ``sum x[i,o] c`` over one-hot layers can reach."""
+    per: dict[tuple[int, int], float] = {}
+    for i, o, c in terms:
+        per[(i, o)] = per.get((i, o), 0.0) + c
+    best: dict[int, float] = {}
+    for (i, _), c in per.items():
+        best[i] = max(best.get(i, 0.0), c)
+    return sum(best.values())
 
 
 def _undominated(w: Window) -> list[tuple[float, dict[tuple[int, int], float]]]:
