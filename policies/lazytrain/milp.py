@@ -19,7 +19,11 @@ Constraints
 
         e[w] >= load_const[w,r] + sum x[i,o] * load[w,r,i,o] - compute[w] - sum x[i,o] * extra_compute[w,i,o]
 
-    levels: ``x[i,o] <= yW[k]`` for the highest ``T_k <= transient[i,o]``, ``yW[k+1] <= yW[k]``; likewise
+    single layer, per window and layer ``i`` (where the window's loads are >= 0), what its choice alone exposes:
+    ``e[w] >= sum_o x[i,o] max(0, load_const[w,r] + load[w,r,i,o] - most compute of w)`` (valid on integer
+    points; it lifts the root LP bound of 70b/a100x8 from 5 % of the optimum to 96 %)
+
+    levels: ``sum_{o: transient[i,o] >= T_k} x[i,o] <= yW[k]`` per layer and level, ``yW[k+1] <= yW[k]``; likewise
     ``yS`` (the plain ``W >= x[i,o] transient[i,o]`` is exact too, but its LP relaxation left a 3 % gap HiGHS
     needed minutes to close); counts ``N[g,o] = sum_{i in g} x[i,o]``; memory per pool ``k``, over the counts
     where layers are grouped (a knapsack of a few integers, which branching closes at once)::
