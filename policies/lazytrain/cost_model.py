@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import costs
 from hardware_models import build_topology
@@ -71,7 +72,8 @@ class Costs:
     """The instance plus what the executor and the step-time estimate need to know about the job."""
 
     tiering: Tiering
-    instance: Instance
+    fixed_bytes: dict[str, float]    # the instance's, known before it is built
+    capacity: dict[str, float]
     n: int
     db: int
     unit_params: tuple[float, ...]   # parameters streamed (and gradients reduced) with layer i
@@ -81,6 +83,13 @@ class Costs:
     optim_bpp: float
     optimizer_s: float               # estimated optimizer phase per step
     fixed_gpu_parts: dict[str, float]
+
+    build: Callable[[], Instance] = field(default=lambda: _no_instance(), compare=False, repr=False)
+
+    @cached_property
+    def instance(self) -> Instance:
+        """Built on first use: most tierings are ruled out by their fixed bytes or lower bound before it."""
+        return self.build()
 
     def estimate_s(self, accumulation: int, pure_objective: float = 0.0) -> float:
         """Micro-steps x (compute + recompute + exposed) + optimizer phase; without an objective a lower bound."""
@@ -295,20 +304,27 @@ def build_costs(job: Job, tiering: Tiering, *, prefetch_depth: int = 1, optimize
     change what the MILP may use of a pool."""
     m = _Model(job, tiering, prefetch_depth, optimizer_8bit)
     modes = [m.modes(i) for i in range(m.nl)]
-    rows = [m.layer_rows(i, modes[i]) for i in range(m.nl)]
     parts = m.gpu_parts()
 
     def usable(pk: str) -> float:
         cap = m.topo.pools[pk].capacity_bytes
         return (capacity(pk, cap) if capacity is not None else cap) - SAFETY_BYTES
 
-    inst = Instance(
-        options=tuple(tuple(r.opts) for r in rows), recompute_s=tuple(tuple(r.recompute) for r in rows),
-        transfer_s=tuple(tuple(r.transfer) for r in rows), transient=tuple(tuple(r.transient) for r in rows),
-        staged=tuple(tuple(r.staged) for r in rows),
-        pool_bytes={pk: tuple(tuple(r.pool[pk]) for r in rows) for pk in m.pools},
-        fixed_bytes=m.fixed_bytes(parts, cpu_grad_bytes), capacity={k: usable(k) for k in m.pools},
-        peak_pool=m.gpool, windows=m.windows(rows))
+    fixed, usable_bytes = m.fixed_bytes(parts, cpu_grad_bytes), {k: usable(k) for k in m.pools}
+
+    def build() -> Instance:
+        rows = [m.layer_rows(i, modes[i]) for i in range(m.nl)]
+        return Instance(
+            options=tuple(tuple(r.opts) for r in rows), recompute_s=tuple(tuple(r.recompute) for r in rows),
+            transfer_s=tuple(tuple(r.transfer) for r in rows), transient=tuple(tuple(r.transient) for r in rows),
+            staged=tuple(tuple(r.staged) for r in rows),
+            pool_bytes={pk: tuple(tuple(r.pool[pk]) for r in rows) for pk in m.pools},
+            fixed_bytes=fixed, capacity=usable_bytes, peak_pool=m.gpool, windows=m.windows(rows))
+
     act_bytes = tuple({mode: v[0] for mode, v in md.items()} for md in modes)
-    return Costs(tiering, inst, m.n, m.db, m.unit, sum(m.fwd) + sum(m.bwd), act_bytes, m.master_bpp, m.optim_bpp,
-                 m.optimizer_seconds(), parts)
+    return Costs(tiering, fixed, usable_bytes, m.n, m.db, m.unit, sum(m.fwd) + sum(m.bwd), act_bytes, m.master_bpp,
+                 m.optim_bpp, m.optimizer_seconds(), parts, build)
+
+
+def _no_instance() -> Instance:
+    raise ValueError("Costs without an instance builder")

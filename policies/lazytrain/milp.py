@@ -19,7 +19,11 @@ Constraints
 
         e[w] >= load_const[w,r] + sum x[i,o] * load[w,r,i,o] - compute[w] - sum x[i,o] * extra_compute[w,i,o]
 
-    levels: ``x[i,o] <= yW[k]`` for the highest ``T_k <= transient[i,o]``, ``yW[k+1] <= yW[k]``; likewise
+    single layer, per window and layer ``i`` (where the window's loads are >= 0), what its choice alone exposes:
+    ``e[w] >= sum_o x[i,o] max(0, load_const[w,r] + load[w,r,i,o] - most compute of w)`` (valid on integer
+    points; it lifts the root LP bound of 70b/a100x8 from 5 % of the optimum to 96 %)
+
+    levels: ``sum_{o: transient[i,o] >= T_k} x[i,o] <= yW[k]`` per layer and level, ``yW[k+1] <= yW[k]``; likewise
     ``yS`` (the plain ``W >= x[i,o] transient[i,o]`` is exact too, but its LP relaxation left a 3 % gap HiGHS
     needed minutes to close); counts ``N[g,o] = sum_{i in g} x[i,o]``; memory per pool ``k``, over the counts
     where layers are grouped (a knapsack of a few integers, which branching closes at once)::
@@ -246,12 +250,13 @@ class _Model:
         return const, terms
 
     def _levels(self, values: tuple[tuple[float, ...], ...], levels: list[float], y0: int) -> None:
-        """x[i,o] <= y_k for the highest level k its value reaches; y_k >= y_{k+1} (levels are nested)."""
+        """``sum_{o: value[i,o] >= T_k} x[i,o] <= y_k`` per layer and level (the one-hot makes the sum exact, and
+        its LP relaxation is tighter than one row per option); y_k >= y_{k+1} (levels are nested)."""
         for i, row in enumerate(values):
-            for o, v in enumerate(row):
-                ks = [k for k, lv in enumerate(levels) if lv <= v]
-                if ks:
-                    self.row([(self.x(i, o), 1.0), (y0 + ks[-1], -1.0)], -np.inf, 0.0)
+            for k, lv in enumerate(levels):
+                reach = [o for o, v in enumerate(row) if v >= lv]
+                if reach:
+                    self.row([(self.x(i, o), 1.0) for o in reach] + [(y0 + k, -1.0)], -np.inf, 0.0)
         for k in range(len(levels) - 1):
             self.row([(y0 + k + 1, 1.0), (y0 + k, -1.0)], -np.inf, 0.0)
 
@@ -262,11 +267,21 @@ class _Model:
             self.row([(self.x(i, o), 1.0) for o in range(len(opts))], 1.0, 1.0)
         for wi, w in enumerate(inst.windows):
             comp = [(self.x(i, o), -c) for i, o, c in w.compute_var]
+            most = w.compute_s + _most_extra(w.compute_var)
+            single: dict[int, dict[int, float]] = {}
             for const, var in _undominated(w):
                 if not var and const <= w.compute_s:
                     continue  # always hidden
                 self.row([(self.x(i, o), c) for (i, o), c in var.items()] + comp + [(self.e0 + wi, -1.0)],
                          -np.inf, w.compute_s - const)
+                for (i, o), c in (var.items() if min(var.values(), default=0.0) >= 0.0 else ()):
+                    if (v := const + c - most) > single.setdefault(i, {}).get(o, 0.0):
+                        single[i][o] = v
+            # one layer's choice alone exposes at least its load above the most compute the window can have
+            # (valid on integer points; the LP relaxation of the rows above spreads it over fractions)
+            for i, by_o in single.items():
+                if by_o:
+                    self.row([(self.x(i, o), v) for o, v in by_o.items()] + [(self.e0 + wi, -1.0)], -np.inf, 0.0)
         for (gi, o), col in self.count.items():
             self.row([(self.x(i, o), 1.0) for i in self.groups[gi]] + [(col, -1.0)], 0.0, 0.0)
         self._levels(inst.transient, self.w_levels, self.yw0)
@@ -301,6 +316,17 @@ class _Model:
                      for i, opts in enumerate(self.inst.options))
 
 
+def _most_extra(terms: Terms) -> float:
+    """The most a sum ``sum x[i,o] c`` over one-hot layers can reach."""
+    per: dict[tuple[int, int], float] = {}
+    for i, o, c in terms:
+        per[(i, o)] = per.get((i, o), 0.0) + c
+    best: dict[int, float] = {}
+    for (i, _), c in per.items():
+        best[i] = max(best.get(i, 0.0), c)
+    return sum(best.values())
+
+
 def _undominated(w: Window) -> list[tuple[float, dict[tuple[int, int], float]]]:
     """The window's resource rows, less those another row bounds from above term by term (they never bind)."""
     rows = []
@@ -321,10 +347,18 @@ def _undominated(w: Window) -> list[tuple[float, dict[tuple[int, int], float]]]:
             return False
         return b < a or cb > ca or any(vb.get(k, 0.0) > va.get(k, 0.0) for k in vb)
 
+    # the rows holding each term: a row's possible bounders hold all its positive terms, so the rows holding its
+    # rarest positive term are the only ones to test
+    holding: dict[tuple[int, int], list[int]] = {}
+    for b, kb in enumerate(keys):
+        for k in kb:
+            holding.setdefault(k, []).append(b)
+    everyone = range(len(rows))
     out = []
     for a, row in enumerate(rows):
         ca, pa = row[0], positive[a]
-        if not any(b != a and rows[b][0] >= ca and pa <= keys[b] and bounds(b, a) for b in range(len(rows))):
+        among = min((holding[k] for k in pa), key=len) if pa else everyone
+        if not any(b != a and rows[b][0] >= ca and pa <= keys[b] and bounds(b, a) for b in among):
             out.append(row)
     return out
 

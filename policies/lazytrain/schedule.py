@@ -118,15 +118,15 @@ def schedule(job: Job, knobs: Knobs) -> Schedule:
     for lb, _, c in _candidates(job, knobs, accum):
         rec: dict[str, Any] = {"tiering": str(c.tiering), "lower_bound_s": lb}
         log.append(rec)
-        inst = c.instance
         if best is not None and knobs.tiering_rule == "least_offload" and c.tiering.level > best.costs.tiering.level:
             rec["result"] = f"skipped: level {best.costs.tiering.level} fits and offloads less"
         elif best is not None and lb >= best.estimate_s:
             rec["result"] = "skipped: its lower bound is above the best estimate"
-        elif any(inst.fixed_bytes.get(k, 0.0) > cap for k, cap in inst.capacity.items()):
+        elif any(c.fixed_bytes.get(k, 0.0) > cap for k, cap in c.capacity.items()):
             rec["result"] = "does not fit: fixed bytes exceed a pool"
             failed.append((c, None))
         elif (chosen := _choose(knobs, c, lb, best, accum, rec, failed)) is not None:
+            inst = c.instance
             ev = milp.evaluate(inst, chosen[0])
             if not ev.feasible:
                 rec["result"] = "does not fit"
@@ -145,16 +145,15 @@ def _infeasible(knobs: Knobs, failed: list[Failure]) -> PlanInfeasible:
     """The verdict for the tiering closest to fitting: its most overfull pool and by how much."""
     worst: list[tuple[float, str, float, float, str]] = []
     for c, why in failed:
-        inst = c.instance
         over: list[tuple[float, str, float, float, str]] = []
-        for k, cap in inst.capacity.items():
-            fixed = inst.fixed_bytes.get(k, 0.0)
+        for k, cap in c.capacity.items():
+            fixed = c.fixed_bytes.get(k, 0.0)
             if fixed > cap:
                 need, what = fixed, "model states and the parameter window alone"
             elif isinstance(why, Evaluation):
                 need, what = why.need[k], f"the {knobs.strategy} schedule"
             else:
-                need = milp.min_pool_need(inst, k, time_limit_s=knobs.time_limit_s, node_limit=knobs.node_limit)
+                need = milp.min_pool_need(c.instance, k, time_limit_s=knobs.time_limit_s, node_limit=knobs.node_limit)
                 what = "model states, workspace and the least activation memory of any schedule"
             over.append((need - cap, k, need, cap, f"{what} ({c.tiering})"))
         worst.append(max(over))
