@@ -29,6 +29,7 @@ from torch.func import functional_call
 from replay.data import batch
 from replay.model import Dims, build_layers
 from replay.precision import RTOL_FP32, Precision, tolerance
+from replay.runner import task_layers
 from replay.store import ADAM, Batching
 from replay.threads import cpu_op_threads
 from simulator.plan import Plan
@@ -89,8 +90,6 @@ def host_updated_layers(plan: Plan, n_layers: int) -> frozenset[int]:
     """The layers (of ``n_layers`` modules: the embedding, the blocks, the head) whose optimizer tasks run on a
     host pool (a CPU Adam over host masters), from the plan's optimizer tasks and their streams' devices (an
     untagged optimizer task updates every layer)."""
-    from replay.runner import task_layers
-
     streams = plan.stream_map()
     out: set[int] = set()
     for t in (t for seg in plan.segments for t in seg.tasks):
