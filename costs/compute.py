@@ -31,7 +31,9 @@ lists, and costs::
 
 (with ``gpu.dispatch_overlap``, a CUDA device whose host issues operators ahead of its kernels, the first
 term's ``+ n_ops * op_overhead`` is a ``max`` with the kernels instead: the host's dispatch and the device's
-kernels overlap within a task, which the runner ends with one synchronisation)
+kernels overlap within a task, which the runner ends with one synchronisation; where the spec has them the
+host's side is ``n_matmuls * gemm_op_overhead + (n_ops - n_matmuls) * op_overhead``, and ``task_overhead`` is
+added once per task: the module call around the operators and the synchronisation, which overlap nothing)
 
 (the task's own HBM traffic stays a floor, as in the roofline) where f_i are its matmul kernels (each at
 its own size on its kind's curve, :func:`kernel_efficiency`: a backward's products on
@@ -153,8 +155,19 @@ def ops_seconds(hw: HardwareSpec, ops: LayerOps, dtype: str, phase: str | None =
     g = hw.gpu
     t = matmul_seconds(ops, hw.peak_flops_for(dtype), KernelCurves.of(g), phase)
     t += ops.elementwise_bytes / (g.elementwise_bw or g.hbm_bw)
-    fixed = ops.n_ops * (g.op_overhead_s or 0.0)
-    return max(t, fixed) if g.dispatch_overlap else t + fixed
+    fixed = dispatch_seconds(hw, ops)
+    task = (g.task_overhead_s or 0.0) if ops.n_ops > 0 else 0.0
+    return (max(t, fixed) if g.dispatch_overlap else t + fixed) + task
+
+
+def dispatch_seconds(hw: HardwareSpec, ops: LayerOps) -> float:
+    """The host's fixed cost of issuing ``ops``: ``gpu.gemm_op_overhead`` per matmul or attention operator
+    (default ``gpu.op_overhead``) and ``gpu.op_overhead`` per other operator."""
+    g = hw.gpu
+    op = g.op_overhead_s or 0.0
+    n_mm = min(len(ops.matmul_flops), ops.n_ops)
+    gemm_op = op if g.gemm_op_overhead_s is None else g.gemm_op_overhead_s
+    return n_mm * gemm_op + (ops.n_ops - n_mm) * op
 
 
 class ComputePricer:

@@ -12,8 +12,8 @@ A file looks like::
     gpu:    {model, count, memory, peak_flops: {bf16: ...}, hbm_bw, gemm_efficiency: [[flops, eff], ...],
              launch_overhead, reserved: {name: size}, fragmentation, optimizer_bytes_per_param,
              op_overhead, elementwise_bw, gemm_backward_efficiency, attention_efficiency,
-             attention_backward_efficiency, shares_host, dispatch_overlap (optional: per-operator compute
-             pricing, see GpuSpec),
+             attention_backward_efficiency, shares_host, dispatch_overlap, gemm_op_overhead, task_overhead
+             (optional: per-operator compute pricing, see GpuSpec),
              allocator (optional: caching | exact, default caching)}
     host:   {cpu_model, sockets, cores, dram, dram_bw, optimizer_params_per_s, reserved: {name: size}}
     pcie:   {gen, lanes, efficiency, duplex_fraction, gpus_per_switch, latency, p2p (optional, true)}
@@ -110,6 +110,10 @@ SECTIONS: Final[Mapping[str, tuple[FieldDef, ...]]] = FrozenDict(
             FieldDef("gemm_unaligned_efficiency", "gemm_unaligned_efficiency", "fraction",
                      "of the curve's rate, N not a multiple of 8", required=False, omit_default=True),
             FieldDef("dispatch_overlap", "dispatch_overlap", "bool", required=False, default=False,
+                     omit_default=True),
+            FieldDef("gemm_op_overhead", "gemm_op_overhead_s", "time", "per matmul or attention operator",
+                     required=False, omit_default=True),
+            FieldDef("task_overhead", "task_overhead_s", "time", "per layer task", required=False,
                      omit_default=True),
         ),
         "host": (

@@ -71,7 +71,10 @@ class GpuSpec:
     efficiency curve, the element-wise bytes at `elementwise_bw` (default `hbm_bw`), plus `op_overhead_s`
     per operator (`dispatch_overlap` true: the host issues operators ahead of the device, as CUDA's
     asynchronous launches do, so a task costs the larger of its kernels and its operators' fixed cost, not
-    their sum; ``tiersim calibrate`` sets it on a CUDA device). Where the spec has them, a backward's matmuls
+    their sum; ``tiersim calibrate`` sets it on a CUDA device). On such a device the host's side is told apart
+    where measured: `gemm_op_overhead_s` per matmul or attention operator (its autocast casts and dispatch; default
+    `op_overhead_s`) and `task_overhead_s` once per layer task (the runner's module call and its synchronisation
+    at the task's end; default 0). Where the spec has them, a backward's matmuls
     run on `gemm_backward_efficiency` (the input-
     and weight-gradient products of a linear layer) and the attention kernel on `attention_efficiency` /
     `attention_backward_efficiency` (fractions of the same peak, over FLOPs per kernel; else the forward
@@ -107,6 +110,8 @@ class GpuSpec:
     allocator: str = "caching"
     gemm_unaligned_efficiency: float | None = None
     dispatch_overlap: bool = False
+    gemm_op_overhead_s: float | None = None
+    task_overhead_s: float | None = None
 
     def __post_init__(self) -> None:
         check_text(self.model, "gpu.model")
@@ -115,6 +120,9 @@ class GpuSpec:
                                      field="gpu.allocator")
         if self.op_overhead_s is not None:
             check_non_negative(self.op_overhead_s, "gpu.op_overhead", "a time", fmt_time)
+        for attr, name in (("gemm_op_overhead_s", "gemm_op_overhead"), ("task_overhead_s", "task_overhead")):
+            if getattr(self, attr) is not None:
+                check_non_negative(getattr(self, attr), f"gpu.{name}", "a time", fmt_time)
         if self.elementwise_bw is not None:
             check_positive(self.elementwise_bw, "gpu.elementwise_bw", "a bandwidth", fmt_bandwidth)
         for attr in ("gemm_backward_efficiency", "attention_efficiency", "attention_backward_efficiency"):

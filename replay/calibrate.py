@@ -155,6 +155,8 @@ class Calibration:
     op_overhead_s: float | None = None  # fixed cost of one eager operator (the replay block's, see below)
     dispatch_overlap: bool = False  # the host issues operators ahead of the device (CUDA), see GpuSpec
     op_overhead_method: str = ""
+    gemm_op_overhead_s: float | None = None  # CUDA: the host's cost per matmul operator (calibrate_dispatch)
+    task_overhead_s: float | None = None  # CUDA: the host's cost per layer task (calibrate_dispatch)
     elementwise_bw: float | None = None  # bytes read + written per second by element-wise operators
     elementwise_method: str = ""
     # (FLOPs of one kernel, FLOP/s) in gemm_dtype: a linear layer's backward products, and the attention kernel
@@ -414,7 +416,8 @@ def kernel_curves(peak: float, gemm_curve: Sequence[tuple[float, float]],
 def measure_layer_elementwise(device: torch.device, dtype: str, gemm_curve: Sequence[tuple[float, float]],
                               peak: float, op_overhead_s: float, repeats: int = 5,
                               probe: dict[str, int] | None = None, curves: Any = None,
-                              overlap: bool = False) -> tuple[float | None, str]:
+                              overlap: bool = False, gemm_op_s: float | None = None,
+                              task_s: float = 0.0) -> tuple[float | None, str]:
     """Bytes/s of the element-wise operators *inside* a layer, derived from one real layer: the replay's
     decoder block (``replay.model.Block``, :data:`PROBE_LAYER`) forward + backward is timed, and what the
     matmuls and the attention kernel (each at its size on its measured curve; `curves`: a
@@ -425,8 +428,9 @@ def measure_layer_elementwise(device: torch.device, dtype: str, gemm_curve: Sequ
     thread pool after every matmul, which the hot chain of :func:`measure_elementwise` does not see.
     Returns (None, why) when the layer is no slower than its matmuls and overheads (nothing to charge).
     ``overlap`` (a CUDA device, ``gpu.dispatch_overlap``): the layer costs the larger of its kernels and its
-    operators' fixed cost, so only a layer well above that fixed cost (bound by the device) says anything about its
-    element-wise kernels: the rest is then its time minus its matmuls."""
+    operators' fixed cost, so only a layer well above that fixed cost (twice it: bound by the device) says
+    anything about its element-wise kernels: the rest is then its time minus its matmuls. ``gemm_op_s`` and
+    ``task_s``: the host's cost per matmul and per task where measured (``replay.calibrate_dispatch``)."""
     from costs.compute import matmul_seconds
     from replay.model import Block, Dims
     from workloads import ModelSpec, WorkloadConfig
@@ -453,7 +457,9 @@ def measure_layer_elementwise(device: torch.device, dtype: str, gemm_curve: Sequ
     ops = {phase: layer_ops(m, cfg, 1, phase) for phase in ("fwd", "bwd")}
     t_mm = sum(matmul_seconds(o, top, curves, phase) for phase, o in ops.items())
     ops_list = list(ops.values())
-    t_fixed = sum(o.n_ops for o in ops_list) * op_overhead_s
+    n_mm = sum(len(o.matmul_flops) for o in ops_list)
+    t_fixed = (sum(o.n_ops for o in ops_list) - n_mm) * op_overhead_s \
+        + n_mm * (op_overhead_s if gemm_op_s is None else gemm_op_s) + 2 * task_s
     moved = sum(o.elementwise_bytes for o in ops_list)
     how = (f"derived: the replay's decoder block (hidden {h}, {heads} heads, ffn {f}, {s} tokens, {dtype} as the "
            f"runner computes it) forward + "
@@ -462,7 +468,7 @@ def measure_layer_elementwise(device: torch.device, dtype: str, gemm_curve: Sequ
            f"the rest carries its "
            f"{moved / 1e6:.1f} MB of element-wise bytes (workloads.ops)")
     if overlap:
-        if t <= 1.1 * t_fixed:
+        if t <= 2.0 * t_fixed:
             return None, how + ": bound by the host's dispatch (the operators' fixed cost), nothing to derive"
         rest = t - t_mm
     else:
@@ -875,20 +881,31 @@ def _calibrate(directory: str | os.PathLike[str] | None, sizes: CalibrationSizes
 
     launch = measure_small_op(dev)
     progress(f"eager operators on {dev.type}: per-operator overhead, element-wise bandwidth")
-    op_overhead, op_method = measure_op_overhead(dev, sizes.repeats, precision)
+    dispatch = None
+    if cuda:  # the host's side as the runner issues a task: per task, per matmul, per other operator
+        from replay.calibrate_dispatch import measure_dispatch
+
+        dispatch, op_method = measure_dispatch(dev, precision, max(sizes.repeats, 20), _median_time)
+        op_overhead = dispatch.op_s
+    else:
+        op_overhead, op_method = measure_op_overhead(dev, sizes.repeats, precision)
     gemm_dtype = precision
     layer_bw, ew_method = None, f"no {gemm_dtype} GEMM curve to derive it from"
     if curve and gemm_dtype in peaks:
         probe = dict(zip(("hidden", "n_heads", "ffn", "seq_len"), sizes.probe_layer, strict=True)) \
             if sizes.probe_layer else None
-        layer_bw, ew_method = measure_layer_elementwise(dev, gemm_dtype, curve, peaks[gemm_dtype], op_overhead,
-                                                        sizes.repeats, probe, curves, overlap=cuda)
+        layer_bw, ew_method = measure_layer_elementwise(
+            dev, gemm_dtype, curve, peaks[gemm_dtype], op_overhead, sizes.repeats, probe, curves, overlap=cuda,
+            gemm_op_s=dispatch.gemm_op_s if dispatch else None, task_s=dispatch.task_s if dispatch else 0.0)
     if layer_bw is None:  # the layer is all matmuls and overheads: use the hot chain's rate
         ew_bw, chain_how = measure_elementwise(dev, sizes.gpu_elementwise_bytes if cuda else sizes.elementwise_bytes,
                                                sizes.repeats)
         ew_method = f"{chain_how} ({ew_method})"
     else:
         ew_bw = layer_bw
+    if dispatch is not None:
+        progress(f"per task {dispatch.task_s * 1e6:.1f} us, per matmul {dispatch.gemm_op_s * 1e6:.1f} us "
+                 f"(the fit's worst task off by {dispatch.worst_error * 100:.0f}%)")
     progress(f"per operator {op_overhead * 1e6:.1f} us; element-wise in a layer {ew_bw / 1e9:.2f} GB/s")
     n_adam = adam_sample_params(sizes)
     progress(f"Adam ({n_adam / 1e6:.2f} M fp32 params) on cpu")
@@ -927,6 +944,8 @@ def _calibrate(directory: str | os.PathLike[str] | None, sizes: CalibrationSizes
         optimizer_params_per_s=opt_rate, optimizer_variant=variant, gpu_optimizer_params_per_s=gpu_opt_rate,
         disk=disk, wall_s=time.perf_counter() - t_start, notes=notes, op_overhead_s=op_overhead,
         op_overhead_method=op_method, elementwise_bw=ew_bw, elementwise_method=ew_method, dispatch_overlap=cuda,
+        gemm_op_overhead_s=dispatch.gemm_op_s if dispatch else None,
+        task_overhead_s=dispatch.task_s if dispatch else None,
         gemm_backward_curve=bwd_curve, attention_curve=att_fwd, attention_backward_curve=att_bwd,
         attention_method=att_how, gemm16=gemm16, gemm_unaligned=unaligned, gemm_unaligned_method=unaligned_how,
     )

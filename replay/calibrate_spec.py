@@ -142,6 +142,10 @@ def spec_dict(cal: Calibration, base: Mapping[str, Any] | None = None, base_name
     if cal.op_overhead_s is not None:
         gpu["op_overhead"] = float(cal.op_overhead_s)
         measured("gpu.op_overhead", cal.op_overhead_method)
+    for key, value in (("gemm_op_overhead", cal.gemm_op_overhead_s), ("task_overhead", cal.task_overhead_s)):
+        if value is not None:
+            gpu[key] = float(value)
+            measured(f"gpu.{key}", cal.op_overhead_method)
     if cal.dispatch_overlap:
         gpu["dispatch_overlap"] = True
         sources["gpu.dispatch_overlap"] = (f"derived: {stamp}: a CUDA device, whose kernels are launched "

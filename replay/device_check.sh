@@ -174,9 +174,9 @@ if [ "$MODE" = smoke ]; then
 else
   for p in $WORKFLOW; do
     stage "plan-gpt2-$p" "$T_PLAN" "$PY" -m tiersim simulate --hw "$OUT/calibrated.yaml" --model gpt2 \
-      --policy "$p" --plan-out "$OUT/plan-gpt2-$p.json" --json || { skip "replay-gpt2-$p" "its plan failed"; continue; }
+      --policy "$p" --plan-out "$OUT/plan-gpt2-$p.json" --trace "$OUT/sim-gpt2-$p.trace.json" --json || { skip "replay-gpt2-$p" "its plan failed"; continue; }
     stage "replay-gpt2-$p" "$T_REPLAY" "$PY" -m tiersim replay "$OUT/plan-gpt2-$p.json" --device "$DEVICE" --json \
-      --steps 3 --nvme-dir "$OUT" || true
+      --steps 3 --nvme-dir "$OUT" --trace "$OUT/replay-gpt2-$p.trace.json" || true
   done
 fi
 

@@ -74,6 +74,7 @@ def calibrate_section(out: Path) -> list[str]:
                       if isinstance(v, int | float))
     rows = [("gpu", f"{gpu.get('model')} x{gpu.get('count')}"), ("peak FLOP/s", peaks or "-"),
             ("hbm_bw", _gbs(gpu.get("hbm_bw"))), ("op overhead", _us(gpu.get("op_overhead"))),
+            ("per matmul / per task", f"{_us(gpu.get('gemm_op_overhead'))} / {_us(gpu.get('task_overhead'))}"),
             ("element-wise in a layer", _gbs(gpu.get("elementwise_bw"))),
             ("host Adam", f"{host.get('optimizer_params_per_s', 0) / 1e6:.1f} M params/s"),
             ("written", str(cal.get("output")))]

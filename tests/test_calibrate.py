@@ -164,6 +164,21 @@ def test_cuda_shaped_calibration_makes_a_valid_spec() -> None:
     assert spec.missing_sources() == ()
 
 
+def test_a_cuda_calibration_writes_the_host_side_it_fitted() -> None:
+    """The dispatch fit (replay.calibrate_dispatch) lands as gpu.op_overhead, gpu.gemm_op_overhead and
+    gpu.task_overhead, each with the fit's citation; dispatch_overlap with them."""
+    how = "fitted: tasks as the runner runs them"
+    spec = spec_from_dict(spec_dict(_fake("cuda", op_overhead_s=12e-6, gemm_op_overhead_s=60e-6,
+                                          task_overhead_s=250e-6, op_overhead_method=how, dispatch_overlap=True)))
+    g = spec.gpu
+    assert (g.op_overhead_s, g.gemm_op_overhead_s, g.task_overhead_s) == (
+        pytest.approx(12e-6), pytest.approx(60e-6), pytest.approx(250e-6))
+    assert g.dispatch_overlap is True
+    for key in ("op_overhead", "gemm_op_overhead", "task_overhead"):
+        assert how in spec.sources[f"gpu.{key}"]
+    assert spec.missing_sources() == ()
+
+
 def test_base_preset_fields_are_kept_with_their_source() -> None:
     base = load_hardware("a100x8")
     spec = spec_from_dict(spec_dict(_fake("cuda", gpu_count=8), base.to_dict(), "a100x8"))

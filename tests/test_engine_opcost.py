@@ -190,3 +190,39 @@ def test_with_dispatch_overlap_a_layer_task_costs_the_larger_of_its_kernels_and_
     with pytest.raises(HardwareInputError, match="gpu.dispatch_overlap"):
         load_hardware("a100", ["gpu.dispatch_overlap=3"])
     assert "dispatch_overlap" not in load_hardware("a100").to_dict()["gpu"]
+
+
+def test_the_host_side_per_matmul_and_per_task_where_measured() -> None:
+    """``gpu.gemm_op_overhead`` prices each matmul or attention operator's dispatch, ``gpu.op_overhead`` the
+    others, and ``gpu.task_overhead`` is added once per task (outside the overlap); each engine task of a real
+    layer costs exactly that."""
+    from costs.compute import KernelCurves, dispatch_seconds, matmul_seconds
+
+    base = ["gpu.op_overhead=10us", "gpu.elementwise_bw=500GB/s", "gpu.dispatch_overlap=true"]
+    job, recs = _layer_records([*base, "gpu.gemm_op_overhead=70us", "gpu.task_overhead=300us"])
+    g = job.hw.gpu
+    assert (g.gemm_op_overhead_s, g.task_overhead_s) == (pytest.approx(70e-6), pytest.approx(300e-6))
+    seen_host_bound = False
+    for r in recs:
+        layer, phase = r.tags["layer"], r.tags["phase"]
+        ops = layer_ops(job.model, job.config, layer, phase)
+        n_mm = len(ops.matmul_flops)
+        host = n_mm * 70e-6 + (ops.n_ops - n_mm) * 10e-6
+        assert dispatch_seconds(job.hw, ops) == pytest.approx(host, rel=1e-12)
+        kernels = (matmul_seconds(ops, job.hw.peak_flops_for("bf16"), KernelCurves.of(g), phase)
+                   + ops.elementwise_bytes / 500e9)
+        seen_host_bound |= host > kernels
+        assert r.end - r.start == pytest.approx(max(kernels, host) + 300e-6, rel=1e-9)
+    assert seen_host_bound
+    # absent: every operator at op_overhead and no task cost (the specs written before these fields)
+    _, plain = _layer_records(base)
+    for r in plain:
+        ops = layer_ops(job.model, job.config, r.tags["layer"], r.tags["phase"])
+        assert dispatch_seconds(load_hardware("a100", base), ops) == pytest.approx(ops.n_ops * 10e-6, rel=1e-12)
+    # validated, optional, and written back only where set
+    for name in ("gemm_op_overhead", "task_overhead"):
+        with pytest.raises(HardwareInputError, match=f"gpu.{name}"):
+            load_hardware("a100", [f"gpu.{name}=-1us"])
+        assert name not in load_hardware("a100").to_dict()["gpu"]
+    d = load_hardware("a100", ["gpu.gemm_op_overhead=70us", "gpu.task_overhead=0.3ms"]).to_dict()["gpu"]
+    assert (d["gemm_op_overhead"], d["task_overhead"]) == (pytest.approx(70e-6), pytest.approx(300e-6))

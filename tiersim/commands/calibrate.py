@@ -180,7 +180,10 @@ def _run(args: argparse.Namespace, sizes: Any, base: HardwareSpec | None) -> int
         f"{g.gemm_efficiency.points[-1][0]:.0e}",
         *_kind_lines(g),
         f"  hbm_bw {fmt_bandwidth(g.hbm_bw)}; launch overhead {cal.launch_overhead_s * 1e6:.1f} us",
-        f"  per operator {g.op_overhead_s * 1e6:.1f} us; element-wise in a layer "
+        f"  per operator {g.op_overhead_s * 1e6:.1f} us"
+        + (f" (per matmul {g.gemm_op_overhead_s * 1e6:.1f} us)" if g.gemm_op_overhead_s is not None else "")
+        + (f", per task {g.task_overhead_s * 1e6:.1f} us" if g.task_overhead_s is not None else "")
+        + "; element-wise in a layer "
         f"{fmt_bandwidth(g.elementwise_bw or g.hbm_bw)}" + ("; compute shares the host's cores" if g.shares_host
                                                              else "")
         if g.op_overhead_s is not None else "  per-operator figures: not measured",

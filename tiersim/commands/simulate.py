@@ -70,14 +70,26 @@ class _OutOfBudget(BaseException):
     """The budget's timer fired (a BaseException: no ``except Exception`` on the way swallows it)."""
 
 
+RERAISE_S = 0.1  # the timer fires again this long after each ring, until the budget's block has ended
+
+
 @contextmanager
 def _budget(seconds: float | None) -> Iterator[None]:
-    """Raise :class:`_OutOfBudget` in this (the main) thread ``seconds`` from now; None: never."""
+    """Raise :class:`_OutOfBudget` in this (the main) thread ``seconds`` from now; None: never.
+
+    A signal handler's exception can land in code that swallows it (a ``gc`` callback's exceptions are
+    only reported, e.g. Hypothesis's), so each ring re-arms the timer: it rings again every
+    :data:`RERAISE_S` until the exception leaves the block.
+    """
     if seconds is None or not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
         yield
         return
+    closing = False
 
     def ring(_signum: int, _frame: object) -> None:
+        if closing:
+            return
+        signal.setitimer(signal.ITIMER_REAL, RERAISE_S)
         raise _OutOfBudget
 
     before = signal.signal(signal.SIGALRM, ring)
@@ -85,6 +97,7 @@ def _budget(seconds: float | None) -> Iterator[None]:
     try:
         yield
     finally:
+        closing = True
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, before)
 
