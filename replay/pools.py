@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import re
 import shutil
+import sys
 import tempfile
 import threading
 import uuid
@@ -24,6 +25,19 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+# how many tensors share a storage (torch's own; private, so absent in a future torch means: never reclaim)
+_USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)
+
+
+def _unused(kept: list[Tensor], j: int) -> bool:
+    """Does nothing but ``kept`` hold ``kept[j]``: no Python reference (a parameter dict a running task still
+    holds, a module attribute), no autograd graph that saved it (its TensorImpl's use count), no view of its
+    storage? Unknown (an API this torch lacks): no."""
+    if _USE_COUNT is None or not hasattr(Tensor, "_use_count"):
+        return False
+    t = kept[j]
+    # the references: kept's, this frame's ``t`` and getrefcount's argument
+    return sys.getrefcount(t) <= 3 and t._use_count() == 1 and _USE_COUNT(t.untyped_storage()._cdata) <= 2
 Held = dict[str, Tensor] | Path  # tensors in memory, or the file holding them on "nvme"
 Key = tuple[str, torch.dtype, tuple[int, ...]]  # a spare buffer's device (":pinned"), dtype and shape
 
@@ -41,6 +55,7 @@ class Pools:
         self._free: dict[Key, list[Tensor]] = {}
         self._out: dict[Key, int] = {}  # tensors put() handed out and not handed back yet
         self._cap: dict[Key, int] = {}  # the most put() had out at once: the spares worth keeping
+        self._retired: dict[Key, list[Tensor]] = {}  # handed back while maybe still in use (retire)
 
     def torch_device(self, loc: str) -> torch.device:
         if loc.startswith("gpu"):
@@ -68,7 +83,7 @@ class Pools:
             key = (str(dev) + (":pinned" if pin else ""), v.dtype, tuple(v.shape))
             with self._lock:
                 spare = self._free.get(key)
-                t = spare.pop() if spare else None
+                t = spare.pop() if spare else self._reclaim(key)
                 self._out[key] = self._out.get(key, 0) + 1
                 self._cap[key] = max(self._cap.get(key, 0), self._out[key])
             if t is None:
@@ -90,6 +105,30 @@ class Pools:
                 spare = self._free.setdefault(key, [])
                 if len(spare) < self._cap.get(key, 0):
                     spare.append(t)
+
+    def retire(self, held: Held | None) -> None:
+        """Hands back the buffers of ``held`` that something else may still use (a parameter version an
+        autograd graph may still hold): each is reused by :meth:`put` only once nothing but this pool holds its
+        storage (at most as many kept per key as :meth:`recycle` keeps spares; a file on nvme is removed)."""
+        if held is None or isinstance(held, Path):
+            self.drop(held)
+            return
+        with self._lock:
+            for t in held.values():
+                pinned = t.device.type == "cpu" and self.pin and t.is_pinned()
+                key = (str(t.device) + (":pinned" if pinned else ""), t.dtype, tuple(t.shape))
+                self._out[key] = max(0, self._out.get(key, 0) - 1)
+                kept = self._retired.setdefault(key, [])
+                kept.append(t)
+                del kept[:max(0, len(kept) - self._cap.get(key, 0))]  # the oldest go back to the allocator
+
+    def _reclaim(self, key: Key) -> Tensor | None:
+        """Under the lock: a retired buffer of ``key`` that nothing else holds any more, taken; else None."""
+        kept = self._retired.get(key)
+        for j in range(len(kept or ())):
+            if _unused(kept, j):  # type: ignore[arg-type]
+                return kept.pop(j)  # type: ignore[union-attr]
+        return None
 
     def get(self, held: Held, loc: str) -> dict[str, Tensor]:
         """The tensors of ``held`` on ``loc``'s device (read from the file for nvme)."""
@@ -113,6 +152,7 @@ class Pools:
             self._free.clear()
             self._out.clear()
             self._cap.clear()
+            self._retired.clear()
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None

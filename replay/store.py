@@ -612,13 +612,23 @@ class Store:
 
     def _store_version(self, i: int, v: int, params: dict[str, Tensor]) -> None:
         """Under the lock: keep version v of layer i, dropping versions no saved activation uses any more."""
+        master = {p.data_ptr() for p in self.master[i].values()}
+
+        def retire(dropped: dict[str, Tensor] | None) -> None:
+            # an upload's buffers (not the master's own): back to the pools once nothing uses them, so the next
+            # upload writes into mapped memory (a fresh buffer of a 50k-token table faulted in for 2-3 s, 2 at once)
+            if dropped is not None and dropped is not params and not any(t.data_ptr() in master
+                                                                         for t in dropped.values()):
+                self.pools.retire(dropped)
+
+        retire(self.versions[i].get(v))  # the same version uploaded again (tinypipe: for each micro-step)
         self.versions[i][v] = params
         self.latest[i] = max(self.latest[i], v)
         used = {sv.version for (_, _, j), sv in self.saved.items() if j == i}
         if i == 0:
             used |= {sv.wte_version for sv in self.saved.values() if sv.wte_version is not None}
         for old in [k for k in self.versions[i] if k not in used and k < self.latest[i] - KEEP_VERSIONS + 1]:
-            del self.versions[i][old]
+            retire(self.versions[i].pop(old))
 
     # -- copies ----------------------------------------------------------------------------------------
     def upload(self, uid: str, layer: int, src: str, dst: str) -> int:

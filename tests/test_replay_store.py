@@ -92,3 +92,47 @@ def test_pools_keep_no_more_spares_than_put_had_out_at_once() -> None:
     spare = pools._free[key][-1]
     c = pools.put("gpu0", {"w": torch.full((4, 4), 3.0)}, "c")
     assert c["w"] is spare and torch.equal(c["w"], torch.full((4, 4), 3.0))  # reused, and holds the copy
+
+
+def test_a_retired_buffer_is_reused_only_once_nothing_else_holds_it() -> None:
+    """A parameter version dropped while something may still use it (a running task's dict, an autograd graph
+    that saved it, a view) goes back to put() only once nothing but the pool holds it."""
+    pools = Pools(torch.device("cpu"))
+    key = ("cpu", torch.float32, (8, 8))
+    got = pools.put("gpu0", {"w": torch.ones(8, 8)}, "v0")
+    assert isinstance(got, dict)
+    ptr = got["w"].data_ptr()
+    task = got  # a task still holds the version's dict
+    pools.retire(got)
+    del got
+    w = torch.randn(8, 8, requires_grad=True)
+    assert pools.put("gpu0", {"w": torch.zeros(8, 8)}, "x")["w"].data_ptr() != ptr  # type: ignore[index]
+    out = (w * task["w"]).sum()  # an autograd graph saves it
+    del task
+    assert pools.put("gpu0", {"w": torch.zeros(8, 8)}, "y")["w"].data_ptr() != ptr  # type: ignore[index]
+    view = pools._retired[key][0].view(64)
+    del out
+    assert pools.put("gpu0", {"w": torch.zeros(8, 8)}, "z")["w"].data_ptr() != ptr  # type: ignore[index]
+    del view
+    again = pools.put("gpu0", {"w": torch.full((8, 8), 2.0)}, "v1")
+    assert isinstance(again, dict)
+    assert again["w"].data_ptr() == ptr and torch.equal(again["w"], torch.full((8, 8), 2.0))
+
+
+def test_an_upload_of_a_version_already_held_retires_the_earlier_copy() -> None:
+    """Tinypipe uploads one version for each micro-step: the earlier upload's buffers are retired (reused once
+    unused), not dropped (a fresh 400 MB buffer faulted in for seconds every step)."""
+    dims = Dims.from_model(TINY)
+    n = dims.n_layers + 2
+    pools = Pools(torch.device("cpu"))
+    store = Store(dims, build_layers(dims, 7), "gpu0", ["cpu"] * n, pools, Batching(7, 1, 8))
+    store.upload("up.a", 1, "cpu", "gpu0")
+    first = {k: t.data_ptr() for k, t in store.versions[1][0].items()}
+    store.upload("up.b", 1, "cpu", "gpu0")
+    assert {k: t.data_ptr() for k, t in store.versions[1][0].items()} != first
+    assert sum(len(v) for v in pools._retired.values()) == len(first)
+    store.upload("up.c", 1, "cpu", "gpu0")  # the first copy is unused by now: its buffers are written again
+    third = {k: t.data_ptr() for k, t in store.versions[1][0].items()}
+    assert third == first
+    master = store.master[1]
+    assert all(torch.equal(store.versions[1][0][k], master[k]) for k in master)
