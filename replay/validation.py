@@ -126,10 +126,17 @@ Findings (2-core CPU-only VM shared with other jobs, see ``CAUSES`` below; print
   later copy of its shape; a plan that copies nothing (``none``) never took one again and grew by its
   parameters' bytes each micro-step (llama-h2048-none: 5.0 GB after 3 steps, its backward 3-6x slower after the
   first). A key now keeps at most as many spares as ``put`` had out at once.
-- Open (2026-12-04): a 1-rank case replays in the matrix's one long process and can run 2-3x slower there than
-  alone (gpt-h2048-lazytrain: +148% / +188% in two runs, +23% alone at the same load); some cases still slow
-  down until their third or fourth step (llama-h2048-tinypipe); lazytrain's gradient buckets are freed by their
-  copies, so its gpu0 peak depends on timing (gpt-h2048-lazytrain +26%). docs/calib.md, "A new machine".
+- Fixed (fresh buffers, 2026-12-04, session 8): a parameter version uploaded again (tinypipe: once per micro-step)
+  or dropped after ``KEEP_VERSIONS`` left its buffers to the allocator, and a large CPU tensor freed by torch is not
+  reused by the next of its size (glibc's ``posix_memalign`` at torch's 64-byte alignment), so every step faulted
+  fresh 412 MB tables in (2-3.6 s per copy, two at once; llama-h2048-tinypipe +25% at step 6). Versions now go back
+  to ``replay.pools`` (``Pools.retire``: reused once no reference, graph or view holds them) and ``replay`` sets
+  ``THP_MEM_ALLOC_ENABLE=1`` before torch loads (2 MiB-aligned, reused, huge pages). docs/calib.md.
+- Open (2026-12-04): a 1-rank case replays in the matrix's one long process and can run slower there than alone
+  (gpt-h2048-lazytrain: +148% / +188% in two runs, +23% alone; +128% / +60% in the two runs of session 8); some
+  cases still slow down until their third or fourth step (llama-h2048-tinypipe: 26, 21, 16, 13 s); lazytrain's
+  gradient buckets are freed by their copies, so its gpu0 peak depends on timing (gpt-h2048-lazytrain +26%);
+  2-rank bf16 cases measure 1.5-3.3x their price, their compute streams busy about half the step.
 - Fixed (zero-offload's peak, 2026-12-04): its gradient copy freed its bucket on the D2H stream, so a replay whose
   copies ran slower than priced held the tied table's bucket into the next forward (gpt-h512-zoff-bf16 gpu0
   +27%); the buckets are now released on the compute stream (``policies.kit.release_buckets``).
