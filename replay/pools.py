@@ -37,7 +37,11 @@ def _unused(kept: list[Tensor], j: int) -> bool:
         return False
     t = kept[j]
     # the references: kept's, this frame's ``t`` and getrefcount's argument
-    return sys.getrefcount(t) <= 3 and t._use_count() == 1 and _USE_COUNT(t.untyped_storage()._cdata) <= 2  # type: ignore[attr-defined]
+    if sys.getrefcount(t) > 3 or t._use_count() != 1:  # type: ignore[attr-defined]
+        return False
+    return bool(_USE_COUNT(t.untyped_storage()._cdata) <= 2)
+
+
 Held = dict[str, Tensor] | Path  # tensors in memory, or the file holding them on "nvme"
 Key = tuple[str, torch.dtype, tuple[int, ...]]  # a spare buffer's device (":pinned"), dtype and shape
 
