@@ -98,22 +98,15 @@ class Pools:
     def recycle(self, held: Held | None) -> None:
         """Hands back the buffers of ``held`` (which nothing else uses any more) for reuse by :meth:`put`;
         a file on nvme is removed."""
-        if held is None or isinstance(held, Path):
-            self.drop(held)
-            return
-        with self._lock:
-            for t in held.values():
-                pinned = t.device.type == "cpu" and self.pin and t.is_pinned()
-                key = (str(t.device) + (":pinned" if pinned else ""), t.dtype, tuple(t.shape))
-                self._out[key] = max(0, self._out.get(key, 0) - 1)
-                spare = self._free.setdefault(key, [])
-                if len(spare) < self._cap.get(key, 0):
-                    spare.append(t)
+        self._hand_back(held, retired=False)
 
     def retire(self, held: Held | None) -> None:
         """Hands back the buffers of ``held`` that something else may still use (a parameter version an
         autograd graph may still hold): each is reused by :meth:`put` only once nothing but this pool holds its
         storage (at most as many kept per key as :meth:`recycle` keeps spares; a file on nvme is removed)."""
+        self._hand_back(held, retired=True)
+
+    def _hand_back(self, held: Held | None, retired: bool) -> None:
         if held is None or isinstance(held, Path):
             self.drop(held)
             return
@@ -122,16 +115,22 @@ class Pools:
                 pinned = t.device.type == "cpu" and self.pin and t.is_pinned()
                 key = (str(t.device) + (":pinned" if pinned else ""), t.dtype, tuple(t.shape))
                 self._out[key] = max(0, self._out.get(key, 0) - 1)
-                kept = self._retired.setdefault(key, [])
-                kept.append(t)
-                del kept[:max(0, len(kept) - self._cap.get(key, 0))]  # the oldest go back to the allocator
+                cap = self._cap.get(key, 0)
+                if retired:
+                    kept = self._retired.setdefault(key, [])
+                    kept.append(t)
+                    del kept[:max(0, len(kept) - cap)]  # the oldest go back to the allocator
+                else:
+                    spare = self._free.setdefault(key, [])
+                    if len(spare) < cap:
+                        spare.append(t)
 
     def _reclaim(self, key: Key) -> Tensor | None:
         """Under the lock: a retired buffer of ``key`` that nothing else holds any more, taken; else None."""
-        kept = self._retired.get(key)
-        for j in range(len(kept or ())):
-            if _unused(kept, j):  # type: ignore[arg-type]
-                return kept.pop(j)  # type: ignore[union-attr]
+        kept = self._retired.get(key, [])
+        for j in range(len(kept)):
+            if _unused(kept, j):
+                return kept.pop(j)
         return None
 
     def get(self, held: Held, loc: str) -> dict[str, Tensor]:
