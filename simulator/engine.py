@@ -342,7 +342,8 @@ class Engine:
             key = (s.ranks, s.bytes, s.coll)
             rc = self._rings.get(key)
             if rc is None:  # a ring over many ranks is worked out once per shape, not per layer and step
-                rc = self._rings[key] = _RingCache.of(ring(self.route, s.ranks, s.bytes, collective_kind(s)))
+                rc = self._rings[key] = _RingCache.of(ring(self.route, s.ranks, s.bytes, collective_kind(s)),
+                                                      self.net.capacity if self.shared_host else None)
             if not rc.ring.hops:
                 return 0.0, ()
             is_rank = self._is_rank(s)
@@ -391,7 +392,7 @@ class Engine:
 
     def _start_ring(self, key: tuple, rc: _RingCache, task: str) -> simpy.Event:
         """A collective's flow (``_start``), its quotient form worked out once per ring and multiplicity."""
-        amount = rc.ring.per_rank
+        amount = rc.amount
         if self.sym is None or amount <= 0 or not rc.resources:
             return self.net.start(amount, rc.resources, rc.weights)
         mult = self.sym.multiplicity(task)
@@ -415,9 +416,12 @@ class Engine:
 
 
 class _RingCache(NamedTuple):
-    """A ring and what the engine reads of it on every run of a collective (each O(ranks) to derive)."""
+    """A ring and what the engine reads of it on every run of a collective (each O(ranks) to derive): its
+    flow's amount, resources and weights (on a shared host: seconds of work at its solo rate that also occupy
+    one of the host's cores per rank, ``shared_host_ring``)."""
 
     ring: Ring
+    amount: float
     resources: tuple[str, ...]
     weights: tuple[float, ...] | None
     links: tuple[str, ...]
@@ -425,10 +429,25 @@ class _RingCache(NamedTuple):
     hop_bytes: tuple[tuple[tuple[str, ...], float], ...]
 
     @classmethod
-    def of(cls, rg: Ring) -> _RingCache:
-        w = rg.weights
-        return cls(rg, rg.resources, w, rg.links, rg.moved_bytes,
+    def of(cls, rg: Ring, shared_host: Mapping[str, float] | None = None) -> _RingCache:
+        """``shared_host``: the network's capacities where the ranks are the host's own cores, else None."""
+        amount, res, w = rg.per_rank, rg.resources, rg.weights
+        if shared_host is not None and res:
+            amount, res, w = shared_host_ring(rg, shared_host)
+        return cls(rg, amount, res, w, rg.links, rg.moved_bytes,
                    tuple((h.links, b) for h, b in rg.hop_bytes()))
+
+
+def shared_host_ring(rg: Ring, capacity: Mapping[str, float]) -> tuple[float, tuple[str, ...], tuple[float, ...]]:
+    """A collective between ranks that are one host's cores (a CPU-only machine, ``gpu.shares_host``) as a flow:
+    seconds of work at the ring's solo rate over its links, each rank's side of it (one per hop of the ring)
+    one thread's work (gloo copies, sums and sends on the host's cores), so the flow also holds one core per
+    rank and shares the cores with the ranks' compute, copies and optimizer steps (``Engine._host_flow``).
+    ``calibrate --ranks`` times the collective alone, its ranks' threads on as many cores: the solo rate."""
+    solo = solo_rate(usage(rg.resources, rg.weights), capacity)
+    w = rg.weights if rg.weights is not None else (1.0,) * len(rg.resources)
+    return (rg.per_rank / solo, (*rg.resources, HOST_CORES),
+            (*(x * solo for x in w), float(len(rg.hops))))
 
 
 def plan_symmetry(plan: Plan, hw: HardwareSpec, topology: Topology | None = None) -> Symmetry | str:

@@ -666,7 +666,7 @@ def _flow_routes(t: TaskSpec, device: str, route: Callable[[str, str], RouteReso
     if t.op == "collective":
         assert t.coll is not None
         rg = ring(route, t.ranks, max(t.bytes, 1.0), t.coll)
-        return [(rg.resources, rg.links)]
+        return [((*rg.resources, *host), rg.links)] if rg.resources else [(rg.resources, rg.links)]
     return []
 
 

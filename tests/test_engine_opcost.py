@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from engine_helpers import GB, compute, copy, hw, log, one_link, plan, run
+from engine_helpers import GB, compute, copy, hw, log, one_link, plan, ring, run
 
 from costs import compute_seconds, gemm_kernels_seconds, ops_seconds
 from hardware_models import HardwareInputError, load_hardware
@@ -70,6 +70,26 @@ def test_on_a_shared_host_the_cpu_optimizer_slows_the_compute() -> None:
     # 0..0.5: half speed each, o done at 0.5 (0.25 s of work); c has 0.25 s left alone: ends at 0.75
     assert log(run(p, one_link(10), spec=spec)) == [("o", 0, 0.5), ("c", 0, 0.75)]
     assert log(run(p, one_link(10), spec=hw(optimizer_params_per_s=1e9))) == [("o", 0, 0.25), ("c", 0, 0.5)]
+
+
+def test_on_a_shared_host_a_collective_holds_a_core_per_rank() -> None:
+    """Two CPU ranks' gloo all-reduce is each rank's thread copying and summing on the host's cores: beside
+    both ranks' compute (one core each) on two cores, the three flows want four cores and all run at half
+    speed (measured on a 2-core host: the reductions of gpt-h512-none-bf16-2r took 6x their solo price beside
+    the compute, and the forwards beside them 1.6x theirs, docs/calib.md)."""
+    ranks = ("gpu0", "gpu1")
+    ar = TaskSpec("ar", "collective", "gpu0.comm", bytes=50 * GB, coll="all_reduce", ranks=ranks)  # 0.5 s alone
+    tasks = [ar, compute("c0", "gpu0.compute", hbm_gb=HALF_S_OF_HBM), compute("c1", "gpu1.compute",
+                                                                            hbm_gb=HALF_S_OF_HBM)]
+    streams = [("gpu0.comm", "gpu0", "comm"), COMP, ("gpu1.compute", "gpu1", "compute")]
+    topo = ring(2, 100)
+    assert log(run(plan(tasks[:1], streams), topo, spec=shared(cores=2))) == [("ar", 0, 0.5)]  # solo: 2 cores
+    both = log(run(plan(tasks, streams), topo, spec=shared(cores=2)))
+    assert [(n, a, pytest.approx(b, rel=1e-12)) for n, a, b in both] == [("ar", 0, 1.0), ("c0", 0, 1.0),
+                                                                          ("c1", 0, 1.0)]
+    assert log(run(plan(tasks, streams), topo, spec=shared(cores=4))) == [("ar", 0, 0.5), ("c0", 0, 0.5),
+                                                                          ("c1", 0, 0.5)]
+    assert log(run(plan(tasks, streams), topo)) == [("ar", 0, 0.5), ("c0", 0, 0.5), ("c1", 0, 0.5)]  # GPUs
 
 
 def _layer_records(overrides: list[str]):  # type: ignore[no-untyped-def]
