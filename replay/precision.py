@@ -127,6 +127,22 @@ class Precision:
         with torch.autocast(self.device_type, dtype=self.dtype):
             yield
 
+    def wire_gradients(self, flat: Tensor, n: int) -> Tensor:
+        """What a gradient collective over ``n`` ranks sends of the fp32 ``flat``: in mixed precision the
+        gradients in the plan's 16-bit dtype (the 2 B per parameter the plans price, as DeepSpeed and Megatron
+        reduce bf16 / fp16 gradients), each rank's divided by ``n`` first (DeepSpeed's pre-divide: the fp16 sum
+        of loss-scaled gradients cannot overflow where one rank's does not); in fp32 ``flat`` itself (summed
+        in place, divided after: :meth:`mean_from_wire`)."""
+        if not self.mixed:
+            return flat
+        return flat.div(n).to(self.dtype) if n != 1 else flat.to(self.dtype)
+
+    def mean_from_wire(self, summed: Tensor, n: int) -> Tensor:
+        """The ranks' mean gradient in fp32 from what :meth:`wire_gradients` sent, summed over the ranks."""
+        if not self.mixed:
+            return summed.div_(n)
+        return summed.to(torch.float32)
+
     def unscale(self, grads: dict[str, Tensor], what: str) -> None:
         """Divide loss-scaled gradients (in place) by the loss scale; ReplayError on a non-finite one."""
         if self.name != "fp16":

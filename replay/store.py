@@ -725,15 +725,16 @@ class Store:
                 if isinstance(held, Path):
                     raise ReplayError(f"task {uid!r}: reduces gradients held on nvme; reduce them on the GPU")
                 flat = self.flat(i, held) if "flat" not in held else held["flat"]
-                if coll == "reduce_scatter" and i in self.sharding.layers:
-                    out = {"flat": comm.reduce_scatter(flat, stream, n).div_(n)}
-                elif coll in ("all_reduce", "reduce_scatter"):
-                    comm.all_reduce(flat, stream)
-                    flat.div_(n)
-                    out = self.unflat(i, flat)
-                else:
+                if coll not in ("all_reduce", "reduce_scatter"):
                     raise ReplayError(f"task {uid!r}: a gradient reduction by {coll!r} is not supported")
-                moved += flat.numel() * flat.element_size()
+                wire = self.precision.wire_gradients(flat, n)
+                if coll == "reduce_scatter" and i in self.sharding.layers:
+                    out = {"flat": self.precision.mean_from_wire(comm.reduce_scatter(wire, stream, n), n)}
+                else:
+                    comm.all_reduce(wire, stream)
+                    flat.copy_(self.precision.mean_from_wire(wire, n))
+                    out = self.unflat(i, flat)
+                moved += wire.numel() * wire.element_size()
                 with self.lock:
                     self.grads[k] = out
                     self.reduced.add(k)

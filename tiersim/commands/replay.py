@@ -130,8 +130,9 @@ def _replay(args: argparse.Namespace, plan: Plan, hw: Any, simulated: Any) -> in
         print(f"ranks: {world} processes ({'NCCL' if meas.device.startswith('cuda') else 'gloo'}), "
               f"{replicas} data-parallel replica(s); replicas' weights differ by at most {spread:.3g}")
     if d["verify"] is not None and not d["verify"].get("weights_gated", True) and not args.json:
-        print(f"verify: the weights' error is reported, not held to the tolerance: tensor-parallel sums in "
-              f"{plan.workload.config.precision} round unlike one process's (replay.reference.weights_gated); "
+        print(f"verify: the weights' error is reported, not held to the tolerance: split sums in "
+              f"{plan.workload.config.precision} (tensor parallelism, or a 16-bit gradient reduction over more "
+              "than two ranks) round unlike one process's (replay.reference.weights_gated); "
               "plan with --precision fp32 to check the weights")
     if d["verify"] is not None and d["verify"].get("not_compared") and not args.json:
         print(f"verify: not compared: {', '.join(d['verify']['not_compared'])} (their gradient is zero in exact "
@@ -162,11 +163,11 @@ def _verify(plan: Plan, seed: int, accum: dict[int, int], world: int, meas: Any,
                                               delayed=delayed, device=pick_device(meas.device), world=world,
                                               host_layers=host_updated_layers(plan, dims.n_layers + 2))
     skip = not_compared(dims, world, tp)
-    gated = weights_gated(cfg.precision, tp)
+    gated = weights_gated(cfg.precision, tp, world)
     v = compare(meas.losses, meas.weights, ref_losses, ref_weights, "delayed-update" if delayed else "plain",
                 rtol_for(world, cfg.precision, tp), skip, gated).to_dict()
     v["tensor_parallel"] = tp
-    v["weights_gated"] = gated  # False: tp in 16-bit precision, losses only (replay.reference.weights_gated)
+    v["weights_gated"] = gated  # False: tp, or > 2 ranks, in 16 bits: losses only (replay.reference.weights_gated)
     v["not_compared"] = sorted(skip)  # gradients of pure rounding noise (replay.reference.noise_only)
     v["replicas"] = world
     v["replica_spread"] = spread
