@@ -182,9 +182,23 @@ class _Emitter:
             for r, g in enumerate(self.gpus):
                 self._layer_backward(i, r, g, [ready[g]] if ready else [])
             self.grads(i)
+        for r, g in enumerate(self.gpus):
+            self._release_buckets(None, r, g)
+
+    def _release_buckets(self, i: int | None, r: int, g: str) -> None:
+        """Levels 2 and 3: on GPU g's compute stream, the gradient buckets ``kit.bucket_release`` releases before
+        layer i's backward (None: after the micro-step's last), each once its copy to the CPU has ended, so the
+        GPU's peak is the compute order's at every timing (``kit.release_buckets``; the copy freed its bucket
+        before, and a replay whose copies ran slower than priced held more buckets: gpt-h2048-lazytrain's gpu0
+        peak +26%, docs/calib.md)."""
+        if self.level < 2:
+            return
+        for o in kit.bucket_release(self.order, i, GRAD_BUCKETS):
+            kit.release(self.b, f"gfree{o}.{g}", g, [(f"gb{o}.{g}", g)], layer=o, rank=r, deps=[f"d2h{o}.{g}"])
 
     def _layer_backward(self, i: int, r: int, g: str, deps: list[str]) -> None:
         b, layer, place = self.b, self.layers[i], self.opts[i].place
+        self._release_buckets(i, r, g)
         if place != "gpu":
             gate = self.fetch_gate(i)
             fetch_deps = [f"out{i}.{g}"] + ([f"bwd{gate}.{g}"] if gate is not None else [])
@@ -214,8 +228,7 @@ class _Emitter:
         ub = self.unit_b[i]
         red = kit.reduce(b, f"rs{i}", "dp.grad", gpus, ub, bwd, layer=i) if n > 1 else None
         for r, g in enumerate(gpus):
-            kit.offload(b, f"d2h{i}.{g}", g, ub / n, [red or f"bwd{i}.{g}"], layer=i, rank=r,
-                        frees=[(f"gb{i}.{g}", g)])
+            kit.offload(b, f"d2h{i}.{g}", g, ub / n, [red or f"bwd{i}.{g}"], layer=i, rank=r)
 
     def _swap_in(self, i: int, r: int) -> None:
         """Read layer i's optimizer states of rank r once the write-back OPTIMIZER_STAGES layers before is done."""
