@@ -32,6 +32,7 @@ from replay.precision import RTOL_FP32, Precision, tolerance
 from replay.runner import task_layers
 from replay.store import ADAM, Batching
 from replay.threads import cpu_op_threads
+from simulator.phase import Phase
 from simulator.plan import Plan
 
 RTOL = RTOL_FP32  # fp32; bf16 / fp16 replays: replay.precision.tolerance
@@ -91,6 +92,20 @@ def not_compared(dims: Dims, world: int, tp: int) -> frozenset[str]:
     return noise_only(dims) if tp > 1 or world > 2 else frozenset()
 
 
+def tied_sync_split(plan: Plan) -> bool:
+    """Does ``plan`` keep the tied table's two uses apart (a pipeline whose last stage holds its own copy of
+    the table, summed by a tied-grad-sync collective once per step)? Its replay then sums the embedding's
+    gradients over the step's micro-steps, and the head's, and adds the two sums (``Store.sync_tied``), where
+    one process adds the two uses micro-step by micro-step: the reference follows the plan's order."""
+    return any(t.tags.get("phase") == Phase.TIED_GRAD_SYNC for seg in plan.segments for t in seg.tasks)
+
+
+def _tie_sum(prec: Precision, emb: Tensor, head: Tensor) -> Tensor:
+    """The tied table's gradient as ``Store.sync_tied`` makes it from the two stages' step sums: each sent in
+    the plan's gradient dtype, added in it (two operands: one rounding, in any order), back in fp32."""
+    return prec.mean_from_wire(prec.wire_gradients(emb, 1) + prec.wire_gradients(head, 1), 1)
+
+
 def host_updated_layers(plan: Plan, n_layers: int) -> frozenset[int]:
     """The layers (of ``n_layers`` modules: the embedding, the blocks, the head) whose optimizer tasks run on a
     host pool (a CPU Adam over host masters), from the plan's optimizer tasks and their streams' devices (an
@@ -139,8 +154,8 @@ class ReferenceAdam:
 
 
 def train_reference(dims: Dims, batching: Batching, steps: int, accum: dict[int, int], *, delayed: bool,
-                    device: torch.device, world: int = 1, host_layers: frozenset[int] = frozenset()
-                    ) -> tuple[dict[tuple[int, int], float], list[dict[str, Tensor]]]:
+                    device: torch.device, world: int = 1, host_layers: frozenset[int] = frozenset(),
+                    tied_split: bool = False) -> tuple[dict[tuple[int, int], float], list[dict[str, Tensor]]]:
     """Train the plain way, with the replay's thread setting (``replay.threads``): the same float summation
     order, so a parameter whose gradient is rounding noise (a key bias under softmax) gets the same Adam step.
 
@@ -152,24 +167,29 @@ def train_reference(dims: Dims, batching: Batching, steps: int, accum: dict[int,
     sends, ``Precision.wire_gradients``), then summed over the waves.
     With two ranks the sum is exact in any order, so the replay must match to the last bit; beyond two, a
     collective may associate the sum differently (a few ulps, see RTOL). ``host_layers``: the layers the
-    replay updates with a CPU Adam (``host_updated_layers``), stepped on the CPU here too (``ReferenceAdam``)."""
+    replay updates with a CPU Adam (``host_updated_layers``), stepped on the CPU here too (``ReferenceAdam``).
+    ``tied_split``: the head's use of a tied table gets its own gradient, summed over the step apart from the
+    embedding's and added to it at the step's end (``tied_sync_split``)."""
+    if tied_split and not dims.tied:
+        tied_split = False
     with cpu_op_threads(device):
         if world > 1:
             return _train_reference_dp(dims, batching, steps, accum, delayed=delayed, device=device, world=world,
-                                       host_layers=host_layers)
+                                       host_layers=host_layers, tied_split=tied_split)
         return _train_reference(dims, batching, steps, accum, delayed=delayed, device=device,
-                                host_layers=host_layers)
+                                host_layers=host_layers, tied_split=tied_split)
 
 
 def _train_reference_dp(dims: Dims, batching: Batching, steps: int, accum: dict[int, int], *, delayed: bool,
-                        device: torch.device, world: int, host_layers: frozenset[int] = frozenset()
-                        ) -> tuple[dict[tuple[int, int], float], list[dict[str, Tensor]]]:
+                        device: torch.device, world: int, host_layers: frozenset[int] = frozenset(),
+                        tied_split: bool = False) -> tuple[dict[tuple[int, int], float], list[dict[str, Tensor]]]:
     layers = [m.to(device) for m in build_layers(dims, batching.seed)]
     prec = Precision(batching.precision, device.type)
     params = [p for m in layers for p in m.parameters()]
     opt = ReferenceAdam(layers, device, host_layers)
     losses: dict[tuple[int, int], float] = {}
     prev: list[Tensor] = [p.detach().clone() for p in params]  # M_{s-1} for a delayed update
+    wte = [n for n, _ in layers[0].named_parameters()].index("wte") if tied_split else -1
     for s in range(steps):
         n_micro = accum.get(s, 1)
         now = [p.detach().clone() for p in params]
@@ -186,6 +206,10 @@ def _train_reference_dp(dims: Dims, batching: Batching, steps: int, accum: dict[
                     names = [n for n, _ in m.named_parameters()]
                     per_layer.append(dict(zip(names, leaves[k:k + len(names)], strict=True)))
                     k += len(names)
+                head_wte = per_layer[0]["wte"] if dims.tied else None
+                if tied_split:  # the last stage's own copy of the table: a leaf of its own, last in the list
+                    head_wte = used[wte].detach().requires_grad_(True)
+                    leaves.append(head_wte)
                 tokens, targets = batch(batching.seed, s, mi * world + r, batching.micro_batch, batching.seq_len,
                                         dims.vocab)
                 tokens, targets = tokens.to(device), targets.to(device)
@@ -193,8 +217,7 @@ def _train_reference_dp(dims: Dims, batching: Batching, steps: int, accum: dict[
                     x = functional_call(layers[0], per_layer[0], (tokens,))
                     for i in range(1, len(layers) - 1):
                         x = functional_call(layers[i], per_layer[i], (x,))
-                    loss = functional_call(layers[-1], per_layer[-1],
-                                           (x, targets, per_layer[0]["wte"] if dims.tied else None))
+                    loss = functional_call(layers[-1], per_layer[-1], (x, targets, head_wte))
                 losses[(s, mi * world + r)] = float(loss.detach())
                 grads = torch.autograd.grad(loss * prec.loss_scale / n_micro, leaves)
                 wave = list(grads) if wave is None else [a + b for a, b in zip(wave, grads, strict=True)]
@@ -205,6 +228,9 @@ def _train_reference_dp(dims: Dims, batching: Batching, steps: int, accum: dict[
             wave = [prec.mean_from_wire(g, world) for g in sent] if sent is not None else [g / world for g in wave]
             total = wave if total is None else [a + b for a, b in zip(total, wave, strict=True)]
         assert total is not None
+        if tied_split:  # the two stages' step sums of the table's gradient, added (Store.sync_tied)
+            head = total.pop()
+            total[wte] = _tie_sum(prec, total[wte], head)
         k = 0
         for i, m in enumerate(layers):  # the loss scale comes off per layer, as the replay's optimizer tasks do
             names = [n for n, _ in m.named_parameters()]
@@ -218,7 +244,7 @@ def _train_reference_dp(dims: Dims, batching: Batching, steps: int, accum: dict[
 
 
 def _train_reference(dims: Dims, batching: Batching, steps: int, accum: dict[int, int], *, delayed: bool,
-                     device: torch.device, host_layers: frozenset[int] = frozenset()
+                     device: torch.device, host_layers: frozenset[int] = frozenset(), tied_split: bool = False
                      ) -> tuple[dict[tuple[int, int], float], list[dict[str, Tensor]]]:
     layers = [m.to(device) for m in build_layers(dims, batching.seed)]
     prec = Precision(batching.precision, device.type)
@@ -231,6 +257,11 @@ def _train_reference(dims: Dims, batching: Batching, steps: int, accum: dict[int
         if delayed:
             used = [{n: t.detach().clone().requires_grad_(True) for n, t in d.items()}
                     for d in snaps[max(s - 1, 0)]]
+        table: Tensor | None = None
+        if dims.tied:
+            table = used[0]["wte"] if delayed else dict(layers[0].named_parameters())["wte"]
+        # the head's use of the table: the table itself, or (tied_split) a leaf of its own for the step
+        head_wte = table.detach().requires_grad_(True) if tied_split and table is not None else table
         for mi in range(n_micro):
             tokens, targets = batch(batching.seed, s, mi, batching.micro_batch, batching.seq_len, dims.vocab)
             tokens, targets = tokens.to(device), targets.to(device)
@@ -239,18 +270,22 @@ def _train_reference(dims: Dims, batching: Batching, steps: int, accum: dict[int
                     x = functional_call(layers[0], used[0], (tokens,))
                     for i in range(1, len(layers) - 1):
                         x = functional_call(layers[i], used[i], (x,))
-                    loss = functional_call(layers[-1], used[-1], (x, targets, used[0]["wte"] if dims.tied else None))
+                    loss = functional_call(layers[-1], used[-1], (x, targets, head_wte))
                 else:
                     x = layers[0](tokens)
                     for m in layers[1:-1]:
                         x = m(x)
-                    loss = layers[-1](x, targets, layers[0].wte if dims.tied else None)
+                    loss = layers[-1](x, targets, head_wte)
             losses[(s, mi)] = float(loss.detach())
             (loss * prec.loss_scale / n_micro).backward()
         if delayed:
             for m, d in zip(layers, used, strict=True):
                 for n, p in m.named_parameters():
                     p.grad = d[n].grad
+        if tied_split and head_wte is not None:  # the two stages' step sums, added (Store.sync_tied)
+            emb = dict(layers[0].named_parameters())["wte"]
+            assert emb.grad is not None and head_wte.grad is not None
+            emb.grad = _tie_sum(prec, emb.grad, head_wte.grad)
         for i, m in enumerate(layers):
             grads = {n: p.grad for n, p in m.named_parameters() if p.grad is not None}
             prec.unscale(grads, f"reference: layer {i}, step {s}")

@@ -742,25 +742,32 @@ class Store:
 
     def sync_tied(self, uid: str, comm: Any, stream: str, step: int, loc: str) -> int:
         """The tied table's two gradients summed (Megatron's embedding all-reduce between the first and the
-        last pipeline stage): this rank's (the embedding's ``wte``, or the head's copy) with the other's,
-        micro-step by micro-step, in place; each stage's optimizer then updates its copy identically."""
+        last pipeline stage, once per step, as the plan prices it): this rank's (the embedding's ``wte``, or
+        the head's copy), summed over the step's micro-steps in their order, with the other's, in the plan's
+        gradient dtype (``Precision.wire_gradients``); the sum takes the first micro-step's place and the
+        others' become zeros, so each stage's optimizer, which adds the micro-steps, updates its copy with the
+        same sum. ``replay.reference.tied_sync_split`` trains the reference in that order."""
         i = self.head if self.own_table else 0
         with self.lock:
             keys = sorted(k for k in self.grads if k[0] == loc and k[1] == i and k[2] == step)
         if not keys:
             raise ReplayError(f"task {uid!r}: sums the tied table's gradients of step {step}, but layer {i}'s are "
                               f"not on {loc!r}: its backward has not run or they already moved")
-        moved = 0
+        parts = []
         for k in keys:
             held = self.grads[k]
             if isinstance(held, Path):
                 raise ReplayError(f"task {uid!r}: sums tied gradients held on nvme; sum them on the GPU")
-            g = held["wte"]
-            flat = g.detach().to(torch.float32).contiguous().clone()
-            comm.all_reduce(flat, stream)
-            g.copy_(flat.view_as(g))
-            moved += flat.numel() * 4
-        return moved
+            parts.append(held["wte"])
+        total = parts[0].detach().to(torch.float32).contiguous().clone()
+        for g in parts[1:]:
+            total.add_(g)
+        wire = self.precision.wire_gradients(total, 1)
+        comm.all_reduce(wire, stream)
+        parts[0].copy_(wire.view_as(parts[0]))
+        for g in parts[1:]:
+            g.zero_()
+        return wire.numel() * wire.element_size()
 
     def send_boundary(self, uid: str, comm: Any, stream: str, peer: int, step: int, m: int, grad: bool) -> int:
         """Send this stage's boundary tensor of (step, micro-step m) to the peer rank: the output of its last

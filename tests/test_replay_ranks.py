@@ -19,7 +19,7 @@ from replay.dist_merge import replica_spread  # noqa: E402
 from replay.errors import ReplayError, ReplayTimeout  # noqa: E402
 from replay.model import Dims  # noqa: E402
 from replay.ranks import rank_view, shared_groups, stream_owners  # noqa: E402
-from replay.reference import compare, rtol_for, train_reference, weights_gated  # noqa: E402
+from replay.reference import compare, rtol_for, tied_sync_split, train_reference, weights_gated  # noqa: E402
 from replay.store import Batching  # noqa: E402
 from simulator import Plan  # noqa: E402
 from tiersim.api import JobRequest, make_job  # noqa: E402
@@ -54,7 +54,7 @@ def replay_and_verify(plan: Plan, timeout_s: float | None = None):  # type: igno
     ref_losses, ref_weights = train_reference(Dims.from_model(plan.workload.model),
                                               Batching(SEED, cfg.micro_batch, cfg.seq_len, cfg.precision), plan.steps,
                                               ranks[0].accum, delayed=delayed, device=torch.device("cpu"),
-                                              world=world)
+                                              world=world, tied_split=tied_sync_split(plan))
     verdict = compare(meas.losses, meas.weights, ref_losses, ref_weights, "dp", rtol_for(world, cfg.precision),
                       gate_weights=weights_gated(cfg.precision, 1, world))
     return meas, ranks, verdict

@@ -25,6 +25,7 @@ from replay.reference import (  # noqa: E402
     noise_only,
     not_compared,
     rtol_for,
+    tied_sync_split,
     train_reference,
     weights_gated,
 )
@@ -130,9 +131,10 @@ def test_tied_head_on_the_last_stage_sums_the_table_gradients() -> None:
     cfg = plan.workload.config
     ref_l, ref_w = train_reference(Dims.from_model(plan.workload.model),
                                    Batching(SEED, cfg.micro_batch, cfg.seq_len, cfg.precision), plan.steps,
-                                   ranks[0].accum, delayed=False, device=torch.device("cpu"), world=1)
+                                   ranks[0].accum, delayed=False, device=torch.device("cpu"), world=1,
+                                   tied_split=tied_sync_split(plan))
     v = compare(meas.losses, meas.weights, ref_l, ref_w, "plain", rtol_for(1, cfg.precision))
-    assert v.ok and v.max_weight_rel_err == 0.0, v
+    assert tied_sync_split(plan) and v.ok and v.max_weight_rel_err == 0.0, v
     assert "wte" in ranks[1].weights[-1] and replica_spread(ranks) == 0.0  # the copy is the table, bit for bit
     assert {r.id for r in meas.records} >= {t.id for t in ties}
 

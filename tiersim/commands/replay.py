@@ -151,7 +151,15 @@ def _verify(plan: Plan, seed: int, accum: dict[int, int], world: int, meas: Any,
     stages share their micro-batches); ``tp``: the tensor-parallel ranks of a layer (their sums round
     differently: ``replay.reference.RTOL_TP``); the replicas of a data-parallel replay must agree too."""
     from replay.model import Dims
-    from replay.reference import compare, host_updated_layers, not_compared, rtol_for, train_reference, weights_gated
+    from replay.reference import (
+        compare,
+        host_updated_layers,
+        not_compared,
+        rtol_for,
+        tied_sync_split,
+        train_reference,
+        weights_gated,
+    )
     from replay.runner import pick_device
     from replay.store import Batching
 
@@ -161,7 +169,8 @@ def _verify(plan: Plan, seed: int, accum: dict[int, int], world: int, meas: Any,
     dims = Dims.from_model(plan.workload.model)
     ref_losses, ref_weights = train_reference(dims, batching, plan.steps, accum,
                                               delayed=delayed, device=pick_device(meas.device), world=world,
-                                              host_layers=host_updated_layers(plan, dims.n_layers + 2))
+                                              host_layers=host_updated_layers(plan, dims.n_layers + 2),
+                                              tied_split=tied_sync_split(plan))
     skip = not_compared(dims, world, tp)
     gated = weights_gated(cfg.precision, tp, world)
     v = compare(meas.losses, meas.weights, ref_losses, ref_weights, "delayed-update" if delayed else "plain",
