@@ -226,9 +226,11 @@ def spec_dict(cal: Calibration, base: Mapping[str, Any] | None = None, base_name
 
     # ---------------------------------------------------------------- nvme
     d = cal.disk
-    disk_how = (f"sequential {d.file_bytes / 2**20:.0f} MiB file in {d.directory} ({d.fs_type}), "
-                + ("O_DIRECT with 4 KiB-aligned mmap buffers" if d.method == "O_DIRECT"
-                   else "write + fsync, then read after posix_fadvise(POSIX_FADV_DONTNEED) (no O_DIRECT there)"))
+    disk_how = (f"a {d.file_bytes / 2**20:.0f} MiB file of tensors in {d.directory} ({d.fs_type}) as the runner "
+                "moves them to and from nvme (replay.nvme_files: through a reused page-aligned staging buffer), "
+                + ("O_DIRECT" if d.method == "O_DIRECT"
+                   else "write + fsync, then read after posix_fadvise(POSIX_FADV_DONTNEED) (no O_DIRECT there)")
+                + ", median of 3 passes after a first")
     nvme: dict[str, Any] = {
         "count": 1,
         "capacity_each": float(d.capacity_free),

@@ -1,5 +1,5 @@
 """Where real tensors live: ``gpu*`` on the compute device, ``cpu`` in (pinned) host memory, ``nvme`` in
-files of a directory, written and read for real.
+files of a directory, written and read for real, past the page cache (``replay.nvme_files``).
 
 Buffers are recycled, as a caching allocator does: a tensor handed back with :meth:`Pools.recycle` (its
 owner guarantees nothing else uses it) is reused by the next :meth:`Pools.put` of the same device, dtype and
@@ -25,6 +25,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from replay.nvme_files import NvmeFile, Staging, reading, write_tensors
+
 # how many tensors share a storage (torch's own; private, so absent in a future torch means: never reclaim)
 _USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)
 
@@ -42,7 +44,7 @@ def _unused(kept: list[Tensor], j: int) -> bool:
     return bool(_USE_COUNT(t.untyped_storage()._cdata) <= 2)
 
 
-Held = dict[str, Tensor] | Path  # tensors in memory, or the file holding them on "nvme"
+Held = dict[str, Tensor] | NvmeFile  # tensors in memory, or the file holding them on "nvme" (replay.nvme_files)
 Key = tuple[str, torch.dtype, tuple[int, ...]]  # a spare buffer's device (":pinned"), dtype and shape
 
 
@@ -60,6 +62,7 @@ class Pools:
         self._out: dict[Key, int] = {}  # tensors put() handed out and not handed back yet
         self._cap: dict[Key, int] = {}  # the most put() had out at once: the spares worth keeping
         self._retired: dict[Key, list[Tensor]] = {}  # handed back while maybe still in use (retire)
+        self._staging = Staging()  # the nvme files' transfer buffers (replay.nvme_files)
 
     def torch_device(self, loc: str) -> torch.device:
         if loc.startswith("gpu"):
@@ -77,9 +80,8 @@ class Pools:
         """Copies ``tensors`` to ``loc`` (a file there for nvme) and returns what holds them."""
         if loc == "nvme":
             safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
-            path = self.nvme_dir() / f"{safe}.{self._prefix}.{next(self._ids)}.pt"
-            torch.save({k: v.detach().cpu() for k, v in tensors.items()}, path)
-            return path
+            path = self.nvme_dir() / f"{safe}.{self._prefix}.{next(self._ids)}.bin"
+            return write_tensors(path, tensors, self._staging)
         dev = self.torch_device(loc)
         pin = self.pin and loc == "cpu"
         out = {}
@@ -107,7 +109,7 @@ class Pools:
         self._hand_back(held, retired=True)
 
     def _hand_back(self, held: Held | None, retired: bool) -> None:
-        if held is None or isinstance(held, Path):
+        if held is None or isinstance(held, NvmeFile):
             self.drop(held)
             return
         with self._lock:
@@ -136,15 +138,17 @@ class Pools:
     def get(self, held: Held, loc: str) -> dict[str, Tensor]:
         """The tensors of ``held`` on ``loc``'s device (read from the file for nvme)."""
         dev = self.torch_device(loc)
-        if isinstance(held, Path):
-            data = torch.load(held, weights_only=True)
-            return {k: v.to(dev) for k, v in data.items()}
+        if isinstance(held, NvmeFile):  # into this pool's buffers of the tensors' shapes (recycle hands them back)
+            with reading(held, self._staging) as views:
+                out = self.put(loc if loc != "nvme" else "cpu", views, "")
+            assert isinstance(out, dict)
+            return out
         return {k: v.to(dev) for k, v in held.items()}
 
     @staticmethod
     def drop(held: Held | None) -> None:
-        if isinstance(held, Path):
-            held.unlink(missing_ok=True)
+        if isinstance(held, NvmeFile):
+            held.path.unlink(missing_ok=True)
 
     @staticmethod
     def nbytes(tensors: dict[str, Tensor]) -> int:
@@ -156,6 +160,7 @@ class Pools:
             self._out.clear()
             self._cap.clear()
             self._retired.clear()
+        self._staging.close()
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -32,6 +31,7 @@ from torch.func import functional_call
 from replay.data import batch
 from replay.errors import ReplayError
 from replay.model import Dims
+from replay.nvme_files import NvmeFile
 from replay.pools import Held, Pools
 from replay.precision import Precision
 from replay.tensor_parallel import (
@@ -670,7 +670,7 @@ class Store:
         tensors = self.pools.get(held, src)  # in memory: the held tensors themselves
         moved = self.pools.put(dst, tensors, f"grad{layer}.s{step}.m{micro}")
         self.pools.recycle(held)
-        if isinstance(held, Path):
+        if isinstance(held, NvmeFile):
             self.pools.recycle(tensors)  # read from the file for this copy only
         with self.lock:
             self.grads[(dst, layer, step, micro)] = moved
@@ -687,7 +687,7 @@ class Store:
                 self.buffers[(key, src)] = held
         data = self.pools.get(held, src)  # in memory: the held tensors themselves
         moved = self.pools.put(dst, data, key)
-        if isinstance(held, Path):
+        if isinstance(held, NvmeFile):
             self.pools.recycle(data)  # read from the file for this copy only
         with self.lock:
             if inst is not None:
@@ -722,7 +722,7 @@ class Store:
                                   f"are on {loc!r}: the backward has not run or they already moved")
             for k in keys:
                 held = self.grads[k]
-                if isinstance(held, Path):
+                if isinstance(held, NvmeFile):
                     raise ReplayError(f"task {uid!r}: reduces gradients held on nvme; reduce them on the GPU")
                 flat = self.flat(i, held) if "flat" not in held else held["flat"]
                 if coll not in ("all_reduce", "reduce_scatter"):
@@ -756,7 +756,7 @@ class Store:
         parts = []
         for k in keys:
             held = self.grads[k]
-            if isinstance(held, Path):
+            if isinstance(held, NvmeFile):
                 raise ReplayError(f"task {uid!r}: sums tied gradients held on nvme; sum them on the GPU")
             parts.append(held["wte"])
         total = parts[0].detach().to(torch.float32).contiguous().clone()

@@ -377,7 +377,7 @@ def calibrated_spec(quick: bool = False, recalibrate: bool = False, cache_dir: s
     if ranks > 1:
         return ranks_spec(calibrated_spec(quick, recalibrate, cache_dir, precision), quick, recalibrate, cache_dir,
                           precision, ranks)
-    path = folder / (f"calibrated-quick-{precision}-v9.json" if quick else f"calibrated-{precision}-v9.json")
+    path = folder / (f"calibrated-quick-{precision}-v10.json" if quick else f"calibrated-{precision}-v10.json")
     if path.is_file() and not recalibrate and _private(folder):
         try:
             return spec_from_dict(json.loads(path.read_text()), file=str(path))
@@ -438,7 +438,7 @@ def ranks_spec(one: HardwareSpec, quick: bool, recalibrate: bool, cache_dir: str
     """``one`` (this machine's 1-rank spec in ``precision``) with what ``ranks`` rank processes share, measured
     once and cached beside it."""
     folder = Path(cache_dir) if cache_dir else _private_temp_dir()
-    path = folder / f"calibrated-{'quick-' if quick else ''}{precision}-r{ranks}-v9.json"
+    path = folder / f"calibrated-{'quick-' if quick else ''}{precision}-r{ranks}-v10.json"
     if path.is_file() and not recalibrate and _private(folder):
         try:
             return spec_from_dict(json.loads(path.read_text()), file=str(path))
