@@ -56,6 +56,25 @@ def _pct(e: float | None) -> str:
     return "n/a" if e is None else f"{e * 100:+.1f}%"
 
 
+BYTES_NOTE_AT = 0.05  # say so when the bytes the runner moved differ from the plan's by more than this
+
+
+def bytes_moved_lines(priced: float, real: float) -> list[str]:
+    """The bytes the replay moved over links and collectives (all steps) against the plan's, and why they
+    differ where they do: the runner keeps fp32 working parameters and gradients (PyTorch AMP:
+    ``replay.precision``) where a 16-bit plan prices 2 B per parameter, so its uploads, gathers and gradient
+    copies move twice the priced bytes (its gradient reductions are sent in the plan's dtype)."""
+    if priced <= 0 and real <= 0:
+        return []
+    line = f"bytes moved (all steps, every link and ring hop): priced {fmt_bytes(priced)}, real {fmt_bytes(real)}"
+    if priced > 0:
+        line += f" ({_pct(real / priced - 1.0)})"
+    if priced <= 0 or abs(real / priced - 1.0) > BYTES_NOTE_AT:
+        line += ("; the runner keeps fp32 working parameters and gradients where a 16-bit plan prices 2 B per "
+                 "parameter (replay.precision), so its copies and gathers of them move more than priced")
+    return [line]
+
+
 def format_comparison(d: Mapping[str, Any]) -> str:
     sim, meas, err = d["simulated"], d["measured"], d["error"]
     rows = [("step time", fmt_seconds(sim["step_time_s"]), fmt_seconds(meas["step_time_s"]), _pct(err["step_time"]))]
@@ -75,6 +94,7 @@ def format_comparison(d: Mapping[str, Any]) -> str:
     if losses:
         out.append("losses: " + ", ".join(f"s{s}.{m} {v:.6f}" for s, m, v in losses))
     out.append("peak bytes are the plan's bytes as the runner allocated and freed them (its own accounting)")
+    out += bytes_moved_lines(meas.get("link_bytes_priced", 0.0), meas.get("link_bytes_real", 0.0))
     v = d.get("verify")
     if v is not None:
         verdict = "OK" if v["ok"] else "MISMATCH"

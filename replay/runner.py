@@ -631,12 +631,13 @@ class Runner:
         n = len(s.ranks)
         nxt = s.ranks[(s.ranks.index(self.gpu) + 1) % n]
         per_rank = ring_per_rank_bytes(s.bytes, n, collective_kind(s))
+        real_per_rank = ring_per_rank_bytes(real, n, collective_kind(s))  # the same ring over the real tensor
         links = tuple(h.link for h in self.topo.route(self.gpu, nxt))
         with self.mem_lock:
             for ln in links:
                 self.link_bytes[ln] += per_rank
                 self.by_step[t.step][ln] += per_rank
-                self.real_bytes[ln] += real / n
+                self.real_bytes[ln] += real_per_rank
         return per_rank, links
 
 

@@ -811,7 +811,7 @@ class Store:
                     raise ReplayError(f"task {uid!r}: gathers layer {i}'s parameters, but no shard of them was "
                                       f"uploaded to {self.compute_loc!r}")
             full = comm.all_gather(part.to(self.pools.device), stream, n)
-            moved += part.numel() * part.element_size()
+            moved += full.numel() * full.element_size()  # the collective's size: the gathered tensor
             with self.lock:
                 self._store_version(i, v, self.unflat(i, full))
                 self.produced.setdefault(uid, {})[i] = v

@@ -110,7 +110,8 @@ def _replay(args: argparse.Namespace, plan: Plan, hw: Any, simulated: Any) -> in
     extra: dict[str, Any] = {
         "device": meas.device, "wall_s": meas.wall_s, "step_times_s": meas.step_times(), "tasks": len(meas.records),
         "losses": [[s, m, v] for (s, m), v in sorted(meas.losses.items())],
-        "real_link_bytes": meas.real_link_bytes, "seed": seed, "steps": plan.steps, "ranks": world,
+        "real_link_bytes": meas.real_link_bytes, "link_bytes_priced": sum(meas.link_bytes.values()),
+        "link_bytes_real": sum(meas.real_link_bytes.values()), "seed": seed, "steps": plan.steps, "ranks": world,
         "timing_note": note, "replica_spread": spread,
         "gemm16": replay_gemm16_lines(plan.workload.config.precision, meas.device.split(":")[0], hw.sources),
     }
