@@ -132,11 +132,21 @@ Findings (2-core CPU-only VM shared with other jobs, see ``CAUSES`` below; print
   fresh 412 MB tables in (2-3.6 s per copy, two at once; llama-h2048-tinypipe +25% at step 6). Versions now go back
   to ``replay.pools`` (``Pools.retire``: reused once no reference, graph or view holds them) and ``replay`` sets
   ``THP_MEM_ALLOC_ENABLE=1`` before torch loads (2 MiB-aligned, reused, huge pages). docs/calib.md.
-- Open (2026-12-04): a 1-rank case replays in the matrix's one long process and can run slower there than alone
-  (gpt-h2048-lazytrain: +148% / +188% in two runs, +23% alone; +128% / +60% in the two runs of session 8); some
-  cases still slow down until their third or fourth step (llama-h2048-tinypipe: 26, 21, 16, 13 s); lazytrain's
-  gradient buckets are freed by their copies, so its gpu0 peak depends on timing (gpt-h2048-lazytrain +26%);
-  2-rank bf16 cases measure 1.5-3.3x their price, their compute streams busy about half the step.
+- Fixed (session 9, 2026-12-04): a 1-rank case replayed in the matrix's one long process could run slower there
+  than alone (gpt-h2048-lazytrain: +148% / +188% in two runs, +23% alone; +128% / +60% in the two runs of
+  session 8): each now replays in a process of its own (``replay.isolated``), as ``tiersim replay`` runs it.
+  Lazytrain's gradient buckets were freed by their copies, so its gpu0 peak depended on timing
+  (gpt-h2048-lazytrain +26%): they are released on the compute stream (``kit.bucket_release``). The runner's
+  "nvme" was ``torch.save`` / ``torch.load`` through the page cache, 0.18-0.38 GB/s written against the drive's
+  1.4-2.5 GB/s with O_DIRECT (llama-h1024-zinf-nvme +88.8%): raw tensor bytes with O_DIRECT through reused
+  staging buffers now (``replay.nvme_files``), and calibrate times the disk on that path. 2-rank cases: a gloo
+  collective is each rank's thread on the host's cores, priced as if it took none (reductions beside the compute
+  6x their price): on a shared host a collective now holds a core per rank (``simulator.engine``); the runner
+  reduced fp32 gradients where a 16-bit plan prices 2 B (``Precision.wire_gradients``: now the plan's dtype),
+  and summed the tied table per micro-step in fp32 (8x the priced bytes at 4 micro-steps; now once per step).
+- Open: some cases still slow down until their third or fourth step (llama-h2048-tinypipe: 26, 21, 16, 13 s);
+  the runner keeps fp32 working parameters and gradients where a 16-bit plan prices 2 B, so its uploads,
+  gathers and gradient copies move twice the priced bytes (the replay prints both, ``replay.compare``).
 - Fixed (zero-offload's peak, 2026-12-04): its gradient copy freed its bucket on the D2H stream, so a replay whose
   copies ran slower than priced held the tied table's bucket into the next forward (gpt-h512-zoff-bf16 gpu0
   +27%); the buckets are now released on the compute stream (``policies.kit.release_buckets``).
@@ -613,13 +623,15 @@ def candidates(hw: HardwareSpec, model: str, case: Case) -> Iterator[tuple[Plan,
 
 
 def _replay(plan: Plan, hw: HardwareSpec, folder: Path, gpus: int, sim_step_s: float) -> Any:
-    """The plan replayed as ``tiersim replay`` does: in this process, or one process per rank (gloo); ranks
-    that have not answered within ``rank_timeout_s`` of the simulated time are stopped (a hang is a row's
-    note, not a matrix that never ends)."""
-    from replay.runner import DEFAULT_SEED, Runner
+    """The plan replayed as ``tiersim replay`` does: in a fresh process, or one process per rank (gloo); a
+    replay that has not answered within ``rank_timeout_s`` of the simulated time is stopped (a hang is a
+    row's note, not a matrix that never ends)."""
+    from replay.runner import DEFAULT_SEED
 
-    if gpus == 1:
-        return Runner(plan, hw, device="cpu", nvme_dir=str(folder)).run()
+    if gpus == 1:  # in a process of its own, as tiersim replay runs it (replay.isolated)
+        from replay.isolated import replay_alone
+
+        return replay_alone(plan, hw, str(folder), rank_timeout_s(sim_step_s, plan.steps))
     from replay.dist_launch import run_ranks
 
     got = run_ranks(plan, hw, device="cpu", nvme_dir=str(folder), seed=DEFAULT_SEED,
