@@ -9,6 +9,7 @@
 #   env          torch, CUDA and the device (fails at once without CUDA unless --cpu-smoke)
 #   calibrate    `tiersim calibrate` of this machine -> $OUT/calibrated.yaml (tiny sizes in the smoke run)
 #   plan-<p>     `tiersim simulate` of a small model on the calibrated spec with policy p -> $OUT/plan-<p>.json
+#                (zero-infinity-nvme: zero-infinity with its parameters on the nvme tier, files in $OUT)
 #   replay-<p>   `tiersim replay --verify --json` of that plan on the device (cuda; cpu in the smoke run)
 #   plan-gpt2-<p>, replay-gpt2-<p>  the default workflow (CUDA only): gpt2 at its default workload, policies
 #                DEVICE_CHECK_WORKFLOW (default: zero-offload none; empty: none of them), replayed without --verify
@@ -47,7 +48,7 @@ if [ "$MODE" = smoke ]; then
   POLICIES="${DEVICE_CHECK_POLICIES:-zero-offload}"
 else
   DEVICE=cuda
-  POLICIES="${DEVICE_CHECK_POLICIES:-none zero-offload zero-infinity tinypipe lazytrain synergyscale}"
+  POLICIES="${DEVICE_CHECK_POLICIES:-none zero-offload zero-infinity zero-infinity-nvme tinypipe lazytrain synergyscale}"
 fi
 T_ENV="${DEVICE_CHECK_TIMEOUT_ENV:-120}"
 T_CALIBRATE="${DEVICE_CHECK_TIMEOUT_CALIBRATE:-300}"
@@ -158,8 +159,11 @@ printf '{name: device-check-small, layers: 4, hidden: 256, heads: 8, vocab: 1024
 for p in $POLICIES; do
   BUDGET=(--set 'gpu.reserved={}' --set gpu.fragmentation=0)
   [ "$p" = none ] || BUDGET+=(--set gpu.memory=30MB)
+  POLICY=("$p")
+  # zero-infinity-nvme: its parameters on the nvme tier (replay.nvme_files: O_DIRECT files in $OUT)
+  [ "$p" = zero-infinity-nvme ] && POLICY=(zero-infinity --knob param_device=nvme)
   stage "plan-$p" "$T_PLAN" "$PY" -m tiersim simulate --hw "$OUT/calibrated.yaml" --model "$OUT/model.yaml" \
-    --policy "$p" --micro-batch 1 --seq-len 64 --global-batch 2 "${BUDGET[@]}" \
+    --policy "${POLICY[@]}" --micro-batch 1 --seq-len 64 --global-batch 2 "${BUDGET[@]}" \
     --plan-out "$OUT/plan-$p.json" --json || { skip "replay-$p" "its plan failed"; continue; }
   stage "replay-$p" "$T_REPLAY" "$PY" -m tiersim replay "$OUT/plan-$p.json" --device "$DEVICE" --verify --json \
     --steps 3 --nvme-dir "$OUT" || true

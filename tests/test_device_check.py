@@ -59,7 +59,9 @@ def test_cuda_mode_dry_run_replays_on_cuda_with_every_policy(tmp_path: Path) -> 
     r = run_script(tmp_path, DEVICE_CHECK_DRY="1", timeout=60)
     assert r.returncode == 0, r.stderr
     replays = [ln for ln in r.stdout.splitlines() if ln.startswith("dry: replay-")]
-    assert len(replays) == 8 and all("--device cuda" in ln for ln in replays)
+    assert len(replays) == 9 and all("--device cuda" in ln for ln in replays)
+    nvme = next(ln for ln in r.stdout.splitlines() if ln.startswith("dry: plan-zero-infinity-nvme"))
+    assert "--policy zero-infinity --knob param_device=nvme" in nvme
     workflow = [ln for ln in replays if ln.startswith("dry: replay-gpt2-")]
     assert [ln.split()[1] for ln in workflow] == ["replay-gpt2-zero-offload", "replay-gpt2-none"]
     assert all("--verify" not in ln for ln in workflow)
