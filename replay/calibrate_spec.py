@@ -244,7 +244,7 @@ def spec_dict(cal: Calibration, base: Mapping[str, Any] | None = None, base_name
     sources["nvme.count"] = f"measured: {stamp} (one directory measured, counted as one drive)"
     measured("nvme.capacity_each", f"free space of the filesystem of {d.directory} (shutil.disk_usage)")
     measured("nvme.read_bw_each", disk_how)
-    measured("nvme.write_bw_each", disk_how + "; write time includes the final fsync")
+    measured("nvme.write_bw_each", disk_how + ("" if d.method == "O_DIRECT" else "; write time includes the fsync"))
 
     out: dict[str, Any] = {
         "name": "calibrated-" + (re.sub(r"[^A-Za-z0-9_.-]+", "-", cal.host).strip("-") or "host"),
