@@ -330,11 +330,17 @@ def _most_extra(terms: Terms) -> float:
 def _undominated(w: Window) -> list[tuple[float, dict[tuple[int, int], float]]]:
     """The window's resource rows, less those another row bounds from above term by term (they never bind)."""
     rows = []
+    seen: set[tuple[float, frozenset]] = set()
     for r in sorted(set(w.load_const) | set(w.load_var)):
         var: dict[tuple[int, int], float] = {}
         for i, o, c in w.load_var.get(r, ()):
             var[(i, o)] = var.get((i, o), 0.0) + c
-        rows.append((w.load_const.get(r, 0.0), var))
+        # a row equal to an earlier one is bounded by it (of two equal rows the first is kept), and whatever it
+        # bounds the earlier one bounds too: most of a window's rows (one per GPU of a link class) go here
+        key = (w.load_const.get(r, 0.0), frozenset(var.items()))
+        if key not in seen:
+            seen.add(key)
+            rows.append((key[0], var))
 
     # a row b can bound row a only if its constant is no smaller and it has every term a has with a positive
     # coefficient: cheap tests that leave the exact comparison for the few pairs that pass them
