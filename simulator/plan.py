@@ -37,7 +37,7 @@ import json
 import math
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +128,25 @@ class TaskSpec:
     frees: tuple[Placement, ...] = ()
     reads: tuple[Placement, ...] = ()
     tags: Mapping[str, Any] = field(default_factory=dict)
+
+
+_SPEC_FIELDS = frozenset(f.name for f in fields(TaskSpec))
+_SPEC_DEFAULTS = {f.name: f.default for f in fields(TaskSpec) if f.default is not MISSING}
+
+
+def task_spec(id: str, op: str, stream: str, **kw: Any) -> TaskSpec:  # noqa: A002 - TaskSpec's own field name
+    """``TaskSpec(id, op, stream, **kw)``, equal to it field for field, made without the frozen dataclass's
+    ``object.__setattr__`` per field (twice as fast; a 1024-GPU plan has a quarter of a million tasks).
+    An unknown field goes to the constructor, which refuses it."""
+    if not _SPEC_FIELDS.issuperset(kw) or "id" in kw or "op" in kw or "stream" in kw:
+        return TaskSpec(id, op, stream, **kw)
+    t = object.__new__(TaskSpec)
+    d = t.__dict__  # in field order, as the generated __init__ fills it
+    d["id"], d["op"], d["stream"] = id, op, stream
+    d.update(_SPEC_DEFAULTS)
+    d["tags"] = {}
+    d.update(kw)
+    return t
 
 
 @dataclass(frozen=True)
