@@ -320,7 +320,7 @@ def _find(plan: Plan, topo: Topology, route: Callable[[str, str], RouteResources
     tensor_owner: dict[str, int] = {}
     back = [m.tasks.back for m in maps]
     # rank 0's side of every comparison, worked out once (not once per rank)
-    base_side = {a.id: (_untagged(a), _dep_signature(a, {0}, owner_of_task, global_ids, back))
+    base_side = {a.id: (_untagged(a), _dep_signature(a, {0}, owner_of_task, global_ids, back), _payload(a))
                  for seg in base for a in seg}
     for k, o in enumerate(owners):
         for a_seg, b_seg in zip(base, groups[o], strict=True):
@@ -438,16 +438,20 @@ def _untagged(t: TaskSpec) -> dict[str, Any]:
     return out
 
 
+def _payload(t: TaskSpec) -> tuple:
+    """What a task does, apart from names: equal for a task and its images."""
+    return (t.op, t.flops, t.hbm_bytes, t.bytes, t.alloc_dst, t.free_src, t.params, t.coll)
+
+
 def _match(a: TaskSpec, b: TaskSpec, m: _RankMaps, streams: Mapping[str, Any], owner_of_task: Mapping[str, int],
            global_ids: frozenset[str], k: int, back: Sequence[Mapping[str, str]],
-           a_side: tuple[dict[str, Any], frozenset[tuple]]) -> None:
-    """Task ``b`` of rank ``k`` is rank 0's ``a`` relabelled (``a_side``: a's tags but its rank, and its
-    dependency signature). Pairs already made (most: a rank's streams and locations recur in every task)
-    are recognised by a look-up before the checking call."""
-    same = (a.op, a.flops, a.hbm_bytes, a.bytes, a.alloc_dst, a.free_src, a.params, a.coll)
+           a_side: tuple[dict[str, Any], frozenset[tuple], tuple]) -> None:
+    """Task ``b`` of rank ``k`` is rank 0's ``a`` relabelled (``a_side``: a's tags but its rank, its
+    dependency signature and its payload). Pairs already made (most: a rank's streams and locations recur in
+    every task) are recognised by a look-up before the checking call."""
+    ta, a_sig, same = a_side
     if same != (b.op, b.flops, b.hbm_bytes, b.bytes, b.alloc_dst, b.free_src, b.params, b.coll):
         raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} differ")
-    ta, a_sig = a_side
     if ta != _untagged(b):
         raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} differ in tags")
     if m.streams.fwd.get(a.stream) != b.stream:  # a new pair of streams: their devices and kinds checked once
@@ -485,6 +489,8 @@ def _dep_signature(t: TaskSpec, own: set[int], owner_of_task: Mapping[str, int],
     ranks taking part in a collective); or the same task of *every* rank (a barrier: by symmetry they all
     end together, as its own rank's does). A wait for some other ranks only breaks the symmetry.
     Collectives count where ``coll_back`` (their rank-0 counterparts) is given."""
+    if not t.deps:
+        return _NO_WAITS
     n = len(back)
     ranks: dict[tuple[str, int, int], set[int]] = defaultdict(set)
     out: set[tuple] = set()
