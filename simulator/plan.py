@@ -388,7 +388,8 @@ def _check_freed(plan: Plan, tensors: Mapping[str, TensorSpec], where: str) -> N
         for t in seg.tasks:
             for p in t.allocs:
                 made.setdefault((p.tensor.id, p.loc), t.id)
-            freed.update((p.tensor.id, p.loc) for p in t.frees)
+            if t.frees:
+                freed.update([(p.tensor.id, p.loc) for p in t.frees])
             if t.op == "copy" and t.tensor is not None and t.src is not None and t.dst is not None:
                 if t.alloc_dst:
                     made.setdefault((t.tensor.id, t.dst), t.id)
@@ -432,13 +433,18 @@ def _check_task(t: TaskSpec, si: int, w: str, ctx: _TaskContext) -> None:
         raise PlanError(f"{w}: tag 'phase' {t.tags['phase']!r} is not one of {', '.join(Phase)}")
     if t.stream not in ctx.streams:
         raise PlanError(f"{w}: stream {t.stream!r} is not declared in 'streams'")
+    seg_of = ctx.seg_of
     for r in t.deps:
-        _check_dep(t, r, si, w, ctx.seg_of)
-    for p in (*t.allocs, *t.frees, *t.reads):
-        if p.tensor.id not in ctx.tensors:
-            raise PlanError(f"{w}: references missing tensor {p.tensor.id!r}")
-        if ctx.locs is not None and p.loc not in ctx.locs:
-            raise PlanError(f"{w}: location {p.loc!r} is not a location of this hardware")
+        # the usual dependency (an earlier or the same segment, no look-back, another task) passes at once
+        if seg_of.get(r.id, si + 1) > si or r.iters_back or r.id == t.id:
+            _check_dep(t, r, si, w, seg_of)
+    if t.allocs or t.frees or t.reads:
+        tensors, locs = ctx.tensors, ctx.locs
+        for p in (*t.allocs, *t.frees, *t.reads):
+            if p.tensor.id not in tensors:
+                raise PlanError(f"{w}: references missing tensor {p.tensor.id!r}")
+            if locs is not None and p.loc not in locs:
+                raise PlanError(f"{w}: location {p.loc!r} is not a location of this hardware")
     if t.op == "compute" and not (_size(t.flops) and _size(t.hbm_bytes)):
         raise PlanError(f"{w}: flops and hbm_bytes must be finite and >= 0")
     if t.op == "copy":
