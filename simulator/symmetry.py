@@ -323,9 +323,10 @@ def _find(plan: Plan, topo: Topology, route: Callable[[str, str], RouteResources
     base_side = {a.id: (_untagged(a), _dep_signature(a, {0}, owner_of_task, global_ids, back), _payload(a))
                  for seg in base for a in seg}
     for k, o in enumerate(owners):
+        mk, own = maps[k], {k}
         for a_seg, b_seg in zip(base, groups[o], strict=True):
             for a, b in zip(a_seg, b_seg, strict=True):
-                _match(a, b, maps[k], streams, owner_of_task, global_ids, k, back, base_side[a.id])
+                _match(a, b, mk, streams, owner_of_task, global_ids, own, back, base_side[a.id])
         for tid in maps[k].tensors.back:
             if tensor_owner.setdefault(tid, k) != k:
                 raise NotSymmetric(f"tensor {tid!r} is used by two ranks")
@@ -444,9 +445,9 @@ def _payload(t: TaskSpec) -> tuple:
 
 
 def _match(a: TaskSpec, b: TaskSpec, m: _RankMaps, streams: Mapping[str, Any], owner_of_task: Mapping[str, int],
-           global_ids: frozenset[str], k: int, back: Sequence[Mapping[str, str]],
+           global_ids: frozenset[str], own: set[int], back: Sequence[Mapping[str, str]],
            a_side: tuple[dict[str, Any], frozenset[tuple], tuple]) -> None:
-    """Task ``b`` of rank ``k`` is rank 0's ``a`` relabelled (``a_side``: a's tags but its rank, its
+    """Task ``b`` of rank k (``own``: {k}) is rank 0's ``a`` relabelled (``a_side``: a's tags but its rank, its
     dependency signature and its payload). Pairs already made (most: a rank's streams and locations recur in
     every task) are recognised by a look-up before the checking call."""
     ta, a_sig, same = a_side
@@ -460,26 +461,30 @@ def _match(a: TaskSpec, b: TaskSpec, m: _RankMaps, streams: Mapping[str, Any], o
         if streams[a.stream].kind != streams[b.stream].kind:
             raise NotSymmetric(f"streams {a.stream!r} and {b.stream!r} differ")
     locs = m.locs
-    for x, y, other in (("src", a.src, b.src), ("dst", a.dst, b.dst)):
-        if (y is None) != (other is None):
-            raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} differ in {x}")
-        if y is not None and other is not None and locs.fwd.get(y) != other:
-            locs.pair(y, other)
-    if (a.tensor is None) != (b.tensor is None):
+    if a.src is not None or b.src is not None or a.dst is not None or b.dst is not None:
+        for x, y, other in (("src", a.src, b.src), ("dst", a.dst, b.dst)):
+            if (y is None) != (other is None):
+                raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} differ in {x}")
+            if y is not None and other is not None and locs.fwd.get(y) != other:
+                locs.pair(y, other)
+    at, bt = a.tensor, b.tensor
+    if (at is None) != (bt is None):
         raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} differ in tensor")
-    if a.tensor is not None and b.tensor is not None:
-        _ref(a.tensor, b.tensor, m.tensors)
-    if len(a.ranks) != len(b.ranks):
-        raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} differ in ranks")
-    for x, y in zip(a.ranks, b.ranks, strict=True):
-        locs.pair(x, y)
+    if at is not None and bt is not None and (m.tensors.fwd.get(at.id) != bt.id or at.iters_back != bt.iters_back
+                                              or at.steps_back != bt.steps_back):
+        _ref(at, bt, m.tensors)
+    if a.ranks or b.ranks:
+        if len(a.ranks) != len(b.ranks):
+            raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} differ in ranks")
+        for x, y in zip(a.ranks, b.ranks, strict=True):
+            locs.pair(x, y)
     if a.allocs or b.allocs:
         _places(a.allocs, b.allocs, m)
     if a.frees or b.frees:
         _places(a.frees, b.frees, m)
     if a.reads or b.reads:
         _places(a.reads, b.reads, m)
-    if a_sig != _dep_signature(b, {k}, owner_of_task, global_ids, back):
+    if a_sig != _dep_signature(b, own, owner_of_task, global_ids, back):
         raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} differ in dependencies")
 
 
