@@ -323,10 +323,10 @@ def _find(plan: Plan, topo: Topology, route: Callable[[str, str], RouteResources
     base_side = {a.id: (_untagged(a), _dep_signature(a, {0}, owner_of_task, global_ids, back), _payload(a))
                  for seg in base for a in seg}
     for k, o in enumerate(owners):
-        mk, own = maps[k], {k}
+        mk, own_k = maps[k], {k}
         for a_seg, b_seg in zip(base, groups[o], strict=True):
             for a, b in zip(a_seg, b_seg, strict=True):
-                _match(a, b, mk, streams, owner_of_task, global_ids, own, back, base_side[a.id])
+                _match(a, b, mk, streams, owner_of_task, global_ids, own_k, back, base_side[a.id])
         for tid in maps[k].tensors.back:
             if tensor_owner.setdefault(tid, k) != k:
                 raise NotSymmetric(f"tensor {tid!r} is used by two ranks")
