@@ -339,13 +339,19 @@ def _undominated(w: Window) -> list[tuple[float, dict[tuple[int, int], float]]]:
     """The window's resource rows, less those another row bounds from above term by term (they never bind)."""
     rows = []
     seen: set[tuple[float, frozenset]] = set()
+    raw_seen: set[tuple[float, tuple]] = set()
     for r in sorted(set(w.load_const) | set(w.load_var)):
-        var: dict[tuple[int, int], float] = {}
-        for i, o, c in w.load_var.get(r, ()):
-            var[(i, o)] = var.get((i, o), 0.0) + c
         # a row equal to an earlier one is bounded by it (of two equal rows the first is kept), and whatever it
-        # bounds the earlier one bounds too: most of a window's rows (one per GPU of a link class) go here
-        key = (w.load_const.get(r, 0.0), frozenset(var.items()))
+        # bounds the earlier one bounds too: most of a window's rows (one per GPU of a link class) go here, most
+        # of them already by their terms as given
+        raw = (w.load_const.get(r, 0.0), tuple(w.load_var.get(r, ())))
+        if raw in raw_seen:
+            continue
+        raw_seen.add(raw)
+        var: dict[tuple[int, int], float] = {}
+        for i, o, c in raw[1]:
+            var[(i, o)] = var.get((i, o), 0.0) + c
+        key = (raw[0], frozenset(var.items()))
         if key not in seen:
             seen.add(key)
             rows.append((key[0], var))
