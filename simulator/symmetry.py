@@ -57,10 +57,9 @@ def _rank_tag(t: TaskSpec) -> int | None:
     return rank if isinstance(rank, int) and not isinstance(rank, bool) else None
 
 
-def _owner(t: TaskSpec, device: str, stream_rank: Mapping[str, int]) -> _Owner | str:
-    """A task's rank: its tag, else that of the other tasks of its stream, else its stream's GPU (the
-    grouping is only a guess at the pairing; the verification decides)."""
-    rank = _rank_tag(t)
+def _owner(t: TaskSpec, device: str, stream_rank: Mapping[str, int], rank: int | None) -> _Owner | str:
+    """A task's rank: its tag (``rank``: ``_rank_tag(t)``), else that of the other tasks of its stream, else its
+    stream's GPU (the grouping is only a guess at the pairing; the verification decides)."""
     if rank is None and t.op != "collective":
         rank = stream_rank.get(t.stream)
     if rank is not None:
@@ -265,9 +264,11 @@ def _find(plan: Plan, topo: Topology, route: Callable[[str, str], RouteResources
     stream_owner: dict[str, Any] = {}
     nseg = len(plan.segments)
     stream_rank: dict[str, int] = {}
+    rank_tags: list[int | None] = []  # every task's, in plan order (read again below)
     for seg in plan.segments:
         for t in seg.tasks:
             tag = _rank_tag(t)
+            rank_tags.append(tag)
             if tag is not None and t.op != "collective" and stream_rank.setdefault(t.stream, tag) != tag:
                 raise NotSymmetric(f"stream {t.stream!r} runs tasks of two ranks")
     device_rank: dict[str, int] = {}
@@ -278,12 +279,14 @@ def _find(plan: Plan, topo: Topology, route: Callable[[str, str], RouteResources
     for sid, st in streams.items():
         if sid not in stream_rank and device_rank.get(st.device, -1) >= 0:
             stream_rank[sid] = device_rank[st.device]
+    next_tag = iter(rank_tags).__next__
     for si, seg in enumerate(plan.segments):
         for t in seg.tasks:
+            tag = next_tag()
             spec_st = streams.get(t.stream)
             if spec_st is None:
                 raise NotSymmetric(f"task {t.id!r} runs on an unknown stream")
-            own = _owner(t, spec_st.device, stream_rank)
+            own = _owner(t, spec_st.device, stream_rank, tag)
             if stream_owner.setdefault(t.stream, own) != own:
                 raise NotSymmetric(f"stream {t.stream!r} holds tasks of two owners")
             if own == GLOBAL:
