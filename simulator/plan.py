@@ -70,7 +70,14 @@ class Ref:
     @classmethod
     def parse(cls, text: str, where: str) -> Ref:
         if isinstance(text, str) and text and not ("@" in text or "^" in text or "\n" in text):
-            return cls(text)  # a plain id (what _REF matches as one), without the regex: plans hold millions
+            # a plain id (what _REF matches as one), without the regex: plans hold millions; made as task_spec
+            # makes a task (without the frozen dataclass's setattr per field), equal to cls(text)
+            if cls is not Ref:
+                return cls(text)
+            r = object.__new__(Ref)
+            d = r.__dict__
+            d["id"], d["iters_back"], d["steps_back"] = text, 0, 0
+            return r
         m = _REF.match(text) if isinstance(text, str) else None
         if not m:
             raise PlanError(f"{where}: malformed reference {text!r}; expected 'id', 'id@k' or 'id^k'")
