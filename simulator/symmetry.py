@@ -132,29 +132,42 @@ class Symmetry:
     kept_streams: frozenset[str] = frozenset()
     tags: dict[str, Mapping[str, Any]] = field(default_factory=dict)  # every rank task's tags, by id
     _folded: dict[tuple, tuple[tuple[str, ...], tuple[float, ...]]] = field(default_factory=dict)
+    # a tuple of the plan (a segment's tasks, the streams, the tensors; by identity, held so the identity stays its
+    # own) -> what reduce keeps of it: the runs of one simulation reduce plans that differ only in repeat or step
+    # counts, which share these tuples
+    _reduced: dict[int, tuple[tuple, tuple]] = field(default_factory=dict)
 
     def describe(self) -> str:
         return f"{self.n} ranks simulated as 1 class of {self.n}"
 
     def reduce(self, plan: Plan) -> Plan:
         """``plan`` (or a copy of it with other repeat counts) cut to rank 0 and the global tasks."""
+        segs = tuple(Segment(seg.name, seg.repeat, self._kept(seg.tasks, self._reduce_tasks))
+                     for seg in plan.segments)
+        streams = self._kept(plan.streams, lambda ss: tuple(s for s in ss if s.id in self.kept_streams))
+        tensors = self._kept(plan.tensors, lambda ts: tuple(x for x in ts if x.id not in self.dropped_tensors))
+        return replace(plan, segments=segs, streams=streams, tensors=tensors)
+
+    def _kept(self, items: tuple, keep: Callable[[tuple], tuple]) -> tuple:
+        """``keep(items)``, worked out once per tuple (``_reduced``)."""
+        got = self._reduced.get(id(items))
+        if got is None or got[0] is not items:
+            got = self._reduced[id(items)] = (items, keep(items))
+        return got[1]
+
+    def _reduce_tasks(self, seg_tasks: tuple[TaskSpec, ...]) -> tuple[TaskSpec, ...]:
         keep = self.rank_tasks
-        segs = []
-        for seg in plan.segments:
-            tasks = []
-            for t in seg.tasks:
-                if t.id not in keep and t.id not in self.global_tasks:
-                    continue
-                deps = tuple(d for d in t.deps if d.id in keep or d.id in self.global_tasks)
-                if len(deps) != len(t.deps):
-                    t = replace(t, deps=deps)
-                if t.id in self.global_tasks and (t.allocs or t.frees or t.reads):
-                    t = replace(t, allocs=self._mine(t.allocs), frees=self._mine(t.frees), reads=self._mine(t.reads))
-                tasks.append(t)
-            segs.append(Segment(seg.name, seg.repeat, tuple(tasks)))
-        streams = tuple(s for s in plan.streams if s.id in self.kept_streams)
-        tensors = tuple(x for x in plan.tensors if x.id not in self.dropped_tensors)
-        return replace(plan, segments=tuple(segs), streams=streams, tensors=tensors)
+        tasks = []
+        for t in seg_tasks:
+            if t.id not in keep and t.id not in self.global_tasks:
+                continue
+            deps = tuple(d for d in t.deps if d.id in keep or d.id in self.global_tasks)
+            if len(deps) != len(t.deps):
+                t = replace(t, deps=deps)
+            if t.id in self.global_tasks and (t.allocs or t.frees or t.reads):
+                t = replace(t, allocs=self._mine(t.allocs), frees=self._mine(t.frees), reads=self._mine(t.reads))
+            tasks.append(t)
+        return tuple(tasks)
 
     def _mine(self, items: tuple[Placement, ...]) -> tuple[Placement, ...]:
         return tuple(p for p in items if p.tensor.id in self.rank_tensors)
