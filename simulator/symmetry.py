@@ -513,19 +513,25 @@ def _dep_signature(t: TaskSpec, own: set[int], owner_of_task: Mapping[str, int],
     if not t.deps:
         return _NO_WAITS
     n = len(back)
-    ranks: dict[tuple[str, int, int], set[int]] = defaultdict(set)
+    ranks: dict[tuple[str, int, int], set[int]] = {}
     out: set[tuple] = set()
     for d in t.deps:
-        if d.id in global_ids:
+        did = d.id
+        if did in global_ids:
             if coll_back is not None:
-                if d.id not in coll_back:
+                if did not in coll_back:
                     raise NotSymmetric(f"collective {t.id!r} waits for a collective of other ranks")
-                out.add(("coll", coll_back[d.id], d.iters_back, d.steps_back))
+                out.add(("coll", coll_back[did], d.iters_back, d.steps_back))
             continue
-        j = owner_of_task.get(d.id)
+        j = owner_of_task.get(did)
         if j is None:
             raise NotSymmetric(f"task {t.id!r} waits for an unknown task")
-        ranks[(back[j][d.id], d.iters_back, d.steps_back)].add(j)
+        key = (back[j][did], d.iters_back, d.steps_back)
+        js = ranks.get(key)
+        if js is None:
+            ranks[key] = {j}
+        else:
+            js.add(j)
     for key, js in ranks.items():
         if js == own:
             out.add(("own", *key))
