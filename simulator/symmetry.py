@@ -37,6 +37,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 from costs import CPU_ADAM, HOST_CORES, Ring, RouteResources, ring, sm_resource, usage
@@ -130,12 +131,18 @@ class Symmetry:
     # collective -> (link, share of per_rank) hop by hop (repeats kept)
     coll_hop_links: dict[str, tuple[tuple[str, float], ...]] = field(default_factory=dict)
     kept_streams: frozenset[str] = frozenset()
-    tags: dict[str, Mapping[str, Any]] = field(default_factory=dict)  # every rank task's tags, by id
+    # every task's list (each rank's segments, then the collectives): read for ``tags`` when records are expanded
+    task_lists: tuple[Sequence[TaskSpec], ...] = ()
     _folded: dict[tuple, tuple[tuple[str, ...], tuple[float, ...]]] = field(default_factory=dict)
     # a tuple of the plan (a segment's tasks, the streams, the tensors; by identity, held so the identity stays its
     # own) -> what reduce keeps of it: the runs of one simulation reduce plans that differ only in repeat or step
     # counts, which share these tuples
     _reduced: dict[int, tuple[tuple, tuple]] = field(default_factory=dict)
+
+    @cached_property
+    def tags(self) -> dict[str, Mapping[str, Any]]:
+        """Every task's tags, by id (built on first use: a 1024-GPU plan has a quarter of a million)."""
+        return {t.id: t.tags for ts in self.task_lists for t in ts}
 
     def describe(self) -> str:
         return f"{self.n} ranks simulated as 1 class of {self.n}"
@@ -411,8 +418,7 @@ def _find(plan: Plan, topo: Topology, route: Callable[[str, str], RouteResources
         tensor_maps=tuple(m.tensors.fwd for m in maps), link_maps=tuple(m.links.fwd for m in maps),
         resource_maps=tuple(m.resources.fwd for m in maps), rep=rep, orbit_size=orbit_size,
         pool_maps=pool_maps, pool_mult=pool_mult, gpus=gpus0, loc_maps=tuple(m.locs.fwd for m in maps),
-        tags={**{t.id: t.tags for o in owners for seg in groups[o] for t in seg},
-              **{t.id: t.tags for t in globals_}},
+        task_lists=(*(seg for o in owners for seg in groups[o]), globals_),
         coll_maps=tuple(m.colls.fwd for m in maps), flow_mult={c: float(len(o)) for c, o in orbits.items()},
         coll_ranks={t.id: t.ranks for t in globals_}, kept_streams=kept_streams,
         coll_orbit={c: tuple(t.id for t in o) for c, o in orbits.items()},
