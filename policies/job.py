@@ -88,18 +88,13 @@ def make_plan(job: Job, policy: str, knobs: Sequence[str] | Mapping[str, Any] = 
     info = get_policy(policy)
     k = parse_knobs(info, knobs)
     # a 1024-GPU plan is a million small acyclic objects: the cyclic collector is paused while the policy
-    # builds it, as simulator.gc_pause does for its proof (that module is not plan vocabulary, so not imported),
-    # and the plan goes to the oldest generation unwalked (gc_pause.promote_young: else the first young
-    # collection after the pause walks it whole)
+    # builds it, as simulator.gc_pause does for its proof (that module is not plan vocabulary, so not imported)
     was_enabled = gc.isenabled()
     gc.disable()
     try:
         plan = info.plan(job, k)
     finally:
         if was_enabled:
-            if gc.get_freeze_count() == 0:  # nobody's frozen objects to thaw
-                gc.freeze()
-                gc.unfreeze()
             gc.enable()
     if info.refine is None or step_seconds is None:
         return plan

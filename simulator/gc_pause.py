@@ -7,12 +7,7 @@ about an eighth of a 1024-GPU plan + simulate was spent there (docs/scale.md). I
 the collector is paused; on leaving it is re-enabled if it was on (nested pauses leave it paused), and any
 cyclic garbage made meanwhile is collected by its next regular run. Reference counting still frees
 everything else at once. For bounded, allocation-heavy work that makes no cycles of note: plan construction,
-the plan's validation and symmetry proof, and the engine's event loop (which frees its events itself).
-
-Leaving the outermost pause, what was made meanwhile is moved into the collector's oldest generation without a
-walk (:func:`promote_young`): the collector counts allocations while paused too, so its first young collection
-after the pause would otherwise walk the whole new heap at once (0.45 s after a 1024-GPU plan is built). Cyclic
-garbage made meanwhile is then collected by the next full collection."""
+the plan's validation and symmetry proof, and the engine's event loop (which frees its events itself)."""
 
 from __future__ import annotations
 
@@ -29,14 +24,4 @@ def no_cyclic_gc() -> Iterator[None]:
         yield
     finally:
         if was_enabled:
-            promote_young()
             gc.enable()
-
-
-def promote_young() -> None:
-    """Every object the collector tracks, into its oldest generation, without walking them (``gc.freeze``
-    then ``gc.unfreeze`` move whole generations). Not where someone froze objects on purpose: the thaw would
-    release theirs too."""
-    if gc.get_freeze_count() == 0:
-        gc.freeze()
-        gc.unfreeze()

@@ -47,32 +47,3 @@ def test_plan_construction_and_the_symmetry_proof_leave_the_collector_on() -> No
     with pytest.raises(Exception):  # noqa: B017, PT011 - whatever the policy raises, the collector is back on
         make_plan(job, "zero-offload", {"tp": 3})
     assert gc.isenabled()
-
-
-def test_leaving_the_pause_moves_what_it_made_to_the_oldest_generation_unwalked() -> None:
-    collections: list[int] = []
-
-    def count(phase: str, info: dict) -> None:
-        if phase == "start":
-            collections.append(info["generation"])
-
-    with no_cyclic_gc():
-        made = [[] for _ in range(20_000)]  # tracked containers, well past the young threshold
-    gc.callbacks.append(count)
-    try:
-        young = {id(x) for x in gc.get_objects(generation=0)} | {id(x) for x in gc.get_objects(generation=1)}
-    finally:
-        gc.callbacks.remove(count)
-    assert not any(id(x) in young for x in made)
-    assert collections == []  # nothing walked on the way out
-
-
-def test_leaving_the_pause_leaves_someone_elses_frozen_objects_frozen() -> None:
-    gc.freeze()
-    try:
-        frozen = gc.get_freeze_count()
-        with no_cyclic_gc():
-            _ = [[] for _ in range(1_000)]
-        assert gc.get_freeze_count() == frozen
-    finally:
-        gc.unfreeze()
