@@ -8,6 +8,7 @@ from typing import Any
 
 from policies.base import Job
 from simulator import Placement, Plan, Ref, Segment, StreamSpec, TaskSpec, TensorSpec
+from simulator.plan import task_spec
 from simulator.plan_workload import PlanWorkload
 
 
@@ -46,8 +47,8 @@ class PlanBuilder:
         if not self._segments:
             raise ValueError("declare a segment before adding tasks")
         ref = self._ref
-        self._segments[-1][2].append(TaskSpec(
-            id=tid, op=op, stream=stream, deps=tuple(ref(d) for d in deps if d),
+        self._segments[-1][2].append(task_spec(
+            tid, op, stream, deps=tuple([ref(d) for d in deps if d]),
             allocs=self._places(allocs) if allocs else (), frees=self._places(frees) if frees else (),
             reads=self._places(reads) if reads else (), tensor=ref(tensor) if tensor else None, **fields))
         return tid

@@ -37,6 +37,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 from costs import CPU_ADAM, HOST_CORES, Ring, RouteResources, ring, sm_resource, usage
@@ -57,10 +58,9 @@ def _rank_tag(t: TaskSpec) -> int | None:
     return rank if isinstance(rank, int) and not isinstance(rank, bool) else None
 
 
-def _owner(t: TaskSpec, device: str, stream_rank: Mapping[str, int]) -> _Owner | str:
-    """A task's rank: its tag, else that of the other tasks of its stream, else its stream's GPU (the
-    grouping is only a guess at the pairing; the verification decides)."""
-    rank = _rank_tag(t)
+def _owner(t: TaskSpec, device: str, stream_rank: Mapping[str, int], rank: int | None) -> _Owner | str:
+    """A task's rank: its tag (``rank``: ``_rank_tag(t)``), else that of the other tasks of its stream, else its
+    stream's GPU (the grouping is only a guess at the pairing; the verification decides)."""
     if rank is None and t.op != "collective":
         rank = stream_rank.get(t.stream)
     if rank is not None:
@@ -131,31 +131,50 @@ class Symmetry:
     # collective -> (link, share of per_rank) hop by hop (repeats kept)
     coll_hop_links: dict[str, tuple[tuple[str, float], ...]] = field(default_factory=dict)
     kept_streams: frozenset[str] = frozenset()
-    tags: dict[str, Mapping[str, Any]] = field(default_factory=dict)  # every rank task's tags, by id
+    # every task's list (each rank's segments, then the collectives): read for ``tags`` when records are expanded
+    task_lists: tuple[Sequence[TaskSpec], ...] = ()
     _folded: dict[tuple, tuple[tuple[str, ...], tuple[float, ...]]] = field(default_factory=dict)
+    # a tuple of the plan (a segment's tasks, the streams, the tensors; by identity, held so the identity stays its
+    # own) -> what reduce keeps of it: the runs of one simulation reduce plans that differ only in repeat or step
+    # counts, which share these tuples
+    _reduced: dict[int, tuple[tuple, tuple]] = field(default_factory=dict)
+
+    @cached_property
+    def tags(self) -> dict[str, Mapping[str, Any]]:
+        """Every task's tags, by id (built on first use: a 1024-GPU plan has a quarter of a million)."""
+        return {t.id: t.tags for ts in self.task_lists for t in ts}
 
     def describe(self) -> str:
         return f"{self.n} ranks simulated as 1 class of {self.n}"
 
     def reduce(self, plan: Plan) -> Plan:
         """``plan`` (or a copy of it with other repeat counts) cut to rank 0 and the global tasks."""
+        segs = tuple(Segment(seg.name, seg.repeat, self._kept(seg.tasks, self._reduce_tasks))
+                     for seg in plan.segments)
+        streams = self._kept(plan.streams, lambda ss: tuple(s for s in ss if s.id in self.kept_streams))
+        tensors = self._kept(plan.tensors, lambda ts: tuple(x for x in ts if x.id not in self.dropped_tensors))
+        return replace(plan, segments=segs, streams=streams, tensors=tensors)
+
+    def _kept(self, items: tuple, keep: Callable[[tuple], tuple]) -> tuple:
+        """``keep(items)``, worked out once per tuple (``_reduced``)."""
+        got = self._reduced.get(id(items))
+        if got is None or got[0] is not items:
+            got = self._reduced[id(items)] = (items, keep(items))
+        return got[1]
+
+    def _reduce_tasks(self, seg_tasks: tuple[TaskSpec, ...]) -> tuple[TaskSpec, ...]:
         keep = self.rank_tasks
-        segs = []
-        for seg in plan.segments:
-            tasks = []
-            for t in seg.tasks:
-                if t.id not in keep and t.id not in self.global_tasks:
-                    continue
-                deps = tuple(d for d in t.deps if d.id in keep or d.id in self.global_tasks)
-                if len(deps) != len(t.deps):
-                    t = replace(t, deps=deps)
-                if t.id in self.global_tasks and (t.allocs or t.frees or t.reads):
-                    t = replace(t, allocs=self._mine(t.allocs), frees=self._mine(t.frees), reads=self._mine(t.reads))
-                tasks.append(t)
-            segs.append(Segment(seg.name, seg.repeat, tuple(tasks)))
-        streams = tuple(s for s in plan.streams if s.id in self.kept_streams)
-        tensors = tuple(x for x in plan.tensors if x.id not in self.dropped_tensors)
-        return replace(plan, segments=tuple(segs), streams=streams, tensors=tensors)
+        tasks = []
+        for t in seg_tasks:
+            if t.id not in keep and t.id not in self.global_tasks:
+                continue
+            deps = tuple(d for d in t.deps if d.id in keep or d.id in self.global_tasks)
+            if len(deps) != len(t.deps):
+                t = replace(t, deps=deps)
+            if t.id in self.global_tasks and (t.allocs or t.frees or t.reads):
+                t = replace(t, allocs=self._mine(t.allocs), frees=self._mine(t.frees), reads=self._mine(t.reads))
+            tasks.append(t)
+        return tuple(tasks)
 
     def _mine(self, items: tuple[Placement, ...]) -> tuple[Placement, ...]:
         return tuple(p for p in items if p.tensor.id in self.rank_tensors)
@@ -265,9 +284,11 @@ def _find(plan: Plan, topo: Topology, route: Callable[[str, str], RouteResources
     stream_owner: dict[str, Any] = {}
     nseg = len(plan.segments)
     stream_rank: dict[str, int] = {}
+    rank_tags: list[int | None] = []  # every task's, in plan order (read again below)
     for seg in plan.segments:
         for t in seg.tasks:
             tag = _rank_tag(t)
+            rank_tags.append(tag)
             if tag is not None and t.op != "collective" and stream_rank.setdefault(t.stream, tag) != tag:
                 raise NotSymmetric(f"stream {t.stream!r} runs tasks of two ranks")
     device_rank: dict[str, int] = {}
@@ -278,12 +299,14 @@ def _find(plan: Plan, topo: Topology, route: Callable[[str, str], RouteResources
     for sid, st in streams.items():
         if sid not in stream_rank and device_rank.get(st.device, -1) >= 0:
             stream_rank[sid] = device_rank[st.device]
+    next_tag = iter(rank_tags).__next__
     for si, seg in enumerate(plan.segments):
         for t in seg.tasks:
+            tag = next_tag()
             spec_st = streams.get(t.stream)
             if spec_st is None:
                 raise NotSymmetric(f"task {t.id!r} runs on an unknown stream")
-            own = _owner(t, spec_st.device, stream_rank)
+            own = _owner(t, spec_st.device, stream_rank, tag)
             if stream_owner.setdefault(t.stream, own) != own:
                 raise NotSymmetric(f"stream {t.stream!r} holds tasks of two owners")
             if own == GLOBAL:
@@ -320,12 +343,13 @@ def _find(plan: Plan, topo: Topology, route: Callable[[str, str], RouteResources
     tensor_owner: dict[str, int] = {}
     back = [m.tasks.back for m in maps]
     # rank 0's side of every comparison, worked out once (not once per rank)
-    base_side = {a.id: (_untagged(a), _dep_signature(a, {0}, owner_of_task, global_ids, back))
+    base_side = {a.id: (_untagged(a), _dep_signature(a, {0}, owner_of_task, global_ids, back), _payload(a))
                  for seg in base for a in seg}
     for k, o in enumerate(owners):
+        mk, own_k = maps[k], {k}
         for a_seg, b_seg in zip(base, groups[o], strict=True):
             for a, b in zip(a_seg, b_seg, strict=True):
-                _match(a, b, maps[k], streams, owner_of_task, global_ids, k, back, base_side[a.id])
+                _match(a, b, mk, streams, owner_of_task, global_ids, own_k, back, base_side[a.id])
         for tid in maps[k].tensors.back:
             if tensor_owner.setdefault(tid, k) != k:
                 raise NotSymmetric(f"tensor {tid!r} is used by two ranks")
@@ -394,8 +418,7 @@ def _find(plan: Plan, topo: Topology, route: Callable[[str, str], RouteResources
         tensor_maps=tuple(m.tensors.fwd for m in maps), link_maps=tuple(m.links.fwd for m in maps),
         resource_maps=tuple(m.resources.fwd for m in maps), rep=rep, orbit_size=orbit_size,
         pool_maps=pool_maps, pool_mult=pool_mult, gpus=gpus0, loc_maps=tuple(m.locs.fwd for m in maps),
-        tags={**{t.id: t.tags for o in owners for seg in groups[o] for t in seg},
-              **{t.id: t.tags for t in globals_}},
+        task_lists=(*(seg for o in owners for seg in groups[o]), globals_),
         coll_maps=tuple(m.colls.fwd for m in maps), flow_mult={c: float(len(o)) for c, o in orbits.items()},
         coll_ranks={t.id: t.ranks for t in globals_}, kept_streams=kept_streams,
         coll_orbit={c: tuple(t.id for t in o) for c, o in orbits.items()},
@@ -438,16 +461,20 @@ def _untagged(t: TaskSpec) -> dict[str, Any]:
     return out
 
 
+def _payload(t: TaskSpec) -> tuple:
+    """What a task does, apart from names: equal for a task and its images."""
+    return (t.op, t.flops, t.hbm_bytes, t.bytes, t.alloc_dst, t.free_src, t.params, t.coll)
+
+
 def _match(a: TaskSpec, b: TaskSpec, m: _RankMaps, streams: Mapping[str, Any], owner_of_task: Mapping[str, int],
-           global_ids: frozenset[str], k: int, back: Sequence[Mapping[str, str]],
-           a_side: tuple[dict[str, Any], frozenset[tuple]]) -> None:
-    """Task ``b`` of rank ``k`` is rank 0's ``a`` relabelled (``a_side``: a's tags but its rank, and its
-    dependency signature). Pairs already made (most: a rank's streams and locations recur in every task)
-    are recognised by a look-up before the checking call."""
-    same = (a.op, a.flops, a.hbm_bytes, a.bytes, a.alloc_dst, a.free_src, a.params, a.coll)
+           global_ids: frozenset[str], own: set[int], back: Sequence[Mapping[str, str]],
+           a_side: tuple[dict[str, Any], frozenset[tuple], tuple]) -> None:
+    """Task ``b`` of rank k (``own``: {k}) is rank 0's ``a`` relabelled (``a_side``: a's tags but its rank, its
+    dependency signature and its payload). Pairs already made (most: a rank's streams and locations recur in
+    every task) are recognised by a look-up before the checking call."""
+    ta, a_sig, same = a_side
     if same != (b.op, b.flops, b.hbm_bytes, b.bytes, b.alloc_dst, b.free_src, b.params, b.coll):
         raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} differ")
-    ta, a_sig = a_side
     if ta != _untagged(b):
         raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} differ in tags")
     if m.streams.fwd.get(a.stream) != b.stream:  # a new pair of streams: their devices and kinds checked once
@@ -456,26 +483,30 @@ def _match(a: TaskSpec, b: TaskSpec, m: _RankMaps, streams: Mapping[str, Any], o
         if streams[a.stream].kind != streams[b.stream].kind:
             raise NotSymmetric(f"streams {a.stream!r} and {b.stream!r} differ")
     locs = m.locs
-    for x, y, other in (("src", a.src, b.src), ("dst", a.dst, b.dst)):
-        if (y is None) != (other is None):
-            raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} differ in {x}")
-        if y is not None and other is not None and locs.fwd.get(y) != other:
-            locs.pair(y, other)
-    if (a.tensor is None) != (b.tensor is None):
+    if a.src is not None or b.src is not None or a.dst is not None or b.dst is not None:
+        for x, y, other in (("src", a.src, b.src), ("dst", a.dst, b.dst)):
+            if (y is None) != (other is None):
+                raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} differ in {x}")
+            if y is not None and other is not None and locs.fwd.get(y) != other:
+                locs.pair(y, other)
+    at, bt = a.tensor, b.tensor
+    if (at is None) != (bt is None):
         raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} differ in tensor")
-    if a.tensor is not None and b.tensor is not None:
-        _ref(a.tensor, b.tensor, m.tensors)
-    if len(a.ranks) != len(b.ranks):
-        raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} differ in ranks")
-    for x, y in zip(a.ranks, b.ranks, strict=True):
-        locs.pair(x, y)
+    if at is not None and bt is not None and (m.tensors.fwd.get(at.id) != bt.id or at.iters_back != bt.iters_back
+                                              or at.steps_back != bt.steps_back):
+        _ref(at, bt, m.tensors)
+    if a.ranks or b.ranks:
+        if len(a.ranks) != len(b.ranks):
+            raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} differ in ranks")
+        for x, y in zip(a.ranks, b.ranks, strict=True):
+            locs.pair(x, y)
     if a.allocs or b.allocs:
         _places(a.allocs, b.allocs, m)
     if a.frees or b.frees:
         _places(a.frees, b.frees, m)
     if a.reads or b.reads:
         _places(a.reads, b.reads, m)
-    if a_sig != _dep_signature(b, {k}, owner_of_task, global_ids, back):
+    if a_sig != _dep_signature(b, own, owner_of_task, global_ids, back):
         raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} differ in dependencies")
 
 
@@ -485,20 +516,28 @@ def _dep_signature(t: TaskSpec, own: set[int], owner_of_task: Mapping[str, int],
     ranks taking part in a collective); or the same task of *every* rank (a barrier: by symmetry they all
     end together, as its own rank's does). A wait for some other ranks only breaks the symmetry.
     Collectives count where ``coll_back`` (their rank-0 counterparts) is given."""
+    if not t.deps:
+        return _NO_WAITS
     n = len(back)
-    ranks: dict[tuple[str, int, int], set[int]] = defaultdict(set)
+    ranks: dict[tuple[str, int, int], set[int]] = {}
     out: set[tuple] = set()
     for d in t.deps:
-        if d.id in global_ids:
+        did = d.id
+        if did in global_ids:
             if coll_back is not None:
-                if d.id not in coll_back:
+                if did not in coll_back:
                     raise NotSymmetric(f"collective {t.id!r} waits for a collective of other ranks")
-                out.add(("coll", coll_back[d.id], d.iters_back, d.steps_back))
+                out.add(("coll", coll_back[did], d.iters_back, d.steps_back))
             continue
-        j = owner_of_task.get(d.id)
+        j = owner_of_task.get(did)
         if j is None:
             raise NotSymmetric(f"task {t.id!r} waits for an unknown task")
-        ranks[(back[j][d.id], d.iters_back, d.steps_back)].add(j)
+        key = (back[j][did], d.iters_back, d.steps_back)
+        js = ranks.get(key)
+        if js is None:
+            ranks[key] = {j}
+        else:
+            js.add(j)
     for key, js in ranks.items():
         if js == own:
             out.add(("own", *key))

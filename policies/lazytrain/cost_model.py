@@ -127,6 +127,7 @@ class _Model:
         self.routes = costs.RouteTable(self.topo)
         self.gpus = list(self.topo.gpu_locations())
         self._unit: dict[tuple[str, str], dict[str, float]] = {}
+        self._rings: dict[tuple[float, str], dict[str, float]] = {}  # a ring over every GPU, once per size and kind
         self.n = job.hw.gpu.count
         self.layers = job.trace.layers
         self.nl = len(self.layers)
@@ -165,8 +166,12 @@ class _Model:
     def ring(self, nbytes: float, coll: str) -> dict[str, float]:
         if len(self.gpus) <= 1 or nbytes <= 0:
             return {}
-        ring = costs.ring(self.routes, self.gpus, nbytes, coll)
-        return {r: b / self.caps[r] + ring.latency_s for r, b in ring.resource_bytes().items()}
+        got = self._rings.get((nbytes, coll))
+        if got is None:  # identical layers ask for the same ring
+            ring = costs.ring(self.routes, self.gpus, nbytes, coll)
+            got = self._rings[(nbytes, coll)] = {r: b / self.caps[r] + ring.latency_s
+                                                 for r, b in ring.resource_bytes().items()}
+        return dict(got)
 
     def modes(self, i: int) -> dict[str, tuple[float, float, float]]:
         """Mode -> (saved bytes, transient bytes, recompute seconds): keep for every layer, ckpt for blocks."""

@@ -42,6 +42,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from itertools import accumulate
 from typing import Any
 
@@ -75,6 +76,13 @@ class Window:
     compute_var: Terms = ()                       # extra overlappable compute (recomputation) by choice
     load_const: Mapping[str, float] = field(default_factory=dict)   # resource -> seconds, always there
     load_var: Mapping[str, Terms] = field(default_factory=dict)     # resource -> seconds by choice
+
+    @cached_property
+    def distinct_loads(self) -> tuple[tuple[float, Terms], ...]:
+        """(constant, terms) of every resource's load, each distinct pair once (a window's links of one kind
+        carry equal loads on every GPU: the largest is the same over these)."""
+        return tuple(dict.fromkeys((self.load_const.get(r, 0.0), tuple(self.load_var.get(r, ())))
+                                   for r in set(self.load_const) | set(self.load_var)))
 
 
 @dataclass(frozen=True)
@@ -120,8 +128,8 @@ def evaluate(inst: Instance, choice: Sequence[int]) -> Evaluation:
     ex = 0.0
     for w in inst.windows:
         comp = w.compute_s + sum(c for i, o, c in w.compute_var if choice[i] == o)
-        ex += max([0.0] + [w.load_const.get(r, 0.0) + sum(c for i, o, c in w.load_var.get(r, ()) if choice[i] == o)
-                           - comp for r in set(w.load_const) | set(w.load_var)])
+        ex += max([0.0] + [const + sum(c for i, o, c in terms if choice[i] == o) - comp
+                           for const, terms in w.distinct_loads])
     ws = max(inst.transient[i][o] for i, o in picked)
     staging = 2 * max(inst.staged[i][o] for i, o in picked)
     need = {k: inst.fixed_bytes.get(k, 0.0) + sum(inst.pool_bytes[k][i][o] for i, o in picked)
@@ -330,11 +338,23 @@ def _most_extra(terms: Terms) -> float:
 def _undominated(w: Window) -> list[tuple[float, dict[tuple[int, int], float]]]:
     """The window's resource rows, less those another row bounds from above term by term (they never bind)."""
     rows = []
+    seen: set[tuple[float, frozenset]] = set()
+    raw_seen: set[tuple[float, tuple]] = set()
     for r in sorted(set(w.load_const) | set(w.load_var)):
+        # a row equal to an earlier one is bounded by it (of two equal rows the first is kept), and whatever it
+        # bounds the earlier one bounds too: most of a window's rows (one per GPU of a link class) go here, most
+        # of them already by their terms as given
+        raw = (w.load_const.get(r, 0.0), tuple(w.load_var.get(r, ())))
+        if raw in raw_seen:
+            continue
+        raw_seen.add(raw)
         var: dict[tuple[int, int], float] = {}
-        for i, o, c in w.load_var.get(r, ()):
+        for i, o, c in raw[1]:
             var[(i, o)] = var.get((i, o), 0.0) + c
-        rows.append((w.load_const.get(r, 0.0), var))
+        key = (raw[0], frozenset(var.items()))
+        if key not in seen:
+            seen.add(key)
+            rows.append((key[0], var))
 
     # a row b can bound row a only if its constant is no smaller and it has every term a has with a positive
     # coefficient: cheap tests that leave the exact comparison for the few pairs that pass them
