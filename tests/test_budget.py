@@ -4,6 +4,7 @@ generous real-time check that a search stuck in a long simulation still returns 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 import time
 
 import pytest
@@ -214,3 +215,29 @@ def test_a_search_cut_before_any_answer_is_not_settled_not_infeasible(argv: list
     out = capsys.readouterr().out
     assert "NOT SETTLED" in out and "CUT SHORT" in out
 
+
+
+def test_a_search_under_a_deadline_builds_each_plan_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under a deadline plans are built and simulated in one worker process: a plan built there is simulated
+    in the same task (when it is the next one simulated) or from the worker's scratch, never built again; the
+    answer is the unbounded one, the best plan too when it is kept."""
+    log = tmp_path / "built"
+    real = search_mod.make_plan
+
+    def logged(job, policy, knobs=()):  # noqa: ANN001, ANN202 - runs in the worker (forked after the patch)
+        with log.open("a") as f:
+            f.write(f"{policy} {sorted(dict(knobs).items())} {job.config.micro_batch} {job.config.checkpointing}\n")
+        return real(job, policy, knobs)
+
+    # four simulations: some simulated where they were built, some from the scratch
+    space = {"hw": "a100", "model": "gpt2-xl", "request": JobRequest(seq_len=512),
+             "hw_overrides": ("gpu.memory=1.5GB",), "policies": ("zero-infinity", "lazytrain")}
+    free = search(**space, keep_best_plan=True)  # type: ignore[arg-type]
+    monkeypatch.setattr(search_mod, "make_plan", logged)
+    bounded = search(**space, keep_best_plan=True, deadline=Deadline.after(60.0, FakeClock()))  # type: ignore[arg-type]
+    assert bounded.cut_short is None and bounded.to_dict() == free.to_dict()
+    assert bounded.n_simulated >= 2
+    built = log.read_text().splitlines()
+    assert len(built) == len(set(built))  # no plan was built twice
+    assert free.best is not None and bounded.best is not None and bounded.best.plan is not None
+    assert bounded.best.plan.to_dict() == free.best.plan.to_dict()
