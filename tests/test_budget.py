@@ -241,3 +241,52 @@ def test_a_search_under_a_deadline_builds_each_plan_once(tmp_path: Path, monkeyp
     assert len(built) == len(set(built))  # no plan was built twice
     assert free.best is not None and bounded.best is not None and bounded.best.plan is not None
     assert bounded.best.plan.to_dict() == free.best.plan.to_dict()
+
+
+def _first_search_overruns(monkeypatch: pytest.MonkeyPatch, module: object, clock: FakeClock, seconds: float) -> list[int]:
+    """Patch ``module.search`` so that its first call finds ``seconds`` gone by on ``clock`` (its share overrun)."""
+    real = search_mod.search
+    calls: list[int] = []
+
+    def first_overruns(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        calls.append(1)
+        if len(calls) == 1:
+            clock.now += seconds
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, "search", first_overruns)
+    return calls
+
+
+def test_whatif_searches_a_machine_its_share_cut_again_with_the_time_left(monkeypatch: pytest.MonkeyPatch) -> None:
+    import planner.whatif as whatif_mod
+
+    kw = {"request": JobRequest(seq_len=512), "hw_overrides": ["gpu.memory=2.73GB"], "policies": ["none"]}
+    free = whatif("a100", "gpt2", [Axis("pcie.gen", ("5",))], **kw)  # type: ignore[arg-type]
+    clock = FakeClock()
+    # the base's share of 60 s is 30 s (its exact search 22.5 s): 25 s pass in it, 35 s are left for the rest
+    calls = _first_search_overruns(monkeypatch, whatif_mod, clock, 25.0)
+    out = whatif("a100", "gpt2", [Axis("pcie.gen", ("5",))], deadline=Deadline.after(60.0, clock),  # type: ignore[arg-type]
+                 **kw)
+    assert len(calls) == 4  # base (cut), its first-feasible fallback, the scenario, the base again
+    assert out.base.cut_short is None and out.to_dict() == free.to_dict()
+
+
+def test_coverage_searches_a_cell_its_share_cut_again_with_the_time_left(monkeypatch: pytest.MonkeyPatch) -> None:
+    import planner.coverage as coverage_mod
+    import planner.whatif as whatif_mod
+    from planner.coverage import coverage
+
+    kw = {"request": JobRequest(seq_len=512), "policies": ["none", "zero-offload"], "hw_overrides": ["gpu.memory=2.73GB"]}
+    free = coverage("a100", ["gpt2"], **kw)  # type: ignore[arg-type]
+    clock = FakeClock()
+    calls = _first_search_overruns(monkeypatch, whatif_mod, clock, 25.0)
+    assert coverage_mod.best_within.__module__ == "planner.whatif"  # its searches are whatif's
+    out = coverage("a100", ["gpt2"], deadline=Deadline.after(60.0, clock), **kw)  # type: ignore[arg-type]
+    assert len(calls) == 4 and all(c.best.cut_short is None for c in out.cells)
+    assert out.to_dict() == free.to_dict()
+    # a cap on each cell is kept: no second pass
+    clock = FakeClock()
+    calls = _first_search_overruns(monkeypatch, whatif_mod, clock, 25.0)
+    capped = coverage("a100", ["gpt2"], deadline=Deadline.after(60.0, clock), cell_budget_s=100.0, **kw)  # type: ignore[arg-type]
+    assert len(calls) == 3 and capped.cells[0].best.cut_short is not None
