@@ -4,8 +4,8 @@ generous real-time check that a search stuck in a long simulation still returns 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 import time
+from pathlib import Path
 
 import pytest
 
@@ -243,7 +243,8 @@ def test_a_search_under_a_deadline_builds_each_plan_once(tmp_path: Path, monkeyp
     assert bounded.best.plan.to_dict() == free.best.plan.to_dict()
 
 
-def _first_search_overruns(monkeypatch: pytest.MonkeyPatch, module: object, clock: FakeClock, seconds: float) -> list[int]:
+def _first_search_overruns(monkeypatch: pytest.MonkeyPatch, module: object, clock: FakeClock,
+                           seconds: float) -> list[int]:
     """Patch ``module.search`` so that its first call finds ``seconds`` gone by on ``clock`` (its share overrun)."""
     real = search_mod.search
     calls: list[int] = []
@@ -277,7 +278,8 @@ def test_coverage_searches_a_cell_its_share_cut_again_with_the_time_left(monkeyp
     import planner.whatif as whatif_mod
     from planner.coverage import coverage
 
-    kw = {"request": JobRequest(seq_len=512), "policies": ["none", "zero-offload"], "hw_overrides": ["gpu.memory=2.73GB"]}
+    kw = {"request": JobRequest(seq_len=512), "policies": ["none", "zero-offload"],
+          "hw_overrides": ["gpu.memory=2.73GB"]}
     free = coverage("a100", ["gpt2"], **kw)  # type: ignore[arg-type]
     clock = FakeClock()
     calls = _first_search_overruns(monkeypatch, whatif_mod, clock, 25.0)
