@@ -63,23 +63,28 @@ class Bounds:
 def memory_lower_bound(plan: Plan, topo: Topology) -> dict[str, float]:
     """Bytes per pool that are resident together at some instant (see the module docstring)."""
     pools = sorted(topo.pools)
+    pool_of = topo.pool_of
     at_start = {p: 0.0 for p in pools}
     tensors = plan.tensor_map()
     for ts in plan.tensors:
         if ts.home is not None:
-            at_start[topo.pool_of[ts.home]] += ts.bytes
-    releasers: dict[tuple[str, str], set[str]] = defaultdict(set)  # (tensor id, location) -> tasks freeing it
+            at_start[pool_of[ts.home]] += ts.bytes
+    releasers: dict[tuple[str, str], set[str]] = {}  # (tensor id, location) -> tasks freeing it
     for seg in plan.segments:
         for t in seg.tasks:
             for p in t.frees:
-                releasers[(p.tensor.id, p.loc)].add(t.id)
+                key = (p.tensor.id, p.loc)
+                got = releasers.get(key)
+                if got is None:
+                    releasers[key] = {t.id}
+                else:
+                    got.add(t.id)
             if t.op == "copy" and t.free_src and t.tensor is not None and t.src is not None:
-                releasers[(t.tensor.id, t.src)].add(t.id)
-    released = set(releasers)
+                releasers.setdefault((t.tensor.id, t.src), set()).add(t.id)
     always = {p: 0.0 for p in pools}
     for ts in plan.tensors:
-        if ts.home is not None and (ts.id, ts.home) not in released:
-            always[topo.pool_of[ts.home]] += ts.bytes
+        if ts.home is not None and (ts.id, ts.home) not in releasers:
+            always[pool_of[ts.home]] += ts.bytes
     best = dict(at_start)
     for seg in plan.segments:
         by_stream: dict[str, list] = defaultdict(list)
@@ -104,34 +109,40 @@ def _stacked(tasks: list, tensors: dict, topo: Topology, always: dict[str, float
     alloc_at: dict[tuple[str, str], int] = {}
     free_at: dict[tuple[str, str], int] = {}
     for i, t in enumerate(tasks):
-        made = [(p.tensor, p.loc) for p in t.allocs]
-        if t.op == "copy" and t.alloc_dst and t.tensor is not None and t.dst is not None:
-            made.append((t.tensor, t.dst))
-        for ref, loc in made:
+        copy = t.op == "copy" and t.tensor is not None
+        for p in t.allocs:
+            ref = p.tensor
             if _plain(ref):
-                alloc_at.setdefault((ref.id, loc), i)
+                alloc_at.setdefault((ref.id, p.loc), i)
+        if copy and t.alloc_dst and t.dst is not None and _plain(t.tensor):
+            alloc_at.setdefault((t.tensor.id, t.dst), i)
         gone = [(p.tensor, p.loc) for p in t.frees]
-        if t.op == "copy" and t.free_src and t.tensor is not None and t.src is not None:
+        if copy and t.free_src and t.src is not None:
             gone.append((t.tensor, t.src))
         for ref, loc in gone:
-            if _plain(ref) and (ref.id, loc) in alloc_at and releasers[(ref.id, loc)] == {t.id}:
-                free_at.setdefault((ref.id, loc), i)
+            key = (ref.id, loc)
+            if key in alloc_at and _plain(ref):
+                only = releasers[key]
+                if len(only) == 1 and t.id in only:
+                    free_at.setdefault(key, i)
     if not free_at:
         return
-    delta: dict[str, list[float]] = defaultdict(lambda: [0.0] * (len(tasks) + 1))
+    pool_of = topo.pool_of
+    delta: dict[str, dict[int, float]] = defaultdict(dict)  # pool -> task position -> change (in the old order)
     for key, j in free_at.items():
         i = alloc_at[key]
-        pool = topo.pool_of[key[1]]
         nbytes = tensors[key[0]].bytes
-        d = delta[pool]
-        d[i] += nbytes       # resident at the starts of tasks i..j
-        d[j + 1] -= nbytes
+        d = delta[pool_of[key[1]]]
+        d[i] = d.get(i, 0.0) + nbytes       # resident at the starts of tasks i..j
+        d[j + 1] = d.get(j + 1, 0.0) - nbytes
+    n = len(tasks)
     for pool, d in delta.items():
         run = 0.0
         peak = 0.0
-        for x in d[:-1]:
-            run += x
-            peak = max(peak, run)
+        for k in sorted(d):  # the running sum only changes where a change is: the same sums as position by position
+            if k < n:
+                run += d[k]
+                peak = max(peak, run)
         best[pool] = max(best[pool], always[pool] + peak)
 
 

@@ -5,7 +5,10 @@ throughput, or infeasible with the pool that overflows in the most candidates (t
 whole matrix is bounded by ``total_budget_s`` (or ``deadline``), a wall-clock promise: each cell still to do
 gets an equal share of what is left (time a cell does not use goes to the next); ``cell_budget_s`` caps
 each cell besides, and ``max_candidates`` each search. A bounded cell searches exactly first and settles
-feasibility with a first-feasible search only when that is cut short (``planner.whatif.best_within``).
+feasibility with a first-feasible search only when that is cut short (``planner.whatif.best_within``). The
+cells the budget cut are then searched exactly once more, each with an equal share of what is left
+(``planner.whatif.exact_again``; not with ``cell_budget_s``): a slow cell early in the matrix uses the time the
+quick ones left.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any
 from hardware_models import HardwareSpec
 from planner.deadline import Deadline
 from planner.job import JobRequest, resolve_hardware
-from planner.whatif import Best, Progress, best_within
+from planner.whatif import Best, Progress, best_within, exact_again, retried
 from policies import POLICIES
 from workloads import ModelSpec, load_model
 
@@ -82,5 +85,20 @@ def coverage(hw: str | HardwareSpec, models: Sequence[str | ModelSpec], *, polic
             if progress:
                 b = cell.best
                 progress(f"[{len(out.cells)}/{total}] {policy} x {model.name}: {b.verdict()} ({cell.wall_s:.1f} s)")
+    again = retried([c.best for c in out.cells], max_candidates) if cell_budget_s is None else []  # a capped cell stays
+    for n, i in enumerate(again):
+        cell = out.cells[i]
+        if progress and not limit.expired():
+            progress(f"[{i + 1}/{total}] {cell.policy} x {cell.model.name}: cut by its share of the budget; "
+                     "searching it again ...")
+        c0 = time.perf_counter()
+        got = exact_again(spec, cell.model, objective,
+                          limit.share(len(again) - n),
+                          {"request": request, "policies": [cell.policy], "cache": cache, "workers": workers,
+                           "knobs": knobs})
+        if got is not None:
+            out.cells[i] = Cell(cell.policy, cell.model, got, cell.wall_s + time.perf_counter() - c0)
+            if progress:
+                progress(f"[{i + 1}/{total}] {cell.policy} x {cell.model.name}: {got.verdict()}")
     out.wall_s = time.perf_counter() - t0
     return out

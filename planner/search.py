@@ -167,11 +167,46 @@ def _plan_keep_task(job: Job, cand: Candidate, ship_below: float = float("inf"))
     SHIP_PLAN_AFTER_S (shipping a plan costs about as much as building a cheap one; a MILP's takes seconds) and
     its time bound is at most ``ship_below`` (a plan bounded above the best step found is never simulated: the
     unpickling of big plans that were not needed cost seconds of a 70b search)."""
+    summary, plan, keep = _plan_ship(job, cand, ship_below)
+    return summary, plan if keep else None
+
+
+def _plan_ship(job: Job, cand: Candidate, ship_below: float) -> tuple[PlanSummary, Plan | None, bool]:
+    """Plan and bound; whether ``_plan_keep_task`` ships the plan back."""
     t0 = time.perf_counter()
     summary, plan = plan_summary(job, cand, build_topology(job.hw))
     keep = (plan is not None and summary.bounded and time.perf_counter() - t0 > SHIP_PLAN_AFTER_S
             and summary.bound_time_s is not None and summary.bound_time_s <= ship_below)
-    return summary, plan if keep else None
+    return summary, plan, keep
+
+
+def _plan_next_task(scratch: dict[Any, Any], job: Job, cand: Candidate, ship_below: float,
+                    sim_below: tuple[float, int], ship_simulated: bool
+                    ) -> tuple[PlanSummary, Plan | None, SimSummary | None]:
+    """``_plan_keep_task`` in a worker process (``Workers.submit_scratch``) for the candidate the screened search
+    builds next. Simulated in the same task when its (time bound, index) is below ``sim_below`` (the least key
+    left in the search's queue and the best found: it is then the next one the search simulates, unless its plan
+    duplicates another's or the budget stops it, when the simulation is dropped); the plan comes back with the
+    simulation only when ``ship_simulated`` (the search keeps the best plan). Otherwise a bounded plan is kept in
+    the worker's ``scratch`` for its simulation (``_sim_kept_task``), the KEEP_PLANS lowest bounds."""
+    summary, plan, keep = _plan_ship(job, cand, ship_below)
+    if plan is None or not summary.bounded or summary.bound_time_s is None:
+        return summary, None, None
+    if (summary.bound_time_s, cand.index) < sim_below:
+        sim = SimSummary.of(simulate_plan(plan, job.hw))
+        return summary, plan if ship_simulated else None, sim
+    scratch[cand] = (summary.bound_time_s, plan)
+    if len(scratch) > KEEP_PLANS:
+        del scratch[max(scratch, key=lambda c: (scratch[c][0], c.index))]
+    return summary, plan if keep else None, None
+
+
+def _sim_kept_task(scratch: dict[Any, Any], job: Job, cand: Candidate, ship: bool) -> tuple[SimSummary, Plan | None]:
+    """Simulate a candidate in a worker process (``Workers.submit_scratch``): its plan from the worker's scratch
+    where ``_plan_next_task`` left it there, else built again; the plan comes back when ``ship``."""
+    kept = scratch.pop(cand, None)
+    plan = kept[1] if kept is not None else make_plan(job, cand.policy, cand.knob_dict)
+    return SimSummary.of(simulate_plan(plan, job.hw)), plan if ship else None
 
 
 def _sim_plan_task(plan: Plan, hw: HardwareSpec) -> SimSummary:
@@ -664,6 +699,12 @@ class _Lazy:
         best = self.best[0] if self.best is not None else float("inf")
         return min(best, self.least_bound * SHIP_MARGIN)
 
+    def next_key(self) -> tuple[float, int]:
+        """The least (key, index) left in the queue, or the best found if less: a plan built now whose (bound,
+        index) is below it is the next one the search simulates (``_plan_next_task``)."""
+        least = (self.heap[0][0], self.heap[0][1]) if self.heap else (float("inf"), -1)
+        return min(least, self.best) if self.best is not None else least
+
     def push(self, key: float, index: int, planned: bool) -> None:
         heapq.heappush(self.heap, (key, index, planned))
 
@@ -763,15 +804,15 @@ class _Runner:
     def parallel(self) -> bool:
         return self.s.deadline.bounded or self.s.config.workers > 1
 
-    def call(self, key: int, fn: Callable[..., Any], *args: Any) -> tuple[bool, Any]:
+    def call(self, key: int, fn: Callable[..., Any], *args: Any, scratch: bool = False) -> tuple[bool, Any]:
         """``(True, fn(*args))`` from a worker (or from a speculative run of it), ``(False, None)`` when the
-        deadline passes first (the workers are stopped)."""
+        deadline passes first (the workers are stopped). ``scratch``: ``fn(worker's scratch, *args)``."""
         if key in self.done:
             return True, self.done.pop(key)
         if self.pool is None:
             self.pool = Workers(self.n)
         if key not in self.submitted:
-            self.pool.submit(key, fn, *args)
+            (self.pool.submit_scratch if scratch else self.pool.submit)(key, fn, *args)
             self.submitted.add(key)
         while True:
             self.speculate()
@@ -815,12 +856,17 @@ def _screen_plan(s: _Search, run: _Runner, c: Candidate) -> bool:
     """Build, bound and record ``c``'s plan (in a worker process under a deadline or with workers); False at
     the deadline."""
     if run.parallel:
-        done, got = run.call(c.index, _plan_keep_task, s.ready_job(c), c, run.lz.ship_below())
+        # one worker keeps its plans in its scratch: nothing to ship back for the simulation
+        ship_below = run.lz.ship_below() if run.n > 1 else -float("inf")
+        done, got = run.call(c.index, _plan_next_task, s.ready_job(c), c, ship_below, run.lz.next_key(),
+                             s.config.keep_best_plan, scratch=True)
         if not done:
             return False
-        summary, plan = got
+        summary, plan, *sim = got  # a speculative build (``_plan_keep_task``) has no simulation
         s.store(c, summary)
-        if plan is not None:
+        if sim and sim[0] is not None:  # simulated with its plan: kept until the search asks for it
+            run.done[-(c.index + 1)] = (sim[0], plan)
+        elif plan is not None:
             s.keep_plan(c.index, plan, s.objective.bound(summary))
     else:
         summary, plan = plan_summary(s.ready_job(c), c, s.topo)
@@ -835,7 +881,7 @@ def _screen_plan(s: _Search, run: _Runner, c: Candidate) -> bool:
 def _screen_simulate(s: _Search, run: _Runner, lz: _Lazy, c: Candidate) -> bool:
     """Simulate ``c`` (in a worker process under a deadline or with workers); False at the deadline."""
     s.say(f"[simulate] {c.label()} (bound {s.objective.bound(s.summaries[c.index]):.4g})")
-    if run.parallel and c.index in s.plans:  # built before, kept: simulated without building it again
+    if run.parallel and c.index in s.plans and run.n > 1:  # built before, kept: simulated without building it again
         plan = s.plans.pop(c.index)
         done, sim = run.call(-(c.index + 1), _sim_plan_task, plan, s.hw)
         if not done:
@@ -843,8 +889,10 @@ def _screen_simulate(s: _Search, run: _Runner, lz: _Lazy, c: Candidate) -> bool:
         s.store_sim(c, sim)
         s.n_sims += 1
         lz.note(c.index, plan, None)
-    elif run.parallel:
-        done, got = run.call(-(c.index + 1), _sim_task, s.ready_job(c), c)
+    elif run.parallel:  # simulated where it was built (``_plan_next_task``), or from the worker's scratch
+        s.plans.pop(c.index, None)
+        done, got = run.call(-(c.index + 1), _sim_kept_task, s.ready_job(c), c, s.config.keep_best_plan,
+                             scratch=True)
         if not done:
             return False
         sim, plan = got

@@ -223,6 +223,24 @@ def _exact_first(hw: str | HardwareSpec, model: str | ModelSpec, objective: str,
     return replace(first, cut_short=full.cut_short or "the full search found no plan within its bounds")
 
 
+def exact_again(hw: str | HardwareSpec, model: str | ModelSpec, objective: str, deadline: Deadline,
+                opts: dict[str, Any]) -> Best | None:
+    """The second pass of a bounded what-if or coverage over a job whose first search the wall-time budget cut:
+    the exact search once more, within ``deadline`` (what the others left), no first-feasible fallback. It resumes
+    from what the first one evaluated where there is an evaluation cache. Its answer when it is complete (the exact
+    one), else None (the first answer stands)."""
+    if deadline.expired():
+        return None
+    again = Best.of(search(hw, model, objective=objective, deadline=deadline, **opts))
+    return again if again.cut_short is None else None
+
+
+def retried(bests: Sequence[Best], max_candidates: int | None) -> list[int]:
+    """The positions of the answers a second pass may settle: cut short while only the wall-time budget bounded
+    the search (a cap on the candidates would cut it again)."""
+    return [i for i, b in enumerate(bests) if b.cut_short is not None] if max_candidates is None else []
+
+
 @dataclass(frozen=True)
 class Scenario:
     changes: dict[str, str]
@@ -292,8 +310,11 @@ def whatif(hw: str | HardwareSpec, model: str | ModelSpec, axes: Sequence[Axis],
     """Plan the base and every scenario of the grid; the sensitivity of each single change.
 
     ``budget_s`` (or ``deadline``) bounds the whole what-if by wall time: each machine still to plan gets an
-    equal share of what is left (time a machine does not use goes to the next); ``max_candidates`` bounds
-    each search (see :func:`best_within`); ``cache`` and ``workers`` are passed to each search.
+    equal share of what is left (time a machine does not use goes to the next); then the machines whose search
+    the budget cut are searched exactly once more, each with an equal share of what is left then
+    (:func:`exact_again`), so a slow machine early in the grid uses the time the quick ones left;
+    ``max_candidates`` bounds each search (see :func:`best_within`); ``cache`` and ``workers`` are passed to
+    each search.
     """
     t0 = time.perf_counter()
     limit = deadline.within(budget_s) if deadline is not None else Deadline.after(budget_s)
@@ -315,23 +336,41 @@ def whatif(hw: str | HardwareSpec, model: str | ModelSpec, axes: Sequence[Axis],
                                                                                  overrides_for(changes))))
     total = len(set(keys.values()))
     done: dict[str, Best] = {}
+    labels: dict[str, tuple[str, list[str]]] = {}  # machine -> (label, its overrides)
+
+    def say(i: int, label: str, b: Best) -> None:
+        if progress:
+            what = f"{b.policy} {b.verdict()}" if b.feasible else b.verdict()
+            progress(f"[{i}/{total}] {label}: {what} ({time.perf_counter() - t0:.1f} s)")
 
     def plan(changes: Mapping[str, str]) -> Best:
         key = keys[tuple(changes.items())]
         if key not in done:
             overrides = layered(hw_overrides, overrides_for(changes))
             label = ", ".join(overrides_for(changes)) or "base (no change)"
+            labels[key] = (label, overrides)
             if progress:
                 progress(f"[{len(done) + 1}/{total}] planning {label} ...")
             done[key] = best_within(hw, spec_model, request=request, hw_overrides=overrides, objective=objective,
                                     policies=policies, max_candidates=max_candidates, cache=cache,
                                     workers=workers, deadline=limit.share(total - len(done)))
-            if progress:
-                b = done[key]
-                what = f"{b.policy} {b.verdict()}" if b.feasible else b.verdict()
-                progress(f"[{len(done)}/{total}] {label}: {what} ({time.perf_counter() - t0:.1f} s)")
+            say(len(done), label, done[key])
         return done[key]
 
+    for changes in [{}, *grid, *({axis.path: v} for axis, v in singles)]:
+        plan(changes)
+    order = list(done)
+    again = retried([done[k] for k in order], max_candidates)
+    for n, i in enumerate(again):
+        label, overrides = labels[order[i]]
+        if progress and not limit.expired():
+            progress(f"[{i + 1}/{total}] cut by its share of the budget; planning {label} again ...")
+        got = exact_again(hw, spec_model, objective, limit.share(len(again) - n),
+                          {"request": request, "hw_overrides": overrides, "policies": policies, "cache": cache,
+                           "workers": workers})
+        if got is not None:
+            done[order[i]] = got
+            say(i + 1, label, got)
     base = plan({})
     scenarios = [Scenario(changes, plan(changes)) for changes in grid]
     sens = [Sensitivity(axis.label(v), base, plan({axis.path: v})) for axis, v in singles]

@@ -12,6 +12,10 @@ when needed) and :meth:`Workers.stop` ends them all. Used as a context manager i
             ...
 
 Tasks and their results cross process boundaries by pickling (``fn`` must be a module-level function).
+A task submitted with :meth:`Workers.submit_scratch` is called as ``fn(scratch, *args)``: ``scratch`` is a dict
+private to the worker process that runs it, kept between that process's tasks and lost with the process (a
+cancelled task's worker is replaced), so a task may leave something there for a later one (the plan search
+keeps the plans it built for their simulation) and must do without it when it is gone.
 
 Worker processes never outlive the process that started the pool, the client (:func:`worker_setup`, run
 first in each worker; every process pool of tiersim is this one: the plan search's, the sweep's,
@@ -139,6 +143,7 @@ def _serve(conn: Connection, initializer: Callable[[], None] | None, client_pid:
     worker_setup(client_pid)
     if initializer is not None:
         initializer()
+    scratch: dict[Any, Any] = {}  # this process's, for the tasks submitted with submit_scratch
     while True:
         try:
             item = conn.recv()
@@ -146,9 +151,9 @@ def _serve(conn: Connection, initializer: Callable[[], None] | None, client_pid:
             return
         if item is None:
             return
-        fn, args = item
+        fn, args, with_scratch = item
         try:
-            out: tuple[bool, Any] = (True, fn(*args))
+            out: tuple[bool, Any] = (True, fn(scratch, *args) if with_scratch else fn(*args))
         except BaseException as e:  # noqa: BLE001 - handed to the parent, which re-raises it
             out = (False, e)
         try:
@@ -191,7 +196,7 @@ class Workers:
         self._initializer = initializer
         self._idle: list[_Worker] = []
         self._busy: dict[int, _Worker] = {}
-        self._queue: deque[tuple[int, Callable[..., Any], tuple[Any, ...]]] = deque()
+        self._queue: deque[tuple[int, Callable[..., Any], tuple[Any, ...], bool]] = deque()
 
     def __enter__(self) -> Workers:
         return self
@@ -203,14 +208,21 @@ class Workers:
     # -- tasks ------------------------------------------------------------------------------------------
     def submit(self, key: int, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)`` in a worker (now, or when one is free); ``key`` names it in ``wait``."""
-        if key in self._busy or any(k == key for k, _, _ in self._queue):
+        self._submit(key, fn, args, False)
+
+    def submit_scratch(self, key: int, fn: Callable[..., Any], *args: Any) -> None:
+        """:meth:`submit`, the task called as ``fn(scratch, *args)`` with its worker process's scratch dict."""
+        self._submit(key, fn, args, True)
+
+    def _submit(self, key: int, fn: Callable[..., Any], args: tuple[Any, ...], with_scratch: bool) -> None:
+        if key in self._busy or any(item[0] == key for item in self._queue):
             raise ValueError(f"task {key} is already submitted")
-        self._queue.append((key, fn, args))
+        self._queue.append((key, fn, args, with_scratch))
         self._dispatch()
 
     def pending(self) -> list[int]:
         """Keys of the tasks running or waiting, in key order."""
-        return sorted([*self._busy, *(k for k, _, _ in self._queue)])
+        return sorted([*self._busy, *(item[0] for item in self._queue)])
 
     def running(self) -> list[int]:
         return sorted(self._busy)
@@ -265,12 +277,12 @@ class Workers:
     # -- processes --------------------------------------------------------------------------------------
     def _dispatch(self) -> None:
         while self._queue and len(self._busy) < self._n:
-            key, fn, args = self._queue.popleft()
+            key, fn, args, with_scratch = self._queue.popleft()
             if not self._idle:
                 self._start()
             # tracked before it is handed the task: an interruption here still finds it in stop()
             self._busy[key] = self._idle.pop()
-            self._busy[key].conn.send((fn, args))
+            self._busy[key].conn.send((fn, args, with_scratch))
 
     def _start(self) -> None:
         """Start one worker process, idle."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 
 import pytest
 
@@ -214,3 +215,80 @@ def test_a_search_cut_before_any_answer_is_not_settled_not_infeasible(argv: list
     out = capsys.readouterr().out
     assert "NOT SETTLED" in out and "CUT SHORT" in out
 
+
+
+def test_a_search_under_a_deadline_builds_each_plan_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under a deadline plans are built and simulated in one worker process: a plan built there is simulated
+    in the same task (when it is the next one simulated) or from the worker's scratch, never built again; the
+    answer is the unbounded one, the best plan too when it is kept."""
+    log = tmp_path / "built"
+    real = search_mod.make_plan
+
+    def logged(job, policy, knobs=()):  # noqa: ANN001, ANN202 - runs in the worker (forked after the patch)
+        with log.open("a") as f:
+            f.write(f"{policy} {sorted(dict(knobs).items())} {job.config.micro_batch} {job.config.checkpointing}\n")
+        return real(job, policy, knobs)
+
+    # four simulations: some simulated where they were built, some from the scratch
+    space = {"hw": "a100", "model": "gpt2-xl", "request": JobRequest(seq_len=512),
+             "hw_overrides": ("gpu.memory=1.5GB",), "policies": ("zero-infinity", "lazytrain")}
+    free = search(**space, keep_best_plan=True)  # type: ignore[arg-type]
+    monkeypatch.setattr(search_mod, "make_plan", logged)
+    bounded = search(**space, keep_best_plan=True, deadline=Deadline.after(60.0, FakeClock()))  # type: ignore[arg-type]
+    assert bounded.cut_short is None and bounded.to_dict() == free.to_dict()
+    assert bounded.n_simulated >= 2
+    built = log.read_text().splitlines()
+    assert len(built) == len(set(built))  # no plan was built twice
+    assert free.best is not None and bounded.best is not None and bounded.best.plan is not None
+    assert bounded.best.plan.to_dict() == free.best.plan.to_dict()
+
+
+def _first_search_overruns(monkeypatch: pytest.MonkeyPatch, module: object, clock: FakeClock,
+                           seconds: float) -> list[int]:
+    """Patch ``module.search`` so that its first call finds ``seconds`` gone by on ``clock`` (its share overrun)."""
+    real = search_mod.search
+    calls: list[int] = []
+
+    def first_overruns(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        calls.append(1)
+        if len(calls) == 1:
+            clock.now += seconds
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, "search", first_overruns)
+    return calls
+
+
+def test_whatif_searches_a_machine_its_share_cut_again_with_the_time_left(monkeypatch: pytest.MonkeyPatch) -> None:
+    import planner.whatif as whatif_mod
+
+    kw = {"request": JobRequest(seq_len=512), "hw_overrides": ["gpu.memory=2.73GB"], "policies": ["none"]}
+    free = whatif("a100", "gpt2", [Axis("pcie.gen", ("5",))], **kw)  # type: ignore[arg-type]
+    clock = FakeClock()
+    # the base's share of 60 s is 30 s (its exact search 22.5 s): 25 s pass in it, 35 s are left for the rest
+    calls = _first_search_overruns(monkeypatch, whatif_mod, clock, 25.0)
+    out = whatif("a100", "gpt2", [Axis("pcie.gen", ("5",))], deadline=Deadline.after(60.0, clock),  # type: ignore[arg-type]
+                 **kw)
+    assert len(calls) == 4  # base (cut), its first-feasible fallback, the scenario, the base again
+    assert out.base.cut_short is None and out.to_dict() == free.to_dict()
+
+
+def test_coverage_searches_a_cell_its_share_cut_again_with_the_time_left(monkeypatch: pytest.MonkeyPatch) -> None:
+    import planner.coverage as coverage_mod
+    import planner.whatif as whatif_mod
+    from planner.coverage import coverage
+
+    kw = {"request": JobRequest(seq_len=512), "policies": ["none", "zero-offload"],
+          "hw_overrides": ["gpu.memory=2.73GB"]}
+    free = coverage("a100", ["gpt2"], **kw)  # type: ignore[arg-type]
+    clock = FakeClock()
+    calls = _first_search_overruns(monkeypatch, whatif_mod, clock, 25.0)
+    assert coverage_mod.best_within.__module__ == "planner.whatif"  # its searches are whatif's
+    out = coverage("a100", ["gpt2"], deadline=Deadline.after(60.0, clock), **kw)  # type: ignore[arg-type]
+    assert len(calls) == 4 and all(c.best.cut_short is None for c in out.cells)
+    assert out.to_dict() == free.to_dict()
+    # a cap on each cell is kept: no second pass
+    clock = FakeClock()
+    calls = _first_search_overruns(monkeypatch, whatif_mod, clock, 25.0)
+    capped = coverage("a100", ["gpt2"], deadline=Deadline.after(60.0, clock), cell_budget_s=100.0, **kw)  # type: ignore[arg-type]
+    assert len(calls) == 3 and capped.cells[0].best.cut_short is not None

@@ -88,3 +88,25 @@ def test_a_worker_killed_from_outside_is_an_error_not_a_hang() -> None:
         os.kill(pid, signal.SIGKILL)
         with pytest.raises(WorkerDied, match="task 1"):
             _collect(pool)
+
+
+def _remember(scratch: dict, key: str, value: int) -> tuple[int | None, int]:  # type: ignore[type-arg]
+    """A scratch task: what was there under ``key`` before, and the worker's pid."""
+    before = scratch.get(key)
+    scratch[key] = value
+    return before, os.getpid()
+
+
+def test_a_scratch_task_finds_what_an_earlier_task_of_its_process_left_until_the_process_is_replaced() -> None:
+    with Workers(1) as pool:
+        pool.submit_scratch(0, _remember, "plan", 1)
+        pool.submit(1, _square, 4)  # a plain task neither sees nor clears the scratch
+        pool.submit_scratch(2, _remember, "plan", 2)
+        got = _collect(pool)
+        assert got[0][0] is None and got[1] == 16 and got[2][0] == 1  # type: ignore[index]
+        pool.submit(3, _sleep, 60.0)
+        pool.cancel(3)  # its process ended: the next one starts with an empty scratch
+        pool.submit_scratch(4, _remember, "plan", 3)
+        before, pid = _collect(pool)[4]  # type: ignore[misc]
+        assert before is None and pid != got[0][1]  # type: ignore[index]
+    assert multiprocessing.active_children() == []

@@ -42,7 +42,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--total-budget", default=None, metavar="TIME",
                    help="the former name of --budget (the whole matrix); the shorter of the two applies")
     add_workload_flags(p, SEARCH)
-    add_search_args(p, "coverage", "the whole matrix (each cell still to do gets an equal share of what is left)")
+    add_search_args(p, "coverage", "the whole matrix (each cell still to do gets an equal share of what is left; "
+                                 "cells it cut are searched again, exactly, with the time left at the end)")
 
 
 def _shorter(a: float | None, b: float | None) -> float | None:

@@ -55,7 +55,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     add_workload_flags(p, SEARCH)
     add_deepspeed_flag(p)
     add_search_args(p, "whatif", "the whole what-if (each machine still to plan gets an equal share of what is "
-                               "left)")
+                               "left; machines it cut are searched again, exactly, with the time left at the end)")
 
 
 def rate(b: Any) -> str:
