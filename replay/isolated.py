@@ -4,8 +4,10 @@ The validation matrix replayed its one-rank cases one after the other in its own
 buffer caches and huge pages grew with every case: a case could run slower there than alone
 (gpt-h2048-lazytrain: +148% and +188% in two matrix runs, +23% replayed alone; replay/validation.py).
 A user replays one plan per ``tiersim replay`` process. :func:`replay_alone` does the same: a fresh
-interpreter (``spawn``), the plan replayed there, the measurement (without the final weights, which the
-matrix does not compare) sent back; a child that does not answer within ``timeout_s`` is stopped.
+interpreter (``spawn``) that takes this process's 16-bit GEMM path (the one calibration measured: a child
+probing for itself picked the native fp16 GEMM at a third of the emulated one's rate once, llama-h256-zoff-fp16
++492%), the plan replayed there, the measurement (without the final weights, which the matrix does not
+compare) sent back; a child that does not answer within ``timeout_s`` is stopped.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 from hardware_models import HardwareSpec
 from replay.errors import ReplayError, ReplayTimeout
+from replay.precision import gemm16_forced
 from simulator.plan import Plan
 
 POLL_S = 1.0  # how often the parent looks whether the child is still alive
@@ -43,7 +46,10 @@ def replay_alone(plan: Plan, hw: HardwareSpec, nvme_dir: str | None, timeout_s: 
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     proc = ctx.Process(target=_child, args=(plan, hw, nvme_dir, out), daemon=True)
-    proc.start()
+    # the 16-bit GEMM path this process picked (and calibrated on), not the child's own probe: set in the
+    # environment the child starts with (replay.precision.gemm16_forced, as the rank processes get it)
+    with gemm16_forced(None, plan.workload.config.precision, "cpu"):
+        proc.start()
     deadline = time.monotonic() + timeout_s
     try:
         while True:
