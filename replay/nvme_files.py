@@ -20,6 +20,7 @@ the drive: the fallback ``calibrate`` measures with.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import threading
@@ -144,28 +145,42 @@ def write_tensors(path: str | os.PathLike[str], tensors: dict[str, Tensor],
             if n:
                 u8[o:o + n].copy_(t.detach().reshape(-1).view(torch.uint8))
         del u8
-        fd, direct = _open(Path(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, direct)
+        view = memoryview(buf)[:size]
         try:
-            view = memoryview(buf)[:size]
-            done = 0
-            while done < size:
-                n = os.write(fd, view[done:])
-                if n <= 0:
-                    raise OSError(f"{path}: short write ({done} of {size} bytes)")
-                done += n
-            view.release()
-            if not direct:
-                os.fsync(fd)
-                if hasattr(os, "posix_fadvise"):
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # the read comes from the drive
+            try:
+                used = _write_file(Path(path), view, direct)
+            except OSError as e:  # a filesystem that takes O_DIRECT at open and refuses the write: buffered
+                if direct is not None or e.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
+                    raise
+                used = _write_file(Path(path), view, False)
         finally:
-            os.close(fd)
+            view.release()
     finally:
         if staging is not None:
             staging.give(buf)
         else:
             buf.close()
-    return NvmeFile(Path(path), tuple(layout), size, direct)
+    return NvmeFile(Path(path), tuple(layout), size, used)
+
+
+def _write_file(path: Path, view: memoryview, direct: bool | None) -> bool:
+    """Write all of ``view`` to ``path`` (O_DIRECT as :func:`_open`; buffered: fsync, then the pages dropped so
+    that a read comes from the drive); whether it went direct."""
+    fd, used = _open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, direct)
+    try:
+        done = 0
+        while done < len(view):
+            n = os.write(fd, view[done:])
+            if n <= 0:
+                raise OSError(f"{path}: short write ({done} of {len(view)} bytes)")
+            done += n
+        if not used:
+            os.fsync(fd)
+            if hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    return used
 
 
 def _read_into(f: NvmeFile, buf: mmap.mmap) -> dict[str, Tensor]:

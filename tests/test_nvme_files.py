@@ -3,6 +3,7 @@ where the filesystem takes it, else buffered with fsync and the pages dropped), 
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -75,3 +76,22 @@ def test_pools_keep_nvme_tensors_in_files_and_remove_them(tmp_path: Path) -> Non
     assert _same(pools.get(held, "cpu"), t)
     pools.recycle(held)
     assert not held.path.exists()
+
+
+def test_a_direct_write_refused_after_open_falls_back_to_buffered(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Some filesystems take O_DIRECT at open and refuse the write (EINVAL): the file is written buffered
+    (fsync, pages dropped) and read back the same way."""
+    real = nvme_files._write_file
+
+    def refuse(path: Path, view: memoryview, direct: bool | None) -> bool:
+        if direct is not False:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real(path, view, direct)
+
+    monkeypatch.setattr(nvme_files, "_write_file", refuse)
+    t = _tensors()
+    f = write_tensors(tmp_path / "x.bin", t)
+    assert not f.direct and _same(read_tensors(f), t)
+    with pytest.raises(OSError):  # asked for O_DIRECT outright: no fallback
+        write_tensors(tmp_path / "y.bin", t, direct=True)
