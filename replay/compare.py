@@ -69,9 +69,11 @@ def bytes_moved_lines(priced: float, real: float) -> list[str]:
     line = f"bytes moved (all steps, every link and ring hop): priced {fmt_bytes(priced)}, real {fmt_bytes(real)}"
     if priced > 0:
         line += f" ({_pct(real / priced - 1.0)})"
-    if priced <= 0 or abs(real / priced - 1.0) > BYTES_NOTE_AT:
+    if priced <= 0 or real / priced - 1.0 > BYTES_NOTE_AT:
         line += ("; the runner keeps fp32 working parameters and gradients where a 16-bit plan prices 2 B per "
                  "parameter (replay.precision), so its copies and gathers of them move more than priced")
+    elif real / priced - 1.0 < -BYTES_NOTE_AT:
+        line += "; the runner moved less than the plan prices (a copy the plan sizes larger than its tensors)"
     return [line]
 
 

@@ -110,7 +110,9 @@ class Staging:
         return mmap.mmap(-1, size)
 
     def give(self, buf: mmap.mmap) -> None:
-        """Hands ``buf`` back (nothing may use it any more); the smallest go once more than STAGING_KEPT."""
+        """Hands ``buf`` back; nothing may view it any more (a tensor from ``torch.frombuffer`` does not hold the
+        mapping open: closing it under a live view is a segmentation fault). The smallest are unmapped once
+        more than STAGING_KEPT are kept."""
         with self._lock:
             self._free.append(buf)
             self._free.sort(key=len, reverse=True)

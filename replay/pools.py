@@ -141,6 +141,7 @@ class Pools:
         if isinstance(held, NvmeFile):  # into this pool's buffers of the tensors' shapes (recycle hands them back)
             with reading(held, self._staging) as views:
                 out = self.put(loc if loc != "nvme" else "cpu", views, "")
+                del views  # no view of the staging buffer outlives its transfer
             assert isinstance(out, dict)
             return out
         return {k: v.to(dev) for k, v in held.items()}

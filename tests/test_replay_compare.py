@@ -22,3 +22,8 @@ def test_twice_the_priced_bytes_are_explained() -> None:
 def test_real_bytes_where_the_plan_prices_none_are_explained() -> None:
     (line,) = bytes_moved_lines(0.0, 1e6)
     assert "priced 0 B" in line and "fp32" in line
+
+
+def test_fewer_real_bytes_are_not_blamed_on_fp32_copies() -> None:
+    (line,) = bytes_moved_lines(1e9, 0.5e9)
+    assert "(-50.0%)" in line and "fp32" not in line and "moved less than the plan prices" in line
