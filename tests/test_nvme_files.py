@@ -95,4 +95,3 @@ def test_a_direct_write_refused_after_open_falls_back_to_buffered(tmp_path: Path
     assert not f.direct and _same(read_tensors(f), t)
     with pytest.raises(OSError):  # asked for O_DIRECT outright: no fallback
         write_tensors(tmp_path / "y.bin", t, direct=True)
-
