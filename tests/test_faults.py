@@ -46,6 +46,9 @@ PROGRESS = re.compile(r"^(\[plan \d+/\d+\]|\[\d+/\d+\] |sweep: \d+/\d+ completed
 QUICK_GRID = {"hardware": ["a100"], "models": ["gpt2"], "policies": ["none", "zero-offload", "zero-infinity",
                                                                      "tinypipe"],
               "workload": {"global_batch": 8, "micro_batch": [1, 2], "seq_len": 256}}
+# 32 quick points: a SIGTERM after the first few completions lands with most of them still to run (with
+# QUICK_GRID's 8, the last could finish between the progress line and the signal: seen once, 8 of 8 stored)
+RESUME_GRID = {**QUICK_GRID, "workload": {"global_batch": 8, "micro_batch": [1, 2, 4, 8], "seq_len": [256, 512]}}
 # 16 slow points (seconds each), tasks of 2 points on 2 processes: a task outlives ORPHAN_S by far, so a
 # worker that did not die with its client would still be found
 SLOW_GRID = {"hardware": ["a100x8"], "models": ["llama2-13b"], "policies": ["zero-infinity"],
@@ -242,10 +245,10 @@ def _rows(store: Path) -> list[tuple[str, str]]:
 
 def test_sweep_terminated_then_resumed_loses_and_repeats_nothing(start: Callable[..., Run], tmp_path: Path) -> None:
     grid = tmp_path / "grid.yaml"
-    grid.write_text(yaml.safe_dump(QUICK_GRID))
+    grid.write_text(yaml.safe_dump(RESUME_GRID))
     store = tmp_path / "s.sqlite"
     run = start(["sweep", str(grid), "--store", str(store), "--processes", "2", "--progress"], cwd=tmp_path)
-    started = run.wait_for(r"sweep: [1-7]/8 completed")
+    started = run.wait_for(r"sweep: [1-8]/32 completed")
     run.proc.send_signal(signal.SIGTERM)  # `kill PID`: the client alone
     rc, took = run.finish()
     left, gone = orphans_after(run.marker)
@@ -258,13 +261,14 @@ def test_sweep_terminated_then_resumed_loses_and_repeats_nothing(start: Callable
     assert "Traceback" not in err and out == ""
     assert not left, f"left running after the client ended: {left}"
     kept = _rows(store)
-    assert 1 <= len(kept) < 8 and {s for _, s in kept} == {"done"}
+    assert 1 <= len(kept) < 32 and {s for _, s in kept} == {"done"}
     before = {r["key"]: r for r in read_results(store)}
 
-    points = expand_grid(QUICK_GRID)
+    points = expand_grid(RESUME_GRID)
+    assert len(points) == 32
     summary = run_sweep(points, store, processes=1)  # resume: only what is missing
     rows = _rows(store)
-    assert (summary.already, summary.done, summary.failed) == (len(kept), 8 - len(kept), 0)
+    assert (summary.already, summary.done, summary.failed) == (len(kept), 32 - len(kept), 0)
     assert sorted(k for k, _ in rows) == sorted(p.key for p in points)  # each point once: none lost, none twice
     after = {r["key"]: r for r in read_results(store)}
     assert all(after[k] == r for k, r in before.items())  # what finished before was not recomputed
