@@ -169,3 +169,47 @@ def test_the_tied_table_is_summed_once_per_step_in_the_plans_gradient_dtype() ->
     expect = ((g[0] + g[1]) + g[2]).to(torch.bfloat16)
     assert torch.equal(store.grads[("gpu0", 0, 0, 0)]["wte"], (expect + expect).float())
     assert all(not store.grads[("gpu0", 0, 0, m)]["wte"].any() for m in (1, 2))
+
+
+def test_gradients_are_summed_as_they_arrive_where_the_optimizer_runs() -> None:
+    """ZeRO-Offload's micro-steps: each copy of a layer's gradients to the CPU (where its optimizer runs) is
+    added to the earlier micro-steps' as it lands, in their order, so the host holds one gradient buffer per
+    layer (the plan's), not one per micro-step, and the step's sum equals the optimizer's in-order sum bit for
+    bit; a copy that skips a micro-step is held apart (no sum out of order)."""
+    dims = Dims.from_model(TINY)
+    n = dims.n_layers + 2
+    store = Store(dims, build_layers(dims, 7), "gpu0", ["cpu"] * n, Pools(torch.device("cpu")), Batching(7, 1, 8))
+    accum = 3
+    for m in range(accum):
+        for i in range(n):
+            store.forward(f"f{i}.{m}", (0, m, i), 0, keep_graph=True)
+        for i in reversed(range(n)):
+            store.backward(f"b{i}.{m}", (0, m, i), accum, "gpu0")
+    made = {(i, m): {k: t.clone() for k, t in store.grads[("gpu0", i, 0, m)].items()}
+            for i in range(n) for m in range(accum)}
+    for m in range(accum):
+        for i in range(n):
+            store.move_grads(f"d2h{i}.{m}", i, 0, m, "gpu0", "cpu")
+    for i in range(n):
+        assert [k for k in store.grads if k[1] == i] == [("cpu", i, 0, 0)]
+        assert store.grad_upto[("cpu", i, 0, 0)] == accum - 1
+        held = store.grads[("cpu", i, 0, 0)]
+        for k, want in made[(i, 0)].items():
+            want = want.clone()
+            for m in range(1, accum):
+                want.add_(made[(i, m)][k])
+            assert torch.equal(held[k], want)
+    store.optimizer("opt", "cpu", list(range(n)), 0, accum)
+    assert not store.grads and not store.grad_upto
+    # out of order: micro-step 2 lands before 1, so it is held apart and the optimizer sums 0+1, then 2
+    store2 = Store(dims, build_layers(dims, 7), "gpu0", ["cpu"] * n, Pools(torch.device("cpu")),
+                   Batching(7, 1, 8))
+    for m in range(accum):
+        for i in range(n):
+            store2.forward(f"f{i}.{m}", (0, m, i), 0, keep_graph=True)
+        for i in reversed(range(n)):
+            store2.backward(f"b{i}.{m}", (0, m, i), accum, "gpu0")
+    for m in (0, 2, 1):
+        store2.move_grads(f"d2h0.{m}", 0, 0, m, "gpu0", "cpu")
+    assert sorted(k for k in store2.grads if k[0] == "cpu") == [("cpu", 0, 0, 0), ("cpu", 0, 0, 2)]
+    assert store2.grad_upto[("cpu", 0, 0, 0)] == 1
