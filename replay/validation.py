@@ -131,8 +131,12 @@ Findings (2-core CPU-only VM shared with other jobs, see ``CAUSES`` below; print
   or dropped after ``KEEP_VERSIONS`` left its buffers to the allocator, and a large CPU tensor freed by torch is not
   reused by the next of its size (glibc's ``posix_memalign`` at torch's 64-byte alignment), so every step faulted
   fresh 412 MB tables in (2-3.6 s per copy, two at once; llama-h2048-tinypipe +25% at step 6). Versions now go back
-  to ``replay.pools`` (``Pools.retire``: reused once no reference, graph or view holds them) and ``replay`` sets
+  to ``replay.pools`` (``Pools.retire``: reused once no reference, graph or view holds them) and ``replay`` set
   ``THP_MEM_ALLOC_ENABLE=1`` before torch loads (2 MiB-aligned, reused, huge pages). docs/calib.md.
+- Fixed (session 10, 2026-12-04): those huge pages were faulted in afresh wherever a large tensor was not
+  reused, each 2 MiB zeroed by the kernel: the LM head of gpt-h256-tinypipe-bf16 (vocab 32,000) spent 85-265 ms
+  of system time per forward or backward in them (31 / 52 ms without); ``replay`` no longer sets the variable
+  (gpt-h768-zinf-cpu +45.8% -> +6.1%, llama-h768-lazytrain-bf16 +44.9% -> +1.6%, llama-h2048-tinypipe unchanged).
 - Fixed (session 9, 2026-12-04): a 1-rank case replayed in the matrix's one long process could run slower there
   than alone (gpt-h2048-lazytrain: +148% / +188% in two runs, +23% alone; +128% / +60% in the two runs of
   session 8): each now replays in a process of its own (``replay.isolated``), as ``tiersim replay`` runs it.
