@@ -4,7 +4,10 @@ One node (every rank on one node, or a one-node machine): a ring. Rank i sends `
 rank i+1 (twice that for an all-reduce: reduce-scatter then all-gather) over its route. The n transfers
 move in lockstep, so the engine runs them as ONE flow of ``per_rank`` bytes that uses every hop's resources
 (a resource on two hops of the ring is used twice). Before it, the ring pays the largest hop latency once
-per ring step: ``n - 1`` steps (``2 (n - 1)`` for an all-reduce).
+per ring step: ``n - 1`` steps (``2 (n - 1)`` for an all-reduce). Where the GPUs' fabric says its library
+moves more than a ring for a kind (``NvlinkSpec.reduce_scatter_bytes`` / ``all_gather_bytes``, measured by
+``calibrate --ranks`` for torch.distributed's gloo on one host), ``per_rank`` is that multiple of the ring's
+(:func:`fabric_factor`).
 
 Across nodes (ranks on N > 1 nodes, m on each): hierarchical, as NCCL does it on rail-optimised clusters
 and as Megatron-LM / DeepSpeed describe it (Jeaugey, "Massively Scale Your Deep Learning Training with NCCL
@@ -36,7 +39,8 @@ from costs.rates import solo_rate, usage
 from costs.routes import RouteResources
 
 __all__ = [
-    "Ring", "hierarchical", "node_groups", "ring", "ring_factor", "ring_per_rank_bytes", "ring_seconds", "ring_steps",
+    "Ring", "fabric_factor", "hierarchical", "node_groups", "ring", "ring_factor", "ring_per_rank_bytes",
+    "ring_seconds", "ring_steps",
 ]
 
 
@@ -48,6 +52,15 @@ def ring_factor(coll: str) -> int:
 def ring_per_rank_bytes(nbytes: float, n: int, coll: str) -> float:
     """Bytes each of ``n`` ranks sends to the next in a ring collective of ``nbytes``."""
     return nbytes * (n - 1) / n * (2.0 if coll == "all_reduce" else 1.0)
+
+
+def fabric_factor(route: Callable[[str, str], RouteResources] | object, coll: str) -> float:
+    """What a collective of ``coll`` moves over the GPUs' fabric per rank, as a multiple of a ring's bytes: the
+    topology's ``collective_bytes`` (``hardware_models.NvlinkSpec``: 1 for NCCL's rings; a calibrated gloo fabric
+    measures its own), where ``route`` knows its topology, else 1."""
+    topo = getattr(route, "topo", None)
+    factors = getattr(topo, "collective_bytes", None) or {}
+    return float(factors.get(coll, 1.0))
 
 
 def ring_steps(n: int, coll: str) -> int:
@@ -139,7 +152,7 @@ def ring(route: Callable[[str, str], RouteResources], ranks: Sequence[str], nbyt
             return hierarchical(route, groups, nbytes, coll)
         ranks = [r for g in groups for r in g]
     hops = tuple(route(r, ranks[(i + 1) % n]) for i, r in enumerate(ranks))
-    return Ring(ring_per_rank_bytes(nbytes, n, coll), hops, ring_steps(n, coll))
+    return Ring(ring_per_rank_bytes(nbytes, n, coll) * fabric_factor(route, coll), hops, ring_steps(n, coll))
 
 
 def hierarchical(route: Callable[[str, str], RouteResources], groups: Sequence[Sequence[str]], nbytes: float,
@@ -148,7 +161,7 @@ def hierarchical(route: Callable[[str, str], RouteResources], groups: Sequence[S
     docstring): intra-node rings and one inter-node ring per local rank, as one flow."""
     n_nodes, m = len(groups), len(groups[0])
     f = ring_factor(coll)
-    intra_bytes = f * (m - 1) / m * nbytes
+    intra_bytes = f * (m - 1) / m * nbytes * fabric_factor(route, coll)  # the intra-node rings: the GPUs' fabric
     inter_bytes = f * (n_nodes - 1) / n_nodes * nbytes / m
     per_rank = intra_bytes + inter_bytes
     intra = tuple(route(g[i], g[(i + 1) % m]) for g in groups for i in range(m)) if m > 1 else ()

@@ -17,7 +17,7 @@ A file looks like::
              allocator (optional: caching | exact, default caching)}
     host:   {cpu_model, sockets, cores, dram, dram_bw, optimizer_params_per_s, reserved: {name: size}}
     pcie:   {gen, lanes, efficiency, duplex_fraction, gpus_per_switch, latency, p2p (optional, true)}
-    nvlink: {per_direction_bw, latency}                      # optional section
+    nvlink: {per_direction_bw, latency, reduce_scatter_bytes, all_gather_bytes (optional, 1: a ring)}
     c2c:    {per_direction_bw, latency}                      # optional section
     nvme:   {count, capacity_each, read_bw_each, write_bw_each, raid_read_efficiency,
              raid_write_efficiency, pcie_gen, latency}       # optional section
@@ -137,6 +137,10 @@ SECTIONS: Final[Mapping[str, tuple[FieldDef, ...]]] = FrozenDict(
         "nvlink": (
             FieldDef("per_direction_bw", "per_direction_bw", "bandwidth"),
             FieldDef("latency", "latency_s", "time"),
+            FieldDef("reduce_scatter_bytes", "reduce_scatter_bytes", "number", "x a ring's bytes", required=False,
+                     omit_default=True),
+            FieldDef("all_gather_bytes", "all_gather_bytes", "number", "x a ring's bytes", required=False,
+                     omit_default=True),
         ),
         "c2c": (
             FieldDef("per_direction_bw", "per_direction_bw", "bandwidth"),

@@ -235,14 +235,31 @@ class PcieSpec:
 
 @dataclass(frozen=True)
 class NvlinkSpec:
-    """Each GPU's NVLink to the NVSwitch fabric: bytes/s per direction, full duplex."""
+    """Each GPU's NVLink to the NVSwitch fabric: bytes/s per direction, full duplex.
+
+    ``reduce_scatter_bytes`` / ``all_gather_bytes``: what a reduce-scatter / all-gather moves over this fabric
+    per rank, as a multiple of a ring's ``(n-1)/n`` of the tensor (default 1: NCCL's rings). A fabric whose
+    library runs them otherwise says so here: torch.distributed's gloo on one host (``calibrate --ranks``)
+    measured a reduce-scatter at 1.5x and an all-gather at about 1x the time of an all-reduce of the same
+    tensor, i.e. 3.0x and 1.9x a ring's bytes (``replay.calibrate_ranks``)."""
 
     per_direction_bw: float
     latency_s: float
+    reduce_scatter_bytes: float | None = None  # None: a ring's (1)
+    all_gather_bytes: float | None = None
 
     def __post_init__(self) -> None:
         check_positive(self.per_direction_bw, "nvlink.per_direction_bw", "a bandwidth", fmt_bandwidth)
         check_non_negative(self.latency_s, "nvlink.latency", "a time", fmt_time)
+        for key in ("reduce_scatter_bytes", "all_gather_bytes"):
+            if getattr(self, key) is not None:
+                check_positive(getattr(self, key), f"nvlink.{key}", "a multiple of a ring's bytes",
+                               lambda x: f"{x:g}")
+
+    def collective_bytes(self) -> dict[str, float]:
+        """Collective kind -> its bytes as a multiple of a ring's, where given."""
+        out = {"reduce_scatter": self.reduce_scatter_bytes, "all_gather": self.all_gather_bytes}
+        return {k: float(v) for k, v in out.items() if v is not None}
 
 
 @dataclass(frozen=True)

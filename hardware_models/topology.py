@@ -154,9 +154,11 @@ class Topology:
     # two GPUs of one node, derived on demand (n^2 stored routes were most of a 1024-GPU job's time): "nvlink",
     # "p2p" (PCIe peer-to-peer where they share a switch, else through the host), "host"; "": stored in routes
     peer: str = ""
+    # collective kind -> what it moves over the GPUs' fabric, as a multiple of a ring's bytes (NvlinkSpec)
+    collective_bytes: Mapping[str, float] = field(default_factory=FrozenDict)
 
     def __post_init__(self) -> None:
-        for name in ("pool_of", "pools", "links", "routes", "to_network"):
+        for name in ("pool_of", "pools", "links", "routes", "to_network", "collective_bytes"):
             object.__setattr__(self, name, FrozenDict(getattr(self, name)))
         for gpu, hops in self.to_network.items():
             for hop in hops:
@@ -316,7 +318,8 @@ def _discrete(spec: HardwareSpec) -> Topology:
             routes[(g, "nvme")] = routes[(g, "cpu")] + write
             routes[("nvme", g)] = read + routes[("cpu", g)]
     return Topology(tuple(locations), {loc: loc for loc in locations}, pools, links, routes,
-                    nodes, per_node if nodes > 1 else 0, to_network, peer)
+                    nodes, per_node if nodes > 1 else 0, to_network, peer,
+                    spec.nvlink.collective_bytes() if spec.nvlink is not None else {})
 
 
 def _network(spec: HardwareSpec, gpus: list[str], links: dict[str, Link], down: Mapping[str, Route]

@@ -7,7 +7,12 @@ collectives between them. Measured here with N real processes, as the replay run
 
 - **collective**: ``dist.all_reduce`` (gloo) of a large fp32 buffer, median of repeats after a barrier; a ring
   all-reduce over N ranks sends ``2 (N - 1) / N`` of the bytes per rank (``costs.collective``), so the rate per
-  direction is that over the time. Its latency: a 4-byte all-reduce / its ``2 (N - 1)`` ring steps;
+  direction is that over the time. Its latency: a 4-byte all-reduce / its ``2 (N - 1)`` ring steps. A ring
+  reduce-scatter or all-gather of the same buffer sends half an all-reduce's bytes, but gloo's (as the runner
+  calls them, ``replay.dist_comm``) do not run as rings: two ranks here, 64 MiB fp32, 2026-12-04, took 1.5x and
+  0.95x the all-reduce's time (the same in bf16 and fp16), i.e. 3.0x and 1.9x a ring's bytes at the all-reduce's
+  rate; both are timed on the same buffer and written as ``nvlink.reduce_scatter_bytes`` / ``all_gather_bytes``
+  (``hardware_models.NvlinkSpec``), so the simulator prices the collectives the replay runs;
 - **compute while the others compute**: every rank times the same linear layer as the runner computes it
   (``replay.precision.linear_rate_op``) at once; the ratio of that rate to one rank alone scales the peaks;
 - **copies while the others copy**: every rank copies a buffer between two host tensors at once; the total
@@ -51,6 +56,25 @@ class RanksCalibration:
     copy_shared_total: float     # bytes/s of all ranks' copies at once, summed
     precision: str
     method: str
+    reduce_scatter_s: float = 0.0  # median seconds of one reduce_scatter of allreduce_bytes (0: not measured)
+    all_gather_s: float = 0.0      # median seconds of one all_gather into allreduce_bytes (0: not measured)
+
+    def _ring_multiple(self, seconds: float) -> float:
+        """A reduce-scatter's or all-gather's time as a multiple of what a ring of the same buffer takes at the
+        all-reduce's rate (its ``(n-1)/n`` of the bytes per rank, ``n - 1`` latency steps); 1 where not measured."""
+        if seconds <= 0:
+            return 1.0
+        n = self.ranks
+        ring_s = self.allreduce_bytes * (n - 1) / n / self.collective_bw
+        return max(seconds - (n - 1) * self.collective_latency_s, 1e-9) / ring_s
+
+    @property
+    def reduce_scatter_bytes(self) -> float:
+        return self._ring_multiple(self.reduce_scatter_s)
+
+    @property
+    def all_gather_bytes(self) -> float:
+        return self._ring_multiple(self.all_gather_s)
 
     @property
     def compute_share(self) -> float:
@@ -89,6 +113,9 @@ def _rank_main(rank: int, n: int, rdzv: str, sizes: dict[str, int], precision: s
         reps = sizes["repeats"]
         buf = torch.ones(sizes["allreduce_bytes"] // 4)
         t_ar = _median_s(lambda: dist.all_reduce(buf), reps)
+        shard = torch.empty(buf.numel() // n)  # allreduce_bytes is a multiple of 4 n (measure_ranks)
+        t_rs = _median_s(lambda: dist.reduce_scatter_single(shard, buf, op=dist.ReduceOp.SUM), reps)
+        t_ag = _median_s(lambda: dist.all_gather_single(buf, shard), reps)
         tiny = torch.ones(1)
         t_small = _median_s(lambda: dist.all_reduce(tiny), max(reps, 10))
         k = sizes["gemm_n"]
@@ -103,7 +130,7 @@ def _rank_main(rank: int, n: int, rdzv: str, sizes: dict[str, int], precision: s
         dist.barrier()
         copy_shared = a.numel() * 4 / _median_s(lambda: b.copy_(a), reps)
         gathered: list[Any] = [None] * n
-        dist.all_gather_object(gathered, (t_ar, t_small, alone, shared, copy_alone, copy_shared))
+        dist.all_gather_object(gathered, (t_ar, t_small, alone, shared, copy_alone, copy_shared, t_rs, t_ag))
         if rank == 0:
             out.put(gathered)
     finally:
@@ -117,6 +144,7 @@ def measure_ranks(ranks: int = 2, precision: str = "fp32", allreduce_bytes: int 
     measure what they share; RuntimeError when a rank fails or they do not finish within ``timeout_s``."""
     if ranks < 2:
         raise ValueError(f"ranks must be >= 2 to measure what ranks share, got {ranks}")
+    allreduce_bytes -= allreduce_bytes % (4 * ranks)  # whole fp32 shards, one per rank
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     sizes = {"allreduce_bytes": allreduce_bytes, "gemm_n": gemm_n, "copy_bytes": copy_bytes, "repeats": repeats}
@@ -147,5 +175,6 @@ def measure_ranks(ranks: int = 2, precision: str = "fp32", allreduce_bytes: int 
         collective_bw=per_rank / max(t_ar - steps * latency, 1e-9), collective_latency_s=latency,
         gemm_alone=got[0][2], gemm_shared=statistics.median(g[3] for g in got), copy_alone=got[0][4],
         copy_shared_total=sum(g[5] for g in got), precision=precision,
+        reduce_scatter_s=statistics.median(g[6] for g in got), all_gather_s=statistics.median(g[7] for g in got),
         method=(f"{ranks} local processes (torch.multiprocessing spawn, torch.distributed gloo, "
                 f"{CPU_OP_THREADS} intra-op thread each as the runner's ranks; pid {os.getpid()} launched them)"))

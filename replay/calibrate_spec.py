@@ -326,6 +326,15 @@ def _apply_ranks(out: dict[str, Any], sources: dict[str, str], rc: RanksCalibrat
         f"the CPU-only ranks' collective fabric, written as the GPU <-> GPU link the simulator prices "
         f"collectives over")
     sources["nvlink.latency"] = (f"{how}): a 4-byte gloo all_reduce / its 2 (n-1) ring steps")
+    for kind, seconds, factor in (("reduce_scatter", rc.reduce_scatter_s, rc.reduce_scatter_bytes),
+                                  ("all_gather", rc.all_gather_s, rc.all_gather_bytes)):
+        if seconds > 0:
+            out["nvlink"][f"{kind}_bytes"] = float(factor)
+            sources[f"nvlink.{kind}_bytes"] = (
+                f"{how}): a gloo {kind} of the same {rc.allreduce_bytes / 2**20:.0f} MiB fp32 in "
+                f"{seconds * 1e3:.2f} ms (median) against the all_reduce's {rc.allreduce_s * 1e3:.2f} ms: "
+                f"{factor:.2f}x the time a ring's (n-1)/n x bytes per rank take at the all_reduce's rate, priced as "
+                f"that multiple of a ring's bytes")
     pcie["gpus_per_switch"] = n
     sources["pcie.gpus_per_switch"] = (
         f"{how}): the {n} ranks' gpu <-> cpu copies are host memcpys over one memory bus, written as one shared "

@@ -630,8 +630,10 @@ class Runner:
             raise ReplayError(f"task {t.uid!r}: runs on {self.gpu!r}, which is not one of its ranks {s.ranks}")
         n = len(s.ranks)
         nxt = s.ranks[(s.ranks.index(self.gpu) + 1) % n]
-        per_rank = ring_per_rank_bytes(s.bytes, n, collective_kind(s))
-        real_per_rank = ring_per_rank_bytes(real, n, collective_kind(s))  # the same ring over the real tensor
+        kind = collective_kind(s)
+        factor = self.topo.collective_bytes.get(kind, 1.0)  # as costs.collective.ring prices it (fabric_factor)
+        per_rank = ring_per_rank_bytes(s.bytes, n, kind) * factor
+        real_per_rank = ring_per_rank_bytes(real, n, kind) * factor  # the same ring over the real tensor
         links = tuple(h.link for h in self.topo.route(self.gpu, nxt))
         with self.mem_lock:
             for ln in links:

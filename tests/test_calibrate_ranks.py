@@ -42,7 +42,8 @@ def _fake_cal() -> rc.Calibration:
 
 RANKS = RanksCalibration(ranks=2, allreduce_bytes=2**20, allreduce_s=2e-3, collective_bw=0.6e9,
                          collective_latency_s=50e-6, gemm_alone=2e10, gemm_shared=1.5e10, copy_alone=5e9,
-                         copy_shared_total=7e9, precision="bf16", method="2 local processes")
+                         copy_shared_total=7e9, precision="bf16", method="2 local processes",
+                         reduce_scatter_s=2.0e-3, all_gather_s=1.0e-3)
 
 
 def test_spec_prices_what_two_ranks_share() -> None:
@@ -56,6 +57,12 @@ def test_spec_prices_what_two_ranks_share() -> None:
     assert two.pcie.gpus_per_switch == 2
     assert two.missing_sources() == ()
     assert "gloo all_reduce" in two.sources["nvlink.per_direction_bw"]
+    # gloo's reduce-scatter and all-gather priced as the multiple of a ring's bytes their times are at the
+    # all-reduce's rate: (t - 1 latency step) / (2^20 B x 1/2 / 0.6 GB/s)
+    ring_s = 2**20 / 2 / 0.6e9
+    assert two.nvlink.reduce_scatter_bytes == pytest.approx((2.0e-3 - 50e-6) / ring_s)
+    assert two.nvlink.all_gather_bytes == pytest.approx((1.0e-3 - 50e-6) / ring_s)
+    assert "gloo reduce_scatter" in two.sources["nvlink.reduce_scatter_bytes"]
     # and gets the measured share of its memory bandwidth (7 GB/s for two copies at once, 5 GB/s alone: 0.7)
     assert RANKS.memory_share == pytest.approx(0.7)
     assert two.gpu.hbm_bw == pytest.approx(one.gpu.hbm_bw * 0.7)
