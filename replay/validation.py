@@ -137,6 +137,10 @@ Findings (2-core CPU-only VM shared with other jobs, see ``CAUSES`` below; print
   reused, each 2 MiB zeroed by the kernel: the LM head of gpt-h256-tinypipe-bf16 (vocab 32,000) spent 85-265 ms
   of system time per forward or backward in them (31 / 52 ms without); ``replay`` no longer sets the variable
   (gpt-h768-zinf-cpu +45.8% -> +6.1%, llama-h768-lazytrain-bf16 +44.9% -> +1.6%, llama-h2048-tinypipe unchanged).
+- Fixed (session 10): gloo's reduce-scatter takes 1.5x its all-reduce's time and its all-gather about 1x (not the
+  half a ring takes), so the 2-rank ZeRO cases' collectives ran 3-8x their price (gpt-h512-zoff-bf16-2r: 575 ms of
+  reduce-scatters against 72.8 priced). ``calibrate --ranks`` times both and the spec prices each kind as measured
+  (``nvlink.reduce_scatter_bytes`` / ``all_gather_bytes``: 3.97x and 2.85x a ring's bytes here).
 - Fixed (session 9, 2026-12-04): a 1-rank case replayed in the matrix's one long process could run slower there
   than alone (gpt-h2048-lazytrain: +148% / +188% in two runs, +23% alone; +128% / +60% in the two runs of
   session 8): each now replays in a process of its own (``replay.isolated``), as ``tiersim replay`` runs it.
