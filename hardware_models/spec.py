@@ -241,7 +241,7 @@ class NvlinkSpec:
     per rank, as a multiple of a ring's ``(n-1)/n`` of the tensor (default 1: NCCL's rings). A fabric whose
     library runs them otherwise says so here: torch.distributed's gloo on one host (``calibrate --ranks``)
     measured a reduce-scatter at 1.5x and an all-gather at about 1x the time of an all-reduce of the same
-    tensor, i.e. 3.0x and 1.9x a ring's bytes (``replay.calibrate_ranks``)."""
+    tensor on two ranks, i.e. 3.0-4.0x and 1.9-2.9x a ring's bytes (``replay.calibrate_ranks``, docs/calib.md)."""
 
     per_direction_bw: float
     latency_s: float

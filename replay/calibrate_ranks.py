@@ -11,7 +11,8 @@ collectives between them. Measured here with N real processes, as the replay run
   reduce-scatter or all-gather of the same buffer sends half an all-reduce's bytes, but gloo's (as the runner
   calls them, ``replay.dist_comm``) do not run as rings: two ranks here, 64 MiB fp32, 2026-12-04, took 1.5x and
   0.95x the all-reduce's time (the same in bf16 and fp16), i.e. 3.0x and 1.9x a ring's bytes at the all-reduce's
-  rate; both are timed on the same buffer and written as ``nvlink.reduce_scatter_bytes`` / ``all_gather_bytes``
+  rate (3.97x and 2.85x as this module measured them for the validation, latency taken off); both are timed on
+  the same buffer and written as ``nvlink.reduce_scatter_bytes`` / ``all_gather_bytes``
   (``hardware_models.NvlinkSpec``), so the simulator prices the collectives the replay runs;
 - **compute while the others compute**: every rank times the same linear layer as the runner computes it
   (``replay.precision.linear_rate_op``) at once; the ratio of that rate to one rank alone scales the peaks;
