@@ -57,8 +57,8 @@ def ring_per_rank_bytes(nbytes: float, n: int, coll: str) -> float:
 def fabric_factor(route: Callable[[str, str], RouteResources] | object, coll: str) -> float:
     """What a collective of ``coll`` moves over the GPUs' fabric per rank, as a multiple of a ring's bytes: the
     topology's ``collective_bytes`` (``hardware_models.NvlinkSpec``: 1 for NCCL's rings; a calibrated gloo fabric
-    measures its own), where ``route`` knows its topology, else 1."""
-    topo = getattr(route, "topo", None)
+    measures its own). ``route``: a Topology, or a route table that knows its topology; else 1."""
+    topo = getattr(route, "topo", route)
     factors = getattr(topo, "collective_bytes", None) or {}
     return float(factors.get(coll, 1.0))
 

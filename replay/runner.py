@@ -38,7 +38,7 @@ import simpy
 import torch
 from torch import Tensor, nn
 
-from costs.collective import ring_per_rank_bytes
+from costs.collective import fabric_factor, ring_per_rank_bytes
 from hardware_models import HardwareSpec, Topology, build_topology
 from replay.errors import ReplayError, ReplayOom
 from replay.host_memory import keep_freed_memory
@@ -631,7 +631,7 @@ class Runner:
         n = len(s.ranks)
         nxt = s.ranks[(s.ranks.index(self.gpu) + 1) % n]
         kind = collective_kind(s)
-        factor = self.topo.collective_bytes.get(kind, 1.0)  # as costs.collective.ring prices it (fabric_factor)
+        factor = fabric_factor(self.topo, kind)  # as costs.collective.ring prices it
         per_rank = ring_per_rank_bytes(s.bytes, n, kind) * factor
         real_per_rank = ring_per_rank_bytes(real, n, kind) * factor  # the same ring over the real tensor
         links = tuple(h.link for h in self.topo.route(self.gpu, nxt))

@@ -26,6 +26,7 @@ def test_a_fabric_factor_scales_a_rings_bytes(coll: str, rs: float, ag: float, f
     assert scaled.per_rank == pytest.approx(base.per_rank * factor)
     assert scaled.steps == base.steps  # the latency steps are the ring's
     assert fabric_factor(RouteTable(build_topology(_hw(rs, ag))), coll) == factor
+    assert fabric_factor(build_topology(_hw(rs, ag)), coll) == factor  # the runner passes its topology
 
 
 def test_presets_run_rings() -> None:
