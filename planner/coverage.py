@@ -21,7 +21,7 @@ from typing import Any
 from hardware_models import HardwareSpec
 from planner.deadline import Deadline
 from planner.job import JobRequest, resolve_hardware
-from planner.whatif import Best, Progress, best_within, exact_again, retried
+from planner.whatif import Best, Progress, best_within, best_within_each, exact_again, retried
 from policies import POLICIES
 from workloads import ModelSpec, load_model
 
@@ -66,7 +66,8 @@ def coverage(hw: str | HardwareSpec, models: Sequence[str | ModelSpec], *, polic
              cache: Any = None, workers: int = 1, knobs: Sequence[str] = (),
              deadline: Deadline | None = None) -> CoverageOutcome:
     """The policy x model matrix; cells in policy order, then model order (as given). ``knobs``
-    (``name=value``) fix knobs of the policies that declare them."""
+    (``name=value``) fix knobs of the policies that declare them. ``workers`` > 1 searches that many cells at a
+    time, one process each (``planner.whatif.best_within_each``; the answers are the serial loop's)."""
     t0 = time.perf_counter()
     limit = deadline.within(total_budget_s) if deadline is not None else Deadline.after(total_budget_s)
     spec = resolve_hardware(hw, hw_overrides)
@@ -74,17 +75,27 @@ def coverage(hw: str | HardwareSpec, models: Sequence[str | ModelSpec], *, polic
     names = list(policies) if policies else list(POLICIES)
     out = CoverageOutcome(hardware=spec.name, policies=names, models=specs)
     total = len(names) * len(specs)
-    for policy in names:
-        for model in specs:
+    cells = [(policy, model) for policy in names for model in specs]
+
+    def record(i: int, best: Best, wall_s: float) -> None:
+        policy, model = cells[i]
+        out.cells.append(Cell(policy, model, best, wall_s))
+        if progress:
+            progress(f"[{i + 1}/{total}] {policy} x {model.name}: {best.verdict()} ({wall_s:.1f} s)")
+
+    opts = {"request": request, "objective": objective, "max_candidates": max_candidates, "cache": cache,
+            "knobs": knobs}
+    if workers > 1 and total > 1:  # the cells n at a time, one process each (the serial loop's answers)
+        jobs = [{"hw": spec, "model": model, "policies": [policy], **opts} for policy, model in cells]
+        answers = best_within_each(jobs, limit, workers, cap_s=cell_budget_s, finished=record)
+        out.cells = [Cell(policy, model, best, wall_s)
+                     for (policy, model), (best, wall_s) in zip(cells, answers, strict=True)]
+    else:
+        for i, (policy, model) in enumerate(cells):
             c0 = time.perf_counter()
-            best = best_within(spec, model, policies=[policy], request=request, objective=objective,
-                               max_candidates=max_candidates, cache=cache, workers=workers, knobs=knobs,
-                               deadline=limit.share(total - len(out.cells)).within(cell_budget_s))
-            cell = Cell(policy, model, best, time.perf_counter() - c0)
-            out.cells.append(cell)
-            if progress:
-                b = cell.best
-                progress(f"[{len(out.cells)}/{total}] {policy} x {model.name}: {b.verdict()} ({cell.wall_s:.1f} s)")
+            best = best_within(spec, model, policies=[policy], workers=workers,
+                               deadline=limit.share(total - len(out.cells)).within(cell_budget_s), **opts)
+            record(i, best, time.perf_counter() - c0)
     again = retried([c.best for c in out.cells], max_candidates) if cell_budget_s is None else []  # a capped cell stays
     for n, i in enumerate(again):
         cell = out.cells[i]

@@ -23,6 +23,7 @@ from hardware_models import HardwareInputError, HardwareSpec
 from planner.deadline import Deadline
 from planner.job import JobRequest, resolve_hardware
 from planner.search import SearchOutcome, search
+from planner.workers import Workers
 from workloads import ModelSpec, load_model
 
 Progress = Callable[[str], None]
@@ -313,8 +314,9 @@ def whatif(hw: str | HardwareSpec, model: str | ModelSpec, axes: Sequence[Axis],
     equal share of what is left (time a machine does not use goes to the next); then the machines whose search
     the budget cut are searched exactly once more, each with an equal share of what is left then
     (:func:`exact_again`), so a slow machine early in the grid uses the time the quick ones left;
-    ``max_candidates`` bounds each search (see :func:`best_within`); ``cache`` and ``workers`` are passed to
-    each search.
+    ``max_candidates`` bounds each search (see :func:`best_within`); ``cache`` is passed to each search.
+    ``workers`` > 1 with several machines plans that many machines at a time, one process each
+    (:func:`best_within_each`; the answers are the serial loop's); with one machine, its search gets the workers.
     """
     t0 = time.perf_counter()
     limit = deadline.within(budget_s) if deadline is not None else Deadline.after(budget_s)
@@ -343,22 +345,35 @@ def whatif(hw: str | HardwareSpec, model: str | ModelSpec, axes: Sequence[Axis],
             what = f"{b.policy} {b.verdict()}" if b.feasible else b.verdict()
             progress(f"[{i}/{total}] {label}: {what} ({time.perf_counter() - t0:.1f} s)")
 
-    def plan(changes: Mapping[str, str]) -> Best:
+    opts: dict[str, Any] = {"request": request, "objective": objective, "policies": policies,
+                            "max_candidates": max_candidates, "cache": cache}
+    for changes in [{}, *grid, *({axis.path: v} for axis, v in singles)]:
         key = keys[tuple(changes.items())]
-        if key not in done:
-            overrides = layered(hw_overrides, overrides_for(changes))
-            label = ", ".join(overrides_for(changes)) or "base (no change)"
-            labels[key] = (label, overrides)
+        if key not in labels:
+            labels[key] = (", ".join(overrides_for(changes)) or "base (no change)",
+                           layered(hw_overrides, overrides_for(changes)))
+    todo = list(labels)  # the machines, each once, in the order they are first needed: base, grid, single changes
+    if workers > 1 and len(todo) > 1:
+        def started(i: int) -> None:
+            if progress:
+                progress(f"[{i + 1}/{total}] planning {labels[todo[i]][0]} ...")
+
+        answers = best_within_each([{"hw": hw, "model": spec_model, "hw_overrides": labels[key][1], **opts}
+                                    for key in todo], limit, workers, started=started,
+                                   finished=lambda i, b, _s: say(i + 1, labels[todo[i]][0], b))
+        done.update((key, best) for key, (best, _) in zip(todo, answers, strict=True))
+    else:
+        for key in todo:
+            label, overrides = labels[key]
             if progress:
                 progress(f"[{len(done) + 1}/{total}] planning {label} ...")
-            done[key] = best_within(hw, spec_model, request=request, hw_overrides=overrides, objective=objective,
-                                    policies=policies, max_candidates=max_candidates, cache=cache,
-                                    workers=workers, deadline=limit.share(total - len(done)))
+            done[key] = best_within(hw, spec_model, hw_overrides=overrides, workers=workers,
+                                    deadline=limit.share(total - len(done)), **opts)
             say(len(done), label, done[key])
-        return done[key]
 
-    for changes in [{}, *grid, *({axis.path: v} for axis, v in singles)]:
-        plan(changes)
+    def plan(changes: Mapping[str, str]) -> Best:
+        return done[keys[tuple(changes.items())]]
+
     order = list(done)
     again = retried([done[k] for k in order], max_candidates)
     for n, i in enumerate(again):
@@ -380,3 +395,40 @@ def whatif(hw: str | HardwareSpec, model: str | ModelSpec, axes: Sequence[Axis],
     return WhatIfOutcome(hardware=base_spec.name, model=spec_model.name,
                          axes=list(axes), base=base, scenarios=scenarios, sensitivity=sens, n_searches=len(done),
                          wall_s=time.perf_counter() - t0, notes=notes)
+
+
+
+def _timed_best(kwargs: dict[str, Any], deadline: Deadline) -> tuple[Best, float]:
+    """:func:`best_within` of one job in a worker process of :func:`best_within_each`, with one worker of its own
+    (``workers=1``), and its wall seconds."""
+    t0 = time.perf_counter()
+    return best_within(**kwargs, workers=1, deadline=deadline), time.perf_counter() - t0
+
+
+def best_within_each(jobs: Sequence[dict[str, Any]], limit: Deadline, n: int, *, cap_s: float | None = None,
+                     started: Callable[[int], None] | None = None,
+                     finished: Callable[[int, Best, float], None] | None = None) -> list[tuple[Best, float]]:
+    """Independent searches (``best_within(**job)``: the what-if's machines, the coverage's cells), ``n`` at a time
+    in worker processes, each with one worker; their answers and wall seconds, in the jobs' order.
+
+    Each search is the one a serial loop runs, so the answers are the same; the jobs are independent, so this is
+    where parallelism pays (a search's own workers share one job's candidates, which mostly wait on each other).
+    A job starts with an equal share of what is left of ``limit`` among the rounds still to run (``n`` jobs a
+    round), at most ``cap_s``; time it does not use goes to the ones after it. ``started(i)`` is called as job
+    ``i`` is handed to a worker, ``finished(i, best, wall_s)`` as its answer comes back."""
+    done: dict[int, tuple[Best, float]] = {}
+    nxt = 0
+    with Workers(max(1, min(n, len(jobs))), daemon=False) as pool:
+        while len(done) < len(jobs):
+            while nxt < len(jobs) and len(pool.pending()) < n:
+                unfinished = len(jobs) - len(done)
+                share = limit.within(limit.left() * min(n, unfinished) / unfinished if limit.bounded else None)
+                if started:
+                    started(nxt)
+                pool.submit(nxt, _timed_best, dict(jobs[nxt]), share.within(cap_s))
+                nxt += 1
+            for i, got in pool.wait():
+                done[i] = got
+                if finished:
+                    finished(i, *got)
+    return [done[i] for i in range(len(jobs))]

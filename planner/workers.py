@@ -185,15 +185,19 @@ class _Worker:
 
 class Workers:
     """``n`` worker processes; tasks beyond ``n`` wait in submission order. ``context``: a
-    ``multiprocessing`` context (default: the platform's); ``initializer``: run once in each worker."""
+    ``multiprocessing`` context (default: the platform's); ``initializer``: run once in each worker;
+    ``daemon=False``: the workers may start pools of their own (multiprocessing refuses a daemonic process
+    children), as the what-if's machines do, each a search with its own worker. Either way a worker ends with
+    the pool (:meth:`stop`) and with the client (:func:`die_with_parent`)."""
 
     def __init__(self, n: int, *, context: BaseContext | None = None,
-                 initializer: Callable[[], None] | None = None):
+                 initializer: Callable[[], None] | None = None, daemon: bool = True):
         if n < 1:
             raise ValueError(f"workers must be >= 1, got {n}")
         self._n = n
         self._ctx = context if context is not None else multiprocessing.get_context()
         self._initializer = initializer
+        self._daemon = daemon
         self._idle: list[_Worker] = []
         self._busy: dict[int, _Worker] = {}
         self._queue: deque[tuple[int, Callable[..., Any], tuple[Any, ...], bool]] = deque()
@@ -289,7 +293,7 @@ class Workers:
         parent, child = self._ctx.Pipe()
         # every concrete context has Process; typeshed declares it on the subclasses only
         proc = self._ctx.Process(target=_serve, args=(child, self._initializer, os.getpid()),  # type: ignore[attr-defined]
-                                 daemon=True, name="tiersim-worker")
+                                 daemon=self._daemon, name="tiersim-worker")
         # a forkserver's child is forked by the fork server, which must not inherit a blocked mask (it serves
         # other pools too); a signal held back here is raised as the block ends, the worker already tracked
         forkserver = self._ctx.get_start_method() == "forkserver"

@@ -118,3 +118,15 @@ def test_bounded_cells_settle_the_verdict_first() -> None:
             assert not f.best.feasible and t.best.binding == f.best.binding
             verdicts.add("infeasible")
     assert verdicts >= {"feasible", "infeasible"}
+
+
+def test_cells_searched_in_parallel_give_the_serial_answers() -> None:
+    """workers > 1 searches the cells in worker processes (planner.whatif.best_within_each): the same matrix, in
+    the same order, as the serial loop."""
+    models, policies = ["gpt2", "opt-1.3b"], ["none", "zero-offload"]
+    serial = coverage("a100", models, policies=policies, request=SMALL, hw_overrides=SET)
+    lines: list[str] = []
+    parallel = coverage("a100", models, policies=policies, request=SMALL, hw_overrides=SET, workers=2,
+                        progress=lines.append)
+    assert parallel.to_dict() == serial.to_dict()
+    assert sorted(ln.split("]")[0] for ln in lines) == [f"[{i}/4" for i in range(1, 5)]

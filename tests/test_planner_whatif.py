@@ -205,3 +205,31 @@ def test_roomy_bounds_give_the_unbounded_answer() -> None:
     free = whatif("a100", "gpt2", axes, request=SMALL, policies=["none"])
     roomy = whatif("a100", "gpt2", axes, request=SMALL, policies=["none"], max_candidates=1000)
     assert roomy.to_dict() == free.to_dict()
+
+
+def test_machines_planned_in_parallel_give_the_serial_answers() -> None:
+    """workers > 1 plans the machines in worker processes (planner.whatif.best_within_each): every scenario's
+    answer, the sensitivity and the order are those of the serial loop; progress names every machine."""
+    axes = [Axis("gpu.memory", ("8GB", "80GB")), Axis("pcie.gen", ("4", "5"))]
+    serial = whatif("a100", "opt-1.3b", axes, request=SMALL, policies=POLICIES, hw_overrides=["gpu.memory=8GB"])
+    lines: list[str] = []
+    parallel = whatif("a100", "opt-1.3b", axes, request=SMALL, policies=POLICIES, hw_overrides=["gpu.memory=8GB"],
+                      workers=2, progress=lines.append)
+    assert parallel.to_dict() == serial.to_dict()
+    assert serial.n_searches == parallel.n_searches == 4
+    assert sum("planning" in ln for ln in lines) == 4 and sum(ln.startswith("[") and ": " in ln
+                                                              and "planning" not in ln for ln in lines) == 4
+    assert len({(s.best.policy, s.best.tokens_per_s) for s in parallel.scenarios}) > 1  # the grid really differs
+
+
+def test_parallel_machines_keep_the_budget() -> None:
+    """A budget too small for any search: the parallel what-if still answers within it (each machine's search
+    gets its share and stops there), each machine says the budget cut it."""
+    import time
+
+    axes = [Axis("pcie.gen", ("3", "4", "5"))]
+    t0 = time.perf_counter()
+    out = whatif("a100x8", "70b", axes, budget_s=3.0, workers=2)
+    wall = time.perf_counter() - t0
+    assert wall < 3.0 * 1.25 + 2.0  # + starting and stopping the worker processes
+    assert all(s.best.cut_short for s in out.scenarios)

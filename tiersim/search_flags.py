@@ -9,6 +9,7 @@ cut. Every one of these commands has a default budget (:data:`DEFAULT_BUDGETS`, 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -24,6 +25,27 @@ NO_BUDGET = ("none", "off", "unbounded")
 
 #: the wall-clock budget of each searching command when --budget is not given
 DEFAULT_BUDGETS = {"plan": "10m", "whatif": "20m", "coverage": "20m", "max-model": "20m"}
+
+
+#: what --workers runs in parallel, by command (the answer never depends on it)
+WORKERS_HELP = {
+    "plan": "processes building plans and simulating in parallel (default: 2, or 1 on one core); the answer does "
+            "not depend on it",
+    "whatif": "machines planned in parallel, one process each (one machine: its candidates) (default: 2, or 1 on "
+              "one core); the answer does not depend on it",
+    "coverage": "cells searched in parallel, one process each (default: 2, or 1 on one core); the answer does not "
+                "depend on it",
+    "max-model": "processes building plans and simulating in parallel within each size tried (default 1: its "
+                 "searches stop at the first plan that fits, so a second worker mostly waits); the answer does not "
+                 "depend on it",
+}
+
+
+def default_workers(command: str = "plan") -> int:
+    """--workers when it is not given: 2, or 1 on a one-core machine (a search's workers and the what-if's and
+    coverage's parallel searches each hold a 70B plan; more is the user's call); 1 for ``max-model``, whose
+    first-feasible searches gained nothing from a second worker (89 s with one, 91 s with two, 2 cores)."""
+    return 1 if command == "max-model" else min(2, os.cpu_count() or 1)
 
 
 def budget_help(command: str, what: str) -> str:
@@ -45,7 +67,8 @@ def add_search_args(p: argparse.ArgumentParser, command: str, budget_what: str, 
     add_budget_arg(p, command, budget_what)
     p.add_argument("--max-candidates", type=int, default=None, metavar="N",
                    help="simulate at most N candidates per search")
-    p.add_argument("--workers", type=int, default=1, help="processes simulating in parallel (default 1)")
+    p.add_argument("--workers", type=int, default=default_workers(command),
+                   help=WORKERS_HELP[command])
     p.add_argument("--cache-dir", default=None,
                    help="evaluation cache directory (default: $XDG_CACHE_HOME/tiersim or ~/.cache/tiersim)")
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Any
 
@@ -32,9 +31,11 @@ from tiersim.errors import UsageError
 from tiersim.job_flags import DEFAULT_HW, DEFAULT_MODEL, PLAN, add_deepspeed_out_flag, add_job_flags, request_from_args
 from tiersim.output_files import check_output_path, write_or_fail
 from tiersim.search_flags import (
+    WORKERS_HELP,
     add_budget_arg,
     cache_from_args,
     check_search_bounds,
+    default_workers,
     parse_budget,
     search_exit,
     split_names,
@@ -63,9 +64,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-dir", default=None, help="evaluation cache directory (default: "
                                                      "$XDG_CACHE_HOME/tiersim or ~/.cache/tiersim)")
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
-    p.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
-                   help="processes building plans and simulating in parallel (default: 2, or 1 on one core); "
-                        "the answer does not depend on it")
+    p.add_argument("--workers", type=int, default=default_workers(), help=WORKERS_HELP["plan"])
     p.add_argument("--progress", action="store_true", help="progress on stderr even when it is not a terminal")
 
 
