@@ -5,14 +5,18 @@ share the host: its cores (each rank's "GPU" compute runs one intra-op thread, `
 copy and optimizer threads), its memory bandwidth (every gpu <-> cpu copy is a host memcpy) and the gloo
 collectives between them. Measured here with N real processes, as the replay runs them:
 
-- **collective**: ``dist.all_reduce`` (gloo) of a large fp32 buffer, median of repeats after a barrier; a ring
+- **collective**: ``dist.all_reduce`` (gloo) of a large buffer in the precision's dtype (what the runner reduces:
+  ``Precision.wire_gradients`` sends 16-bit gradients in a 16-bit plan), median of repeats after a barrier; a ring
   all-reduce over N ranks sends ``2 (N - 1) / N`` of the bytes per rank (``costs.collective``), so the rate per
   direction is that over the time. Its latency: a 4-byte all-reduce / its ``2 (N - 1)`` ring steps. A ring
   reduce-scatter or all-gather of the same buffer sends half an all-reduce's bytes, but gloo's (as the runner
   calls them, ``replay.dist_comm``) do not run as rings: two ranks here, 64 MiB fp32, 2026-12-04, took 1.5x and
   0.95x the all-reduce's time (the same in bf16 and fp16), i.e. 3.0x and 1.9x a ring's bytes at the all-reduce's
   rate (3.97x and 2.85x as this module measured them for the validation, latency taken off); both are timed on
-  the same buffer and written as ``nvlink.reduce_scatter_bytes`` / ``all_gather_bytes``
+  the same buffer and written as ``nvlink.reduce_scatter_bytes`` / ``all_gather_bytes``. The all-reduce's own
+  rate depends on the dtype, since gloo sums on the CPU: 64 MiB took 61 ms in fp32, 65 ms in bf16 and 99 ms in fp16
+  (1 MiB: 1.5, 1.1 and 3.5 ms; two ranks, 2026-12-04, a throwaway script), so each precision's spec is timed in
+  that precision, as its GEMM rates are
   (``hardware_models.NvlinkSpec``), so the simulator prices the collectives the replay runs;
 - **compute while the others compute**: every rank times the same linear layer as the runner computes it
   (``replay.precision.linear_rate_op``) at once; the ratio of that rate to one rank alone scales the peaks;
@@ -36,7 +40,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from replay.precision import linear_rate_op
+from replay.precision import TORCH_DTYPES, linear_rate_op
 from replay.threads import CPU_OP_THREADS
 
 __all__ = ["RanksCalibration", "measure_ranks"]
@@ -112,9 +116,10 @@ def _rank_main(rank: int, n: int, rdzv: str, sizes: dict[str, int], precision: s
     dist.init_process_group("gloo", init_method=f"file://{rdzv}", rank=rank, world_size=n)
     try:
         reps = sizes["repeats"]
-        buf = torch.ones(sizes["allreduce_bytes"] // 4)
+        dtype = TORCH_DTYPES[precision]  # the gradients' wire dtype (Precision.wire_gradients)
+        buf = torch.ones(sizes["allreduce_bytes"] // dtype.itemsize, dtype=dtype)
         t_ar = _median_s(lambda: dist.all_reduce(buf), reps)
-        shard = torch.empty(buf.numel() // n)  # allreduce_bytes is a multiple of 4 n (measure_ranks)
+        shard = torch.empty(buf.numel() // n, dtype=dtype)  # allreduce_bytes is a multiple of 4 n (measure_ranks)
         t_rs = _median_s(lambda: dist.reduce_scatter_single(shard, buf, op=dist.ReduceOp.SUM), reps)
         t_ag = _median_s(lambda: dist.all_gather_single(buf, shard), reps)
         tiny = torch.ones(1)
@@ -145,7 +150,7 @@ def measure_ranks(ranks: int = 2, precision: str = "fp32", allreduce_bytes: int 
     measure what they share; RuntimeError when a rank fails or they do not finish within ``timeout_s``."""
     if ranks < 2:
         raise ValueError(f"ranks must be >= 2 to measure what ranks share, got {ranks}")
-    allreduce_bytes -= allreduce_bytes % (4 * ranks)  # whole fp32 shards, one per rank
+    allreduce_bytes -= allreduce_bytes % (4 * ranks)  # whole shards of any dtype, one per rank
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     sizes = {"allreduce_bytes": allreduce_bytes, "gemm_n": gemm_n, "copy_bytes": copy_bytes, "repeats": repeats}

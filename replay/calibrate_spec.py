@@ -321,7 +321,7 @@ def _apply_ranks(out: dict[str, Any], sources: dict[str, str], rc: RanksCalibrat
                 f"{rc.copy_shared_total / 1e9:.3g} GB/s in all, one alone {rc.copy_alone / 1e9:.3g} GB/s; {how}))")
     out["nvlink"] = {"per_direction_bw": float(rc.collective_bw), "latency": float(rc.collective_latency_s)}
     sources["nvlink.per_direction_bw"] = (
-        f"{how}): torch.distributed gloo all_reduce of {rc.allreduce_bytes / 2**20:.0f} MiB fp32 in "
+        f"{how}): torch.distributed gloo all_reduce of {rc.allreduce_bytes / 2**20:.0f} MiB {rc.precision} in "
         f"{rc.allreduce_s * 1e3:.2f} ms (median), a ring's 2 (n-1)/n x bytes per rank / (time - its latency); "
         f"the CPU-only ranks' collective fabric, written as the GPU <-> GPU link the simulator prices "
         f"collectives over")
@@ -331,7 +331,7 @@ def _apply_ranks(out: dict[str, Any], sources: dict[str, str], rc: RanksCalibrat
         if seconds > 0:
             out["nvlink"][f"{kind}_bytes"] = float(factor)
             sources[f"nvlink.{kind}_bytes"] = (
-                f"{how}): a gloo {kind} of the same {rc.allreduce_bytes / 2**20:.0f} MiB fp32 in "
+                f"{how}): a gloo {kind} of the same {rc.allreduce_bytes / 2**20:.0f} MiB {rc.precision} in "
                 f"{seconds * 1e3:.2f} ms (median) against the all_reduce's {rc.allreduce_s * 1e3:.2f} ms: "
                 f"{factor:.2f}x the time a ring's (n-1)/n x bytes per rank take at the all_reduce's rate, priced as "
                 f"that multiple of a ring's bytes")

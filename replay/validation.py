@@ -457,7 +457,7 @@ def ranks_spec(one: HardwareSpec, quick: bool, recalibrate: bool, cache_dir: str
     """``one`` (this machine's 1-rank spec in ``precision``) with what ``ranks`` rank processes share, measured
     once and cached beside it."""
     folder = Path(cache_dir) if cache_dir else _private_temp_dir()
-    path = folder / f"calibrated-{'quick-' if quick else ''}{precision}-r{ranks}-v11.json"
+    path = folder / f"calibrated-{'quick-' if quick else ''}{precision}-r{ranks}-v12.json"
     if path.is_file() and not recalibrate and _private(folder):
         try:
             return spec_from_dict(json.loads(path.read_text()), file=str(path))

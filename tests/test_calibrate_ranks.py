@@ -57,6 +57,7 @@ def test_spec_prices_what_two_ranks_share() -> None:
     assert two.pcie.gpus_per_switch == 2
     assert two.missing_sources() == ()
     assert "gloo all_reduce" in two.sources["nvlink.per_direction_bw"]
+    assert "1 MiB bf16" in two.sources["nvlink.per_direction_bw"]  # timed in the plan's gradient dtype
     # gloo's reduce-scatter and all-gather priced as the multiple of a ring's bytes their times are at the
     # all-reduce's rate: (t - 1 latency step) / (2^20 B x 1/2 / 0.6 GB/s)
     ring_s = 2**20 / 2 / 0.6e9
@@ -112,3 +113,34 @@ def _find(d: Any, key: str) -> dict[str, float]:
 def test_bad_ranks_is_one_line_and_exit_2(tmp_path: Path, bad: str) -> None:
     code, _, err = _run(["calibrate", "-o", str(tmp_path / "x.yaml"), "--ranks", bad])
     assert code == 2 and "--ranks" in err and "Traceback" not in err
+
+
+
+@pytest.mark.parametrize("precision", ["fp16", "fp32"])
+def test_collectives_are_timed_in_the_precisions_dtype(precision: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gloo sums on the CPU, fp16 much slower per byte than fp32 or bf16: a rank of measure_ranks times its
+    collectives on a buffer of the precision's dtype (what the runner sends, Precision.wire_gradients) and of the
+    asked bytes. One rank, the process group's calls recorded instead of run."""
+    import queue
+
+    import torch
+
+    import replay.calibrate_ranks as cr
+
+    seen: list[tuple[str, torch.dtype, int]] = []
+
+    def record(name: str):  # noqa: ANN202
+        return lambda t, *a, **k: seen.append((name, t.dtype, t.numel() * t.element_size()))
+
+    for name in ("init_process_group", "destroy_process_group", "barrier"):
+        monkeypatch.setattr(cr.dist, name, lambda *a, **k: None)
+    for name in ("all_reduce", "reduce_scatter_single", "all_gather_single"):
+        monkeypatch.setattr(cr.dist, name, record(name))
+    monkeypatch.setattr(cr.dist, "all_gather_object", lambda got, obj: got.__setitem__(slice(None), [obj]))
+    sizes = {"allreduce_bytes": 4096, "gemm_n": 16, "copy_bytes": 4096, "repeats": 1}
+    cr._rank_main(0, 1, "unused", sizes, precision, queue.Queue())
+    want = {"fp16": torch.float16, "fp32": torch.float32}[precision]
+    timed = [(name, dt, nbytes) for name, dt, nbytes in seen if nbytes > 4]  # not the 4-byte latency probe
+    assert {name for name, _, _ in timed} == {"all_reduce", "reduce_scatter_single", "all_gather_single"}
+    assert all(dt == want for _, dt, _ in timed)
+    assert {nbytes for name, _, nbytes in timed if name == "all_reduce"} == {4096}
