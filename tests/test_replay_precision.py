@@ -180,6 +180,22 @@ def test_fp16_loss_scale_is_undone_and_overflow_is_refused() -> None:
     assert torch.equal(g["w"], torch.full((3,), 0.5))
     with pytest.raises(ReplayError, match="overflowed at the static loss scale"):
         p.unscale({"w": torch.tensor([1.0, float("inf")])}, "layer 1")
+    with pytest.raises(ReplayError, match="gradient 'b' overflowed"):  # the one named is the non-finite one
+        p.unscale({"a": torch.ones(4), "b": torch.tensor([float("nan")]), "c": torch.ones(2)}, "layer 1")
+
+
+def test_fp16_unscale_is_exactly_the_division_by_the_scale() -> None:
+    """The fused unscale (one pass over a layer's gradients) gives bit for bit what dividing each by the
+    power-of-two loss scale gives, over values from subnormal to near the fp32 maximum, several tensors at once."""
+    gen = torch.Generator().manual_seed(0)
+    values = [torch.randn(n, generator=gen) * 10.0 ** torch.randint(-40, 38, (n,), generator=gen) for n in (7, 300, 1)]
+    want = [v / FP16_LOSS_SCALE for v in values]
+    got = {f"g{i}": v.clone() for i, v in enumerate(values)}
+    Precision("fp16", "cpu").unscale(got, "layer 1")
+    assert all(torch.equal(g, w) for g, w in zip(got.values(), want, strict=True))
+    same = {"w": torch.ones(3)}
+    Precision("bf16", "cpu").unscale(same, "layer 1")  # nothing to undo outside fp16
+    assert torch.equal(same["w"], torch.ones(3))
 
 
 def test_a_precision_the_runner_cannot_compute_is_refused() -> None:
