@@ -41,7 +41,7 @@ from torch import Tensor, nn
 from costs.collective import fabric_factor, ring_per_rank_bytes
 from hardware_models import HardwareSpec, Topology, build_topology
 from replay.errors import ReplayError, ReplayOom
-from replay.host_memory import keep_freed_memory
+from replay.host_memory import host_reserve_bytes, keep_freed_memory
 from replay.model import Dims, build_layers
 from replay.pools import Pools
 from replay.ranks import RankView, is_p2p, plan_gpus, rank_view
@@ -55,6 +55,7 @@ from simulator.memory import MemoryTracker
 from simulator.phase import UPLOAD_PHASES, Phase
 from simulator.plan import Plan, TaskSpec, validate_plan
 from simulator.result import Result, SimInfo, build_result, step_metrics
+from simulator.simulate import simulate_plan
 from simulator.unroll import ConcreteTask, Unroller
 
 DEFAULT_SEED = 1234
@@ -298,8 +299,22 @@ class Runner:
 
     # -- running ----------------------------------------------------------------------------------------
     def run(self) -> Measurement:
-        with cpu_op_threads(self.device), keep_freed_memory(self.device.type):
+        reserve = self._host_reserve() if self.device.type == "cpu" else 0
+        with cpu_op_threads(self.device), keep_freed_memory(self.device.type, reserve):
             return self._run()
+
+    def _host_reserve(self) -> int:
+        """The heap a CPU replay faults in before its first step (``replay.host_memory``): sized from the plan's
+        simulated peaks of the pools this process holds in host memory, its GPU's and its share of the hosts'. 0
+        for a plan the simulator rejects: the replay's own checks then say what is wrong with it, task by task."""
+        try:
+            peaks = simulate_plan(self.plan, self.hw).peak_bytes
+        except PlanError:
+            return 0
+        own = self.topo.pool_of.get(self.gpu)
+        held = sum(float(peaks.get(name, 0.0)) * (1.0 if name == own else 1.0 / max(self.view.world, 1))
+                   for name, pool in self.topo.pools.items() if name == own or pool.kind == "dram")
+        return host_reserve_bytes(held)
 
     def _run(self) -> Measurement:
         every = Unroller(self.plan).unroll()

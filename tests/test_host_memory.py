@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from replay.host_memory import _libc, keep_freed_memory  # noqa: E402
+from replay.host_memory import RESERVE_FACTOR, _libc, host_reserve_bytes, keep_freed_memory  # noqa: E402
 
 GLIBC = _libc() is not None
 
@@ -84,9 +84,57 @@ def test_glibc_defaults_are_restored_after_the_block(monkeypatch: pytest.MonkeyP
     with pytest.raises(RuntimeError), keep_freed_memory("cpu") as kept:  # also when the block fails
         assert kept
         raise RuntimeError
-    assert calls == [(-4, 0), (-1, 2**31 - 1), (-4, 65536), (-1, 128 * 1024)]
+    assert calls == [(-4, 0), (-1, -1), (-4, 65536), (-1, 128 * 1024)]  # -1: trimming off (mallopt(3))
 
 
 def test_nothing_changes_off_the_cpu() -> None:
     with keep_freed_memory("cuda") as kept:
         assert kept is False
+
+
+_RESERVED = """
+import resource, torch
+from replay.host_memory import keep_freed_memory
+def faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+before = faults()
+with keep_freed_memory("cpu", RESERVE):
+    reserved = faults() - before
+    before = faults()
+    for n in (96, 160, 64, 128, 200):  # tensors of five sizes (MiB), all alive at once, then all freed
+        ts = [torch.empty(m * 2**20 // 4).fill_(1.0) for m in (n, n // 2, n // 4)]
+        del ts
+    used = faults() - before
+print(reserved, used)
+"""
+
+
+@pytest.mark.skipif(not GLIBC, reason="glibc's mallopt only")
+@pytest.mark.parametrize("reserve_mib", [0, 1024])
+def test_a_reserve_faults_the_heap_in_before_the_work(reserve_mib: int) -> None:
+    """``reserve_bytes`` faults that much heap in on entry, kept (not trimmed, even above 2 GiB is the rule; 1 GiB
+    here): tensors of several sizes inside then fault few pages, where without a reserve the first of each size
+    faults all of its own (a fresh process each, so the heap starts as a replay's does)."""
+    import subprocess
+    import sys
+
+    code = _RESERVED.replace("RESERVE", str(reserve_mib * 2**20))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    reserved, used = (int(x) for x in out.stdout.split()[-2:])
+    biggest = (200 + 100 + 50) * 2**20 // 4096  # the pages of the largest round alone
+    if reserve_mib:
+        assert reserved >= reserve_mib * 2**20 // 4096 * 0.9, reserved  # every page written once, up front
+        assert used < biggest // 10, used
+    else:
+        assert reserved < 1000 and used > biggest // 2, (reserved, used)
+
+
+def test_reserve_is_sized_from_the_priced_peaks_and_capped_by_the_available_memory(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    monkeypatch.setattr(os, "sysconf", lambda name: {"SC_AVPHYS_PAGES": 1000, "SC_PAGE_SIZE": 4096}[name])
+    assert host_reserve_bytes(100_000) == int(RESERVE_FACTOR * 100_000)
+    assert host_reserve_bytes(3_000_000) == 1000 * 4096 // 2  # at most half of what is available
+    assert host_reserve_bytes(10**9) == 0  # more than there is: the replay cannot hold it, nothing reserved
+    assert host_reserve_bytes(0) == 0
