@@ -24,7 +24,7 @@ sizes interleave and fragment it), each new page faulted then: gpt-h2048-lazytra
 heap) faulted 1.25 M pages in six steps, its steps 7.2, 4.2, 4.3, 4.5, 3.0, 3.3 s, still settling at the sixth, where
 a GPU's memory is mapped before the first. ``reserve_bytes`` faults that much heap in once, on entry (written and
 freed: kept, not trimmed), so the steps run on pages already there: the same plan then ran 5.2, 2.7, 2.7, 2.7, 2.7,
-2.6 s (4.5 GB reserved in 9.4 s beforehand, 2026-12-04, 2-core AMD EPYC VM). :func:`host_reserve_bytes` sizes it from
+2.6 s (4.5 GB reserved in 9.4 s beforehand, 2026-12-04, 2-core AMD EPYC VM: ~2 s per GB, setup time). :func:`host_reserve_bytes` sizes it from
 the plan's priced peaks.
 """
 
@@ -44,8 +44,10 @@ DEFAULT_TRIM_THRESHOLD = 128 * 1024  # glibc's defaults (mallopt(3))
 DEFAULT_MMAP_MAX = 65536
 NO_TRIM = -1  # mallopt(3): "Setting M_TRIM_THRESHOLD to -1 disables trimming completely"
 #: heap reserved per priced byte: the runner keeps fp32 working parameters and gradients where a 16-bit plan prices
-#: 2 B, and the heap fragments (gpt-h2048-lazytrain: a 3.9 GB heap for 2.1 GB of priced peaks, 1.8x)
-RESERVE_FACTOR = 2.0
+#: 2 B, and the heap fragments: gpt-h2048-lazytrain grew a 3.9 GB heap for 2.1 GB of priced peaks (1.8x),
+#: gpt-h512-zoff-bf16 (a tied fp32 vocab-50257 table) 2.9 GB for 0.8 GB (3.6x; with 2x reserved its table's
+#: backward still met fresh pages now and then: 12 ms, or 260-390 ms; with 4x, none in four steps)
+RESERVE_FACTOR = 4.0
 MAX_RESERVE_SHARE = 0.5  # of the memory the machine has available: a reserve never crowds the replay out
 
 
