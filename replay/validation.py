@@ -153,9 +153,16 @@ Findings (2-core CPU-only VM shared with other jobs, see ``CAUSES`` below; print
   6x their price): on a shared host a collective now holds a core per rank (``simulator.engine``); the runner
   reduced fp32 gradients where a 16-bit plan prices 2 B (``Precision.wire_gradients``: now the plan's dtype),
   and summed the tied table per micro-step in fp32 (8x the priced bytes at 4 micro-steps; now once per step).
-- Open: some cases still slow down until their third or fourth step (llama-h2048-tinypipe: 26, 21, 16, 13 s);
-  the runner keeps fp32 working parameters and gradients where a 16-bit plan prices 2 B, so its uploads,
-  gathers and gradient copies move twice the priced bytes (the replay prints both, ``replay.compare``).
+- Fixed (session 11): cases slowed down until their third to sixth step (llama-h2048-tinypipe: 26, 21, 16, 13 s;
+  gpt-h2048-lazytrain: 7.2, 4.2, 4.3, 4.5, 3.0, 3.3 s, 1.28 M page faults): the heap grew to its working size over
+  the first steps, each new page faulted inside a measured step. A CPU replay now faults 4x its priced peaks of heap
+  in before the first step (``replay.host_memory``; that case: 5.1, 2.7, 2.9, 2.8, 2.7, 2.8 s). fp16's unscale ran a
+  check and a division per gradient tensor (llama-h256-zoff-fp16's optimizer 19.9 ms against 2.5 priced): one fused
+  pass now (4.0 ms). ``calibrate --ranks`` timed gloo's collectives in fp32 while fp16 sums run 1.5-2x slower per
+  byte there: each precision's spec is now timed in its dtype.
+- Open: the runner keeps fp32 working parameters and gradients where a 16-bit plan prices 2 B, so its uploads,
+  gathers and gradient copies move twice the priced bytes (the replay prints both, ``replay.compare``); 2-rank
+  reductions measure 1.5-3x their price.
 - Fixed (zero-offload's peak, 2026-12-04): its gradient copy freed its bucket on the D2H stream, so a replay whose
   copies ran slower than priced held the tied table's bucket into the next forward (gpt-h512-zoff-bf16 gpu0
   +27%); the buckets are now released on the compute stream (``policies.kit.release_buckets``).
