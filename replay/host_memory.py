@@ -24,8 +24,8 @@ sizes interleave and fragment it), each new page faulted then: gpt-h2048-lazytra
 heap) faulted 1.25 M pages in six steps, its steps 7.2, 4.2, 4.3, 4.5, 3.0, 3.3 s, still settling at the sixth, where
 a GPU's memory is mapped before the first. ``reserve_bytes`` faults that much heap in once, on entry (written and
 freed: kept, not trimmed), so the steps run on pages already there: the same plan then ran 5.2, 2.7, 2.7, 2.7, 2.7,
-2.6 s (4.5 GB reserved in 9.4 s beforehand, 2026-12-04, 2-core AMD EPYC VM: ~2 s per GB, setup time). :func:`host_reserve_bytes` sizes it from
-the plan's priced peaks.
+2.6 s (4.5 GB reserved in 9.4 s beforehand, 2026-12-04, 2-core AMD EPYC VM: ~2 s per GB, setup time).
+:func:`host_reserve_bytes` sizes it from the plan's priced peaks.
 """
 
 from __future__ import annotations
