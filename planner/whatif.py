@@ -397,7 +397,6 @@ def whatif(hw: str | HardwareSpec, model: str | ModelSpec, axes: Sequence[Axis],
                          wall_s=time.perf_counter() - t0, notes=notes)
 
 
-
 def _timed_best(kwargs: dict[str, Any], deadline: Deadline) -> tuple[Best, float]:
     """:func:`best_within` of one job in a worker process of :func:`best_within_each`, with one worker of its own
     (``workers=1``), and its wall seconds."""

@@ -13,11 +13,11 @@ collectives between them. Measured here with N real processes, as the replay run
   calls them, ``replay.dist_comm``) do not run as rings: two ranks here, 64 MiB fp32, 2026-12-04, took 1.5x and
   0.95x the all-reduce's time (the same in bf16 and fp16), i.e. 3.0x and 1.9x a ring's bytes at the all-reduce's
   rate (3.97x and 2.85x as this module measured them for the validation, latency taken off); both are timed on
-  the same buffer and written as ``nvlink.reduce_scatter_bytes`` / ``all_gather_bytes``. The all-reduce's own
+  the same buffer and written as ``nvlink.reduce_scatter_bytes`` / ``all_gather_bytes``
+  (``hardware_models.NvlinkSpec``), so the simulator prices the collectives the replay runs. The all-reduce's own
   rate depends on the dtype, since gloo sums on the CPU: 64 MiB took 61 ms in fp32, 65 ms in bf16 and 99 ms in fp16
   (1 MiB: 1.5, 1.1 and 3.5 ms; two ranks, 2026-12-04, a throwaway script), so each precision's spec is timed in
-  that precision, as its GEMM rates are
-  (``hardware_models.NvlinkSpec``), so the simulator prices the collectives the replay runs;
+  that precision, as its GEMM rates are;
 - **compute while the others compute**: every rank times the same linear layer as the runner computes it
   (``replay.precision.linear_rate_op``) at once; the ratio of that rate to one rank alone scales the peaks;
 - **copies while the others copy**: every rank copies a buffer between two host tensors at once; the total
@@ -119,7 +119,7 @@ def _rank_main(rank: int, n: int, rdzv: str, sizes: dict[str, int], precision: s
         dtype = TORCH_DTYPES[precision]  # the gradients' wire dtype (Precision.wire_gradients)
         buf = torch.ones(sizes["allreduce_bytes"] // dtype.itemsize, dtype=dtype)
         t_ar = _median_s(lambda: dist.all_reduce(buf), reps)
-        shard = torch.empty(buf.numel() // n, dtype=dtype)  # allreduce_bytes is a multiple of 4 n (measure_ranks)
+        shard = torch.empty(buf.numel() // n, dtype=dtype)  # whole shards: allreduce_bytes is a multiple of 4 n
         t_rs = _median_s(lambda: dist.reduce_scatter_single(shard, buf, op=dist.ReduceOp.SUM), reps)
         t_ag = _median_s(lambda: dist.all_gather_single(buf, shard), reps)
         tiny = torch.ones(1)
