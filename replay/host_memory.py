@@ -46,7 +46,7 @@ NO_TRIM = -1  # mallopt(3): "Setting M_TRIM_THRESHOLD to -1 disables trimming co
 #: heap reserved per priced byte: the runner keeps fp32 working parameters and gradients where a 16-bit plan prices
 #: 2 B, and the heap fragments: gpt-h2048-lazytrain grew a 3.9 GB heap for 2.1 GB of priced peaks (1.8x),
 #: gpt-h512-zoff-bf16 (a tied fp32 vocab-50257 table) 2.9 GB for 0.8 GB (3.6x; with 2x reserved its table's
-#: backward still met fresh pages now and then: 12 ms, or 260-390 ms; with 4x, none in four steps)
+#: backward still stalled now and then: 12 ms, or 260-390 ms; with 4x, no stall in two replays)
 RESERVE_FACTOR = 4.0
 MAX_RESERVE_SHARE = 0.5  # of the memory the machine has available: a reserve never crowds the replay out
 
