@@ -54,6 +54,9 @@ class Job:
     config: WorkloadConfig
     trace: WorkloadTrace
     assumed: tuple[str, ...] = ()  # defaults picked for the user, shown with every result
+    # a policy that can emits a rank template (rank 0's tasks of a data-parallel plan: simulator.rank_template):
+    # what the symmetric simulation needs, not a plan to save or replay (policies.job.make_plan(template=True))
+    rank_template: bool = False
 
     @property
     def n_gpus(self) -> int:

@@ -10,13 +10,16 @@ from policies.base import Job
 from simulator import Placement, Plan, Ref, Segment, StreamSpec, TaskSpec, TensorSpec
 from simulator.plan import task_spec
 from simulator.plan_workload import PlanWorkload
+from simulator.rank_template import RankTemplate, image, rank_of
 
 
 class PlanBuilder:
-    def __init__(self, policy: str, knobs: Any, job: Job):
+    def __init__(self, policy: str, knobs: Any, job: Job, *, template: RankTemplate | None = None):
         self.policy = policy
         self.knobs = knobs
         self.job = job
+        # set: the policy emits rank 0's tasks only (policies.kit.Layout(template=True), simulator.rank_template)
+        self.template = template
         self._tensors: dict[str, TensorSpec] = {}
         self._streams: dict[str, StreamSpec] = {}
         self._segments: list[tuple[str, int, list[TaskSpec]]] = []
@@ -86,9 +89,39 @@ class PlanBuilder:
             workload=PlanWorkload(job.model, job.config, trace.provenance, tuple(job.assumed)),
             tensors=tuple(self._tensors.values()),
             streams=tuple(self._streams.values()),
-            segments=tuple(Segment(n, r, tuple(ts)) for n, r, ts in self._segments),
+            segments=self._template_segments() if self.template is not None else
+            tuple(Segment(n, r, tuple(ts)) for n, r, ts in self._segments),
             steps=steps,
             metrics=metrics,
             notes=tuple(notes),
             info=dict(info or {}),
+            template=self.template,
         )
+
+    def _template_segments(self) -> tuple[Segment, ...]:
+        """The segments of a rank template: a collective names every rank's tasks and tensors, the template holds
+        rank 0's; the references to another rank's copy of a rank-0 task or tensor are dropped (what the
+        symmetric simulation drops from the full plan, ``simulator.symmetry.Symmetry.reduce``). Any other
+        unknown reference stays, for the plan's validation to name."""
+        tasks = {t.id for _, _, ts in self._segments for t in ts}
+        tensors = set(self._tensors)
+
+        def other_rank(name: str, known: set[str]) -> bool:
+            if name in known:
+                return False
+            r = rank_of(name)
+            return r is not None and r != 0 and image(name, r) in known
+
+        out = []
+        for name, repeat, ts in self._segments:
+            kept = []
+            for t in ts:
+                deps = tuple(d for d in t.deps if not other_rank(d.id, tasks))
+                places = [tuple(p for p in ps if not other_rank(p.tensor.id, tensors))
+                          for ps in (t.allocs, t.frees, t.reads)]
+                if len(deps) != len(t.deps) or any(len(a) != len(b) for a, b in
+                                                   zip(places, (t.allocs, t.frees, t.reads), strict=True)):
+                    t = dataclasses.replace(t, deps=deps, allocs=places[0], frees=places[1], reads=places[2])
+                kept.append(t)
+            out.append(Segment(name, repeat, tuple(kept)))
+        return tuple(out)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from hardware_models import HardwareSpec, load_hardware, spec_from_dict
@@ -80,12 +80,18 @@ def make_job(hw: str | HardwareSpec, model: str | ModelSpec, request: JobRequest
 
 
 def make_plan(job: Job, policy: str, knobs: Sequence[str] | Mapping[str, Any] = (),
-              step_seconds: StepSeconds | None = None) -> Plan:
+              step_seconds: StepSeconds | None = None, *, template: bool = False) -> Plan:
     """The policy's plan for ``job``, refined by the policy's ``refine`` hook (if it has one) with
     ``step_seconds`` (the simulator's seconds per step of a plan: ``simulator.simulate.step_seconds`` on
     ``job.hw``; ``planner.job.make_plan`` passes it). Without ``step_seconds`` the hook is not run and the
-    plan is the policy's first one."""
+    plan is the policy's first one.
+
+    ``template``: where the policy can, a rank template (``simulator.rank_template``: rank 0's tasks of a
+    data-parallel plan, which simulates exactly as the full plan at a cost independent of the rank count, but
+    cannot be saved or replayed); other policies and layouts give the full plan."""
     info = get_policy(policy)
+    if template != job.rank_template:
+        job = replace(job, rank_template=template)
     k = parse_knobs(info, knobs)
     # a 1024-GPU plan is a million small acyclic objects: the cyclic collector is paused while the policy
     # builds it, as simulator.gc_pause does for its proof (that module is not plan vocabulary, so not imported)

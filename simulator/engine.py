@@ -56,7 +56,8 @@ from simulator.gc_pause import no_cyclic_gc
 from simulator.memory import MemoryTracker
 from simulator.opcost import plan_pricer, task_seconds
 from simulator.plan import Plan, TaskSpec, validate_plan
-from simulator.symmetry import Symmetry, expand_pools, find_symmetry
+from simulator.symmetry import NotSymmetric, Symmetry, expand_pools, find_symmetry
+from simulator.symmetry_template import template_symmetry
 from simulator.unroll import ConcreteTask, Unroller
 
 
@@ -128,6 +129,9 @@ class Engine:
         self.hw = hw
         self.topo = topology if topology is not None else build_topology(hw)
         self.sym = symmetry
+        if plan.template is not None and symmetry is None:
+            raise PlanError(f"a rank template ({plan.template.ranks} ranks) is simulated only as rank 0 standing for "
+                            "every rank (simulator.symmetry_template); build the full plan to simulate each rank")
         if symmetry is not None:  # a verified symmetry: rank 0 and the global tasks stand for every rank
             plan = symmetry.reduce(plan)  # (the full plan was validated when its symmetry was found)
         validate_plan(plan, "plan", self.topo.locations)
@@ -455,6 +459,12 @@ def plan_symmetry(plan: Plan, hw: HardwareSpec, topology: Topology | None = None
     topo = topology if topology is not None else build_topology(hw)
     with no_cyclic_gc():  # the proof's maps are millions of acyclic entries at 1024 GPUs (simulator.gc_pause)
         validate_plan(plan, "plan", topo.locations)
+        if plan.template is not None:  # rank 0's tasks only: its symmetry is built, not proved
+            try:
+                return template_symmetry(plan, topo, RouteTable(topo), machine_capacities(hw, topo),
+                                         hw.gpu.shares_host)
+            except NotSymmetric as e:
+                return str(e)
         return find_symmetry(plan, topo, RouteTable(topo), machine_capacities(hw, topo), hw.gpu.shares_host)
 
 

@@ -57,7 +57,11 @@ def check_invariants(result: Result) -> list[str]:
 def _check_tasks(plan: Plan, result: Result) -> list[str]:
     bad: list[str] = []
     tasks = Unroller(plan, result.warmup_repeat).unroll()
-    rec = {r.uid: r for r in result.records}
+    records = result.records
+    if plan.template is not None:  # a rank template: its tasks are rank 0's, the other ranks' records their images
+        ids = plan.task_segment()
+        records = [r for r in records if r.id in ids]
+    rec = {r.uid: r for r in records}
     if len(rec) != len(tasks):
         bad.append(f"{len(tasks)} tasks planned, {len(rec)} ran")
     tensors = plan.tensor_map()
@@ -76,11 +80,11 @@ def _check_tasks(plan: Plan, result: Result) -> list[str]:
         if t.spec.op == "copy":
             nb = t.spec.bytes if t.spec.bytes > 0 else tensors[t.spec.tensor.id].bytes if t.spec.tensor else 0.0
             planned_bytes += nb
-    moved = sum(r.bytes for r in result.records if r.op == "copy")
+    moved = sum(r.bytes for r in records if r.op == "copy")
     if abs(moved - planned_bytes) > 1e-6 * max(1.0, planned_bytes):
         bad.append(f"bytes copied {moved:.0f} != bytes planned {planned_bytes:.0f}")
     by_stream: dict[str, list] = defaultdict(list)
-    for r in result.records:
+    for r in records:
         by_stream[r.stream].append(r)
     order = {t.uid: i for i, t in enumerate(tasks)}
     for s, rs in by_stream.items():

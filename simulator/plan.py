@@ -46,6 +46,7 @@ from simulator.errors import PlanError
 from simulator.phase import Phase
 from simulator.plan_file import number_map, opt_text, opt_whole, read_plan_document, tags_of, text, text_list
 from simulator.plan_workload import PlanWorkload, plan_hardware
+from simulator.rank_template import RankTemplate
 
 PLAN_SCHEMA = "tiersim.plan"
 PLAN_VERSION = 1
@@ -176,6 +177,8 @@ class Plan:
     metrics: Mapping[str, float] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     info: Mapping[str, Any] = field(default_factory=dict)
+    # set: the tasks are rank 0's of a data-parallel plan of template.ranks ranks (simulator.rank_template)
+    template: RankTemplate | None = None
 
     # -- derived views -------------------------------------------------------------------------------
     def tensor_map(self) -> dict[str, TensorSpec]:
@@ -191,10 +194,13 @@ class Plan:
         """The same plan with some segments' repeat counts changed (used for steady-state extrapolation)."""
         segs = tuple(Segment(s.name, repeats.get(s.name, s.repeat), s.tasks) for s in self.segments)
         return Plan(self.policy, self.knobs, self.hardware, self.workload, self.tensors, self.streams,
-                    segs, self.steps, self.metrics, self.notes, self.info)
+                    segs, self.steps, self.metrics, self.notes, self.info, self.template)
 
     # -- (de)serialisation ---------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
+        if self.template is not None:
+            raise PlanError(f"a rank template of {self.template.ranks} ranks is not a plan to save or replay; "
+                            "build the full plan (policies.job.make_plan without template)")
         return {
             "schema": PLAN_SCHEMA,
             "version": PLAN_VERSION,

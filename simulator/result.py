@@ -264,12 +264,13 @@ def gpu_overlap(step_records: Iterable[TaskRecord], all_records: Iterable[TaskRe
 
 def plan_hardware_flops(plan: Plan) -> float:
     """FLOPs the GPUs execute in one step of ``plan``: every compute task of a compute phase (forward,
-    backward, recompute) times its segment's repeat count, summed over the GPUs (the HFU numerator)."""
+    backward, recompute) times its segment's repeat count, summed over the GPUs (the HFU numerator); a rank
+    template's (``simulator.rank_template``: rank 0's compute tasks only) once per rank."""
     total = 0.0
     for seg in plan.segments:
         flops = sum(t.flops for t in seg.tasks if t.op == "compute" and t.tags.get("phase") in COMPUTE_PHASES)
         total += seg.repeat * flops
-    return total
+    return total * (plan.template.ranks if plan.template is not None else 1)
 
 
 def with_hardware_flops(result: Result, plan: Plan, hw: HardwareSpec) -> Result:

@@ -33,6 +33,7 @@ from dataclasses import replace
 from costs import both_ways_bw
 from hardware_models import HardwareSpec, Topology, build_topology
 from simulator.engine import RawRun, plan_symmetry, run_plan
+from simulator.errors import TemplateRefused
 from simulator.gc_pause import no_cyclic_gc
 from simulator.plan import Plan
 from simulator.result import (
@@ -232,7 +233,10 @@ def simulate_plan(plan: Plan, hw: HardwareSpec, *, extrapolate: bool = True,
     with no_cyclic_gc():
         if topology is None:  # built once for every run below (a large machine's topology is not free)
             topology = build_topology(hw)
-        sym = plan_symmetry(plan, hw, topology) if symmetric else None
+        sym = plan_symmetry(plan, hw, topology) if symmetric or plan.template is not None else None
+        if plan.template is not None and not isinstance(sym, Symmetry):
+            raise TemplateRefused(f"the rank template of {plan.template.ranks} ranks does not simulate as one rank "
+                                  f"({sym}); build the full plan (make_plan without template)")
         result = with_hardware_flops(_settled(plan, hw, extrapolate, topology,
                                               sym if isinstance(sym, Symmetry) else None), plan, hw)
     if os.environ.get(CHECK_ENV) == "1":

@@ -112,9 +112,9 @@ class Symmetry:
     rank_streams: frozenset[str]
     rank_tensors: frozenset[str]         # tensors rank 0's tasks touch (their shared-pool bytes count n times)
     dropped_tensors: frozenset[str]      # the other ranks' tensors
-    stream_maps: tuple[dict[str, str], ...]   # per rank: rank-0 stream -> its image
-    task_maps: tuple[dict[str, str], ...]
-    tensor_maps: tuple[dict[str, str], ...]
+    stream_maps: tuple[Mapping[str, str], ...]   # per rank: rank-0 stream -> its image
+    task_maps: tuple[Mapping[str, str], ...]
+    tensor_maps: tuple[Mapping[str, str], ...]
     link_maps: tuple[dict[str, str], ...]
     resource_maps: tuple[dict[str, str], ...]
     rep: dict[str, str]                  # resource -> its orbit's representative (rank 0's)
@@ -133,6 +133,9 @@ class Symmetry:
     kept_streams: frozenset[str] = frozenset()
     # every task's list (each rank's segments, then the collectives): read for ``tags`` when records are expanded
     task_lists: tuple[Sequence[TaskSpec], ...] = ()
+    # a rank template's (simulator.symmetry_template): rank k's names are images of rank 0's by rule, and so are
+    # its tasks' tags (rank 0's with rank k)
+    images_by_rule: bool = False
     _folded: dict[tuple, tuple[tuple[str, ...], tuple[float, ...]]] = field(default_factory=dict)
     # a tuple of the plan (a segment's tasks, the streams, the tensors; by identity, held so the identity stays its
     # own) -> what reduce keeps of it: the runs of one simulation reduce plans that differ only in repeat or step
@@ -251,10 +254,16 @@ class Symmetry:
                 locs, links = self.loc_maps[k], self.link_maps[k]
                 out.append(r._replace(
                     uid=self.relabel_uid(r.uid, k), id=tid, stream=self.stream_maps[k][r.stream],
-                    device=locs.get(r.device, r.device), tags=self.tags.get(tid, r.tags),
+                    device=locs.get(r.device, r.device), tags=self._tags_of(tid, r.tags, k, is_coll),
                         gpus=self.coll_ranks[tid] if is_coll else tuple(locs.get(g, g) for g in r.gpus),
                     links=self.coll_links[tid] if is_coll else tuple(links.get(ln, ln) for ln in r.links)))
         return out
+
+    def _tags_of(self, tid: str, tags: Mapping[str, Any], k: int, is_coll: bool) -> Mapping[str, Any]:
+        """The tags of rank k's image ``tid`` of a task tagged ``tags``."""
+        if self.images_by_rule:
+            return {**tags, "rank": k} if not is_coll and "rank" in tags else tags
+        return self.tags.get(tid, tags)
 
     def relabel_uid(self, uid: str, k: int) -> str:
         base, _, rest = uid.partition("[")

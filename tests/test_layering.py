@@ -16,7 +16,7 @@ The rules (design: a package imports only packages left of / above it in the pic
 - ``simulator`` imports no ``policies``, ``planner``, ``reports``, ``replay`` or ``tiersim``;
 - ``policies`` imports no ``planner``, ``reports``, ``replay`` or ``tiersim``, and from ``simulator`` only
   the plan vocabulary (``simulator``, ``simulator.plan``, ``simulator.plan_workload``, ``simulator.phase``,
-  ``simulator.errors``);
+  ``simulator.errors``, ``simulator.rank_template``);
 - ``planner`` imports no ``reports``, ``replay`` or ``tiersim``; ``reports`` no ``replay`` or ``tiersim``;
 - ``replay`` imports no ``planner`` or ``tiersim``;
 - only ``replay`` imports ``torch`` at module level (torch is an optional extra for everything else).
@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("userfiles", "hardware_models", "workloads", "costs", "policies", "simulator", "planner", "reports",
             "replay", "tiersim")
 PLAN_VOCABULARY = frozenset({"simulator", "simulator.plan", "simulator.plan_workload", "simulator.phase",
-                             "simulator.errors"})
+                             "simulator.errors", "simulator.rank_template"})
 # importer package -> our packages it must not import
 FORBIDDEN: dict[str, frozenset[str]] = {
     "userfiles": frozenset(PACKAGES) - {"userfiles"},  # the one reader of user files: the bottom of the house

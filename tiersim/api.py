@@ -19,8 +19,9 @@ from planner.job import (
     make_job,
     make_plan,
     resolve_hardware,
+    simulate_job,
 )
-from simulator import Result, simulate_plan
+from simulator import Result
 from workloads import ModelSpec
 
 __all__ = ["DEFAULT_SEQ_CAP", "DEFAULT_SEQS_PER_GPU", "JobRequest", "load_hardware_from_spec", "make_job",
@@ -35,4 +36,5 @@ def simulate(hw: str | HardwareSpec = "a100x8", model: str | ModelSpec = "70b", 
     out-of-memory found by the simulation is a Result with ``feasible=False`` and ``oom`` set.
     """
     job, _ = make_job(hw, model, request, hw_overrides=hw_overrides)
-    return simulate_plan(make_plan(job, policy, knobs), job.hw)
+    # a rank template where the policy can: identical figures; its ``simulated_plan`` is then rank 0's tasks
+    return simulate_job(job, policy, knobs)[1]

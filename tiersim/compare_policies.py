@@ -9,11 +9,11 @@ import sys
 import time
 from typing import Any
 
-from planner.job import make_plan
+from planner.job import make_plan, simulate_job
 from planner.result_json import dumps, infeasible_json, simulated_json
 from planner.workers import Workers
 from policies import POLICIES, Job, PlanInfeasible, parse_knobs
-from simulator import Result, simulate_plan
+from simulator import Result
 from tiersim.errors import UsageError
 from tiersim.exit_codes import EXIT_INFEASIBLE, EXIT_OK
 from tiersim.report_files import write_report_for
@@ -26,12 +26,12 @@ def _one(name: str, job: Job, extrapolate: bool, keep: bool = False) -> tuple[di
     knobs = parse_knobs(POLICIES[name], [])
     t0 = time.perf_counter()
     try:
-        plan = make_plan(job, name)
+        plan = make_plan(job, name, template=True)  # a rank template where the policy can: the same figures
     except PlanInfeasible as e:
         d = infeasible_json(e, job, knobs)
         d["sim"]["wall_s"] = time.perf_counter() - t0
         return d, None
-    result = simulate_plan(plan, job.hw, extrapolate=extrapolate)
+    _, result = simulate_job(job, name, extrapolate=extrapolate, plan=plan)
     return simulated_json(result), dataclasses.replace(result, simulated_plan=None) if keep else None
 
 

@@ -15,10 +15,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hardware_models import HardwareSpec
-from planner.job import JobRequest, make_job, make_plan, resolve_hardware
+from planner.job import JobRequest, make_job, make_plan, resolve_hardware, simulate_job
 from planner.result_json import infeasible_json, simulated_json
 from policies import PlanInfeasible, get_policy, parse_knobs
-from simulator import simulate_plan
 from workloads import ModelSpec, load_model
 
 Loaded = dict[tuple[str, ...], HardwareSpec | ModelSpec]  # what one task has loaded, by (kind, name, *sets)
@@ -61,10 +60,10 @@ def simulate_point(inputs: Mapping[str, Any], loaded: Loaded) -> dict[str, Any]:
     info = get_policy(inputs["policy"])
     knobs = parse_knobs(info, inputs["knobs"])
     try:
-        plan = make_plan(job, info.name, inputs["knobs"])
+        plan = make_plan(job, info.name, inputs["knobs"], template=True)  # rank 0's tasks where it can: same figures
     except PlanInfeasible as e:
         return infeasible_json(e, job, knobs)
-    return simulated_json(simulate_plan(plan, job.hw))
+    return simulated_json(simulate_job(job, info.name, inputs["knobs"], plan=plan)[1])
 
 
 def _one_line(e: BaseException) -> str:

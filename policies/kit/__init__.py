@@ -65,6 +65,7 @@ from hardware_models.allocator import allocator_overhead
 from policies.base import Job, KnobError, gpu_pool
 from policies.builder import PlanBuilder
 from simulator.phase import Phase
+from simulator.rank_template import RankTemplate
 from workloads.flops import block_forward_flops
 from workloads.trace import LayerTrace
 
@@ -102,18 +103,46 @@ def dtype_bytes(job: Job) -> int:
 
 @dataclass(frozen=True)
 class Layout:
-    """n GPUs as dp x tp groups; ``flat_comm`` (tp = 1): no group index in names (``dp.grad``, ``red{i}``)."""
+    """n GPUs as dp x tp groups; ``flat_comm`` (tp = 1): no group index in names (``dp.grad``, ``red{i}``).
+
+    ``template`` (data parallel, tp = 1, n > 1): a rank template (``simulator.rank_template``): the per-rank
+    loops (``gpus``, ``ranks``, ``mine``, ``dp_groups``) see rank 0 only, sizes and collectives' groups stay
+    those of all n ranks; a barrier over ``gpus()`` is then rank 0's own task, which is what the symmetric
+    simulation makes of it (every rank's copy ends at the same instant)."""
 
     n: int
     tp: int = 1
     flat_comm: bool = False
+    template: bool = False
+
+    def __post_init__(self) -> None:
+        if self.template and (self.tp != 1 or self.n < 2):
+            raise ValueError("a rank template is a data-parallel plan of two or more ranks (tp = 1)")
 
     @property
     def dp(self) -> int:
         return self.n // self.tp
 
+    @property
+    def rank_template(self) -> RankTemplate | None:
+        """What the plan's builder records of a template (``PlanBuilder(template=...)``)."""
+        return RankTemplate(self.n) if self.template else None
+
     def gpus(self) -> list[str]:
-        return [gpu(r) for r in range(self.n)]
+        """Every rank's GPU (a template: rank 0's), in rank order."""
+        return [gpu(r) for r in self.ranks()]
+
+    def ranks(self) -> range:
+        """The ranks whose tasks the plan holds: all, or rank 0 in a template."""
+        return range(1 if self.template else self.n)
+
+    def mine(self, group: Sequence[str]) -> list[str]:
+        """The GPUs of ``group`` whose tasks the plan holds."""
+        return [g for g in group if g == gpu(0)] if self.template else list(group)
+
+    def dp_groups(self) -> range:
+        """The data-parallel groups whose collectives the plan holds (a template: rank 0's)."""
+        return range(1 if self.template else self.tp)
 
     def tp_group(self, k: int) -> list[str]:
         return [gpu(k * self.tp + j) for j in range(self.tp)]
@@ -132,6 +161,11 @@ class Layout:
     def dp_suffix(self, j: int) -> str:
         """The suffix of a data-parallel collective's task id for group j (``.d{j}``, or none when flat)."""
         return "" if self.flat_comm else f".d{j}"
+
+
+def templated(job: Job, tp: int) -> bool:
+    """Does the job ask for a rank template (``Job.rank_template``) that a layout of ``tp`` can give (``Layout``)?"""
+    return job.rank_template and tp == 1 and job.n_gpus > 1
 
 
 def tp_splits_model(job: Job, tp: int) -> bool:
@@ -191,7 +225,7 @@ def declare_streams(b: PlanBuilder, lay: Layout, *, cpu_adam: bool = False,
                     comm_order: Sequence[str] = ("grad", "param")) -> None:
     """Per rank GPU streams, ``cpu.adam{r}`` and ``cpu_per_rank``; then ``shared`` (id, device, kind); then comm."""
     per_rank = ((("adam", "optim"),) if cpu_adam else ()) + tuple(cpu_per_rank)
-    for r in range(lay.n):
+    for r in lay.ranks():
         gpu_streams(b, [gpu(r)])
         cpu_streams(b, [r], per_rank)
     for sid, device, kind in shared:
@@ -430,19 +464,21 @@ def sliced_fetch(b: PlanBuilder, gpus: Sequence[str], i: int, ph: str, slice_byt
                  deps_of: Callable[[int, str], list[str]], *, sfx: str = "", src: str = "cpu",
                  gather_deps: Sequence[str] = (), stream: str = "dp.param", gather_use: bool = True,
                  frees_of: Callable[[int], Places] | None = None,
-                 reads_of: Callable[[int], Places] | None = None, reserved: bool = False) -> dict[str, str]:
+                 reads_of: Callable[[int], Places] | None = None, reserved: bool = False,
+                 mine: Sequence[str] | None = None) -> dict[str, str]:
     """Layer i's parameters to every GPU for use ``ph`` (``f`` / ``b``): each rank r uploads its slice
     (``up{ph}{i}{sfx}.{g}``, ``slice_bytes`` from ``src``, after ``deps_of(r, g)``) into ``ps{ph}{i}.{g}``;
     with more than one rank an all-gather (``ag{ph}{i}{sfx}``, ``full_bytes``, after the uploads and
     ``gather_deps``) assembles ``pg{ph}{i}.{g}`` and frees the slices; one rank uploads straight into
     ``pg{ph}{i}.{g}`` (``fetch_buffer``). ``reserved``: the caller allocated the uploads' buffers
-    (``reserve``, one of ``deps_of``). Returns GPU -> the task its use waits for."""
+    (``reserve``, one of ``deps_of``); ``mine``: the GPUs whose uploads the plan holds (``Layout.mine``; all by
+    default). Returns GPU -> the task its use waits for."""
     n = len(gpus)
     full = f"pg{ph}{i}"
     ready = {g: upload(b, f"up{ph}{i}{sfx}.{g}", g, slice_bytes, deps_of(r, g), layer=i, rank=r, src=src,
                        use=use_of(ph), allocs=[] if reserved else [(fetch_buffer(i, ph, g, n), g)],
                        frees=frees_of(r) if frees_of else (), reads=reads_of(r) if reads_of else ())
-             for r, g in enumerate(gpus)}
+             for r, g in enumerate(gpus) if mine is None or g in mine}
     if n > 1:
         t = all_gather(b, f"ag{ph}{i}{sfx}", stream, gpus, full_bytes, [*ready.values(), *gather_deps], layer=i,
                        use=use_of(ph) if gather_use else None, allocs=[(f"{full}.{g}", g) for g in gpus],
@@ -560,7 +596,7 @@ def reduce_and_offload(b: PlanBuilder, job: Job, lay: Layout, grads: Grads, i: i
                          layer.params / lay.tp * dtype_bytes(job), [d for g in grp for d in ready(g)],
                          coll=grads.reduce, layer=i,
                          frees=[(f"gb{i}.{g}", g) for g in grp] if grads.bucket and not grads.offload else [])
-        for g in grp:
+        for g in lay.mine(grp):
             r = int(g[3:])
             if grads.offload:  # a gated bucket is released on the compute stream (release_buckets), else here
                 offload(b, f"d2h{i}.{g}", g, layer.params / lay.n * grads.offload_bytes_per_param,

@@ -35,7 +35,7 @@ def emit(job: Job, knobs: Knobs, s: Schedule) -> Plan:
     e.backward()
     e.b.segment("optimizer", 1)
     if e.level == 1:
-        for r, g in enumerate(e.gpus):
+        for r, g in enumerate(e.mine):
             kit.gpu_step(e.b, f"opt.{g}", f"{g}.compute", ["red0" if e.n > 1 else f"bwd0.{g}"], e.p_total, rank=r)
     else:
         e.cpu_optimizer()
@@ -47,11 +47,14 @@ class _Emitter:
 
     def __init__(self, job: Job, knobs: Knobs, s: Schedule):
         c, t = s.costs, s.costs.tiering
-        self.b = PlanBuilder(NAME, knobs, job)
+        # a rank template (kit.Layout): the per-rank loops see rank 0 (``mine``, ``ranks``), the collectives every GPU
+        self.lay = kit.Layout(c.n, flat_comm=True, template=kit.templated(job, 1))
+        self.b = PlanBuilder(NAME, knobs, job, template=self.lay.rank_template)
         self.layers = job.trace.layers
         self.nl = nl = len(self.layers)
         self.t, self.level, self.streamed = t, t.level, t.streamed
         self.gpus = tuple(kit.gpu(r) for r in range(c.n))
+        self.mine, self.ranks = tuple(self.lay.gpus()), self.lay.ranks()
         self.n, self.db = c.n, c.db
         self.depth = min(knobs.prefetch_depth, nl - 1)       # layers of parameters uploaded ahead of use
         self.unit_b = tuple(u * c.db for u in c.unit_params)  # bytes streamed (and gradients reduced) with layer i
@@ -80,17 +83,17 @@ class _Emitter:
     def streams(self) -> None:
         """Per GPU compute/h2d/d2h and two activation-copy streams; per rank CPU Adam and NVMe io; dp comm."""
         b = self.b
-        kit.gpu_streams(b, self.gpus, extra=(("act_out", "d2h"), ("act_in", "h2d")))
-        for r in range(self.n):
+        kit.gpu_streams(b, self.mine, extra=(("act_out", "d2h"), ("act_in", "h2d")))
+        for r in self.ranks:
             if self.level >= 2:
                 kit.cpu_streams(b, [r], [("adam", "optim")])
             if self.t.uses_nvme:
                 kit.cpu_streams(b, [r], [("io", "io")], device="nvme")
-        kit.comm_streams(b, kit.Layout(self.n, flat_comm=True), order=("param", "grad"))
+        kit.comm_streams(b, self.lay, order=("param", "grad"))
 
     def tensors(self, workspace: float, act_bytes: tuple[dict[str, float], ...]) -> None:
         b = self.b
-        for g in self.gpus:
+        for g in self.mine:
             self._gpu_states(g)
             b.tensor(f"ws.{g}", workspace, "buffer", home=g, persistent=True)
             for i, o in enumerate(self.opts):
@@ -101,7 +104,7 @@ class _Emitter:
             for i, layer in enumerate(self.layers):
                 b.tensor(f"p16.{i}", layer.params * self.db, "param16", home=self.t.params, layer=i, persistent=True)
         if self.level >= 2:
-            for r in range(self.n):
+            for r in self.ranks:
                 self._cpu_states(r)
 
     def _gpu_states(self, g: str) -> None:
@@ -148,7 +151,7 @@ class _Emitter:
         updated = (i, 0) if self.tied and i == self.nl - 1 else (i,)
         return kit.sliced_fetch(self.b, self.gpus, i, use, ub / self.n, ub,
                                 lambda r, g: window[g] + [f"{task}{j}.r{r}^1" for j in updated],
-                                src=self.t.params, gather_use=False)
+                                src=self.t.params, gather_use=False, mine=self.mine)
 
     def forward(self) -> None:
         """Per layer: its (prefetched) upload, then on every GPU its forward and, if offloaded, the copy-out."""
@@ -160,7 +163,7 @@ class _Emitter:
                 ready = self.upload(i, "f", {g: [f"fwd{j}.{g}" if j >= 0 else f"bwd{self.depth - i}.{g}@1"]
                                              for g in self.gpus})
             gate = self.copy_out_gate(i)
-            for r, g in enumerate(self.gpus):
+            for r, g in enumerate(self.mine):
                 if self.level == 1:
                     deps = [f"opt.{g}^1"]
                 elif self.level == 2:
@@ -179,10 +182,10 @@ class _Emitter:
             ready = {}
             if self.refetched(i):
                 ready = self.upload(i, "b", {g: [f"bwd{i + self.depth + 1}.{g}"] for g in self.gpus})
-            for r, g in enumerate(self.gpus):
+            for r, g in enumerate(self.mine):
                 self._layer_backward(i, r, g, [ready[g]] if ready else [])
             self.grads(i)
-        for r, g in enumerate(self.gpus):
+        for r, g in enumerate(self.mine):
             self._release_buckets(None, r, g)
 
     def _release_buckets(self, i: int | None, r: int, g: str) -> None:
@@ -227,7 +230,7 @@ class _Emitter:
             return
         ub = self.unit_b[i]
         red = kit.reduce(b, f"rs{i}", "dp.grad", gpus, ub, bwd, layer=i) if n > 1 else None
-        for r, g in enumerate(gpus):
+        for r, g in enumerate(self.mine):
             kit.offload(b, f"d2h{i}.{g}", g, ub / n, [red or f"bwd{i}.{g}"], layer=i, rank=r)
 
     def _swap_in(self, i: int, r: int) -> None:
@@ -240,11 +243,11 @@ class _Emitter:
     def cpu_optimizer(self) -> None:
         """CPU Adam per layer and rank; NVMe swap of its states, NVMe write-back, or re-upload of a resident copy."""
         if self.t.optim == "nvme":
-            for r in range(self.n):
+            for r in self.ranks:
                 for i in range(min(OPTIMIZER_STAGES, self.nl)):
                     self._swap_in(i, r)
         for i in range(self.nl):
-            for r, g in enumerate(self.gpus):
+            for r, g in enumerate(self.mine):
                 self._cpu_adam(i, r, g)
             if self.t.params == "gpu" and self.n > 1:
                 kit.all_gather(self.b, f"ag{i}", "dp.param", self.gpus, self.layers[i].params * self.db,

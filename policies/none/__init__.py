@@ -66,11 +66,11 @@ def param_ready(lay: kit.Layout, stage: int, n_layers: int) -> dict[int, list[st
 
 def plan(job: Job, knobs: Knobs) -> Plan:
     kit.check_tp(job, knobs.tp, NAME)
-    lay = kit.Layout(job.n_gpus, knobs.tp)
+    lay = kit.Layout(job.n_gpus, knobs.tp, template=kit.templated(job, knobs.tp))
     dp = lay.dp
     stage = knobs.stage if dp > 1 else 0
     accum = job.accumulation(dp)
-    b = PlanBuilder(NAME, knobs, job)
+    b = PlanBuilder(NAME, knobs, job, template=lay.rank_template)
     kit.declare_streams(b, lay)
     states = model_state_bytes(job, stage, dp, lay.tp)
     for g in lay.gpus():

@@ -46,9 +46,11 @@ class MicroStep:
     last_opt: list[str]
     grad_window: int = 0  # staged fp32 gradient slices in flight per rank (0: unbounded; grad_staging_window)
     grad_buckets: int = 1  # 16-bit gradient buckets per GPU before a backward waits (grad_buckets_in_flight)
+    template: bool = False  # rank 0's tasks only (kit.Layout(template=True)); collectives still span every rank
 
     def __post_init__(self) -> None:
         self.gpus = [kit.gpu(r) for r in range(self.n)]
+        self.mine = self.gpus[:1] if self.template else self.gpus  # the GPUs whose tasks the plan holds
         self.db = kit.dtype_bytes(self.job)
         self.order = kit.UseOrder(len(self.job.trace.layers), self.sfx, self.prev)
 
@@ -69,7 +71,7 @@ class MicroStep:
                 self.reserve([u + d + 1])
                 continue
             if offloads_ckpt(self.job, self.knobs, i):  # the checkpoint back from CPU memory (cpu_prefetch)
-                for g in self.gpus:
+                for g in self.mine:
                     kit.move_activation(self.b, f"cki{i}{self.sfx}.{g}", f"{g}.h2d", f"act{i}.{g}", "cpu", g,
                                         [f"cko{i}{self.sfx}.{g}"] + self.order.window(u, self.knobs.cpu_prefetch, [g]),
                                         phase=Phase.ACTIVATION_RELOAD, layer=i)
@@ -86,7 +88,7 @@ class MicroStep:
             i, ph = self.order.uses[u]
             if self.job.trace.layers[i].params <= 0:
                 continue
-            for r, g in enumerate(self.gpus):
+            for r, g in enumerate(self.mine):
                 kit.reserve(self.b, f"rsv{ph}{i}{self.sfx}.{g}", g, [(kit.fetch_buffer(i, ph, g, self.n), g)],
                             layer=i, rank=r, use=kit.use_of(ph))
 
@@ -98,7 +100,7 @@ class MicroStep:
         """On every GPU's compute stream here: the buckets ``kit.bucket_release`` releases before layer i's
         backward (None: after the micro-step's last), each once its copy has ended."""
         for o in kit.bucket_release(self.grad_order(), i, self.buckets_in_flight()):
-            for r, g in enumerate(self.gpus):
+            for r, g in enumerate(self.mine):
                 kit.release(self.b, f"gfree{o}{self.sfx}.{g}", g, [(self.bucket(o, g), g)], layer=o, rank=r,
                             deps=[f"gd{o}{self.sfx}.{g}"])
 
@@ -106,13 +108,13 @@ class MicroStep:
         """NVMe -> pinned CPU -> GPU slice -> all-gather, each with its prefetch distance."""
         b, n, k, sfx, window = self.b, self.n, self.knobs, self.sfx, self.order.window
         s = self.job.trace.layers[i].params / n
-        opt_dep = [f"{self.last_opt[r]}^1" for r in range(n)] if first_fetch else []
+        opt_dep = [f"{self.last_opt[r]}^1" for r in range(len(self.mine))] if first_fetch else []
         if k.param_nvme and n == 1:
             kit.swap(b, f"nr{ph}{i}{sfx}", "cpu.pread", Phase.PARAM_SWAP_IN, "nvme", "cpu", s * self.db,
                      window(u, k.nvme_prefetch, self.gpus) + opt_dep, layer=i, use=kit.use_of(ph),
                      allocs=[(f"pin{ph}{i}.r0", "cpu")], reads=[("param16.r0", "nvme")])
         elif k.param_nvme:  # each rank's swapper reads its own slice (DeepSpeed): n flows over the shared drives
-            for r, g in enumerate(self.gpus):
+            for r, g in enumerate(self.mine):
                 kit.swap(b, f"nr{ph}{i}{sfx}.r{r}", f"cpu.pread{r}", Phase.PARAM_SWAP_IN, "nvme", "cpu", s * self.db,
                          window(u, k.nvme_prefetch, [g]) + opt_dep[r:r + 1], layer=i, rank=r, use=kit.use_of(ph),
                          allocs=[(f"pin{ph}{i}.r{r}", "cpu")], reads=[(f"param16.r{r}", "nvme")])
@@ -122,14 +124,15 @@ class MicroStep:
                          + [f"rsv{ph}{i}{sfx}.{g}"],
                          sfx=sfx, gather_deps=window(u, k.gather_prefetch, self.gpus),
                          frees_of=lambda r: [(f"pin{ph}{i}.r{r}", "cpu")] if k.param_nvme else [],
-                         reads_of=lambda r: [] if k.param_nvme else [(f"param16.r{r}", "cpu")], reserved=True)
+                         reads_of=lambda r: [] if k.param_nvme else [(f"param16.r{r}", "cpu")], reserved=True,
+                         mine=self.mine)
 
     def ready(self, i: int, ph: str, g: str, layer: LayerTrace) -> list[str]:
         return [] if layer.params <= 0 else [f"ag{ph}{i}{self.sfx}" if self.n > 1 else f"up{ph}{i}{self.sfx}.{g}"]
 
     def forward(self, i: int, layer: LayerTrace) -> None:
         sfx = self.sfx
-        for r, g in enumerate(self.gpus):
+        for r, g in enumerate(self.mine):
             kit.forward(self.b, i, layer, g, r, self.ready(i, "f", g, layer), tid=f"fwd{i}{sfx}.{g}",
                         allocs=[(f"act{i}.{g}", g)], frees=[(f"pgf{i}.{g}", g)] if layer.params > 0 else [])
             if offloads_ckpt(self.job, self.knobs, i):
@@ -157,7 +160,7 @@ class MicroStep:
         sfx, ckpt = self.sfx, offloads_ckpt(self.job, self.knobs, i)
         if layer.params > 0:
             self.release(i)
-        for r, g in enumerate(self.gpus):
+        for r, g in enumerate(self.mine):
             deps = self.ready(i, "b", g, layer) + ([f"cki{i}{sfx}.{g}"] if ckpt else [])
             if layer.recompute_flops > 0:
                 kit.recompute(self.b, i, layer, g, r, deps, tid=f"rc{i}{sfx}.{g}")
@@ -169,7 +172,7 @@ class MicroStep:
         """Reduce-scatter, the slice to the CPU accumulation buffer (and at the boundary the fp32 one to NVMe)."""
         b, n, sfx, gpus = self.b, self.n, self.sfx, self.gpus
         if layer.params <= 0:
-            for r, g in enumerate(gpus):
+            for r, g in enumerate(self.mine):
                 kit.release(b, f"gfree{i}{sfx}.{g}", g, [(f"gb{i}.{g}", g)], layer=i, rank=r)
             return
         s = layer.params / n
@@ -183,7 +186,7 @@ class MicroStep:
         p = back.index(i) if back else 0
         waits = [f"gw{back[p - self.grad_window]}{sfx}"] if back and self.grad_window <= p \
             else []  # the swapper's pinned buffers are full until that write ends
-        for r, g in enumerate(gpus):
+        for r, g in enumerate(self.mine):
             wait = [rank_io(w, r, n) for w in waits]
             if buffered:
                 size, reads, allocs = s * self.knobs.grad_bytes_per_param, [(f"grad.r{r}", "cpu")], []
@@ -198,7 +201,7 @@ class MicroStep:
                      [f"gd{i}{sfx}.{gpus[0]}"], layer=i, allocs=[(f"gst{i}.r0", "cpu")] if buffered else [],
                      frees=[(f"gst{i}.r0", "cpu")])
         elif stage:  # each rank's swapper writes its own fp32 gradient slice: n flows to the shared drives
-            for r, g in enumerate(gpus):
+            for r, g in enumerate(self.mine):
                 kit.swap(b, f"gw{i}{sfx}.r{r}", f"cpu.gwrite{r}", Phase.GRAD_SWAP_OUT, "cpu", "nvme", s * pp["grad32"],
                          [f"gd{i}{sfx}.{g}"], layer=i, rank=r, allocs=[(f"gst{i}.r{r}", "cpu")] if buffered else [],
                          frees=[(f"gst{i}.r{r}", "cpu")])
@@ -221,10 +224,11 @@ def grad_staging_window(job: Job, n: int, groups: list[list[int]]) -> int:
     return max(1, int(DS_OPTIMIZER_BUFFERS * largest_group // max(largest_layer, 1.0)))
 
 
-def emit_optimizer(b: PlanBuilder, job: Job, knobs: Knobs, n: int, groups: list[list[int]]) -> None:
+def emit_optimizer(b: PlanBuilder, job: Job, knobs: Knobs, n: int, groups: list[list[int]], ranks: range) -> None:
     """Per sub-group and rank: CPU Adam in place, or the states read from NVMe, Adam and written back
     (``pipeline_io``: read k+1 when Adam k starts, Adam k+1 after the write of k-1); with param_device=nvme
-    the updated 16-bit slice written to its NVMe home."""
+    the updated 16-bit slice written to its NVMe home. ``ranks``: those whose tasks the plan holds
+    (``kit.Layout.ranks``); the first sub-group waits for every rank's last gradient (a barrier)."""
     layers = job.trace.layers
     pp = per_param_bytes(job, knobs)
     last = next(i for i in range(len(layers)) if layers[i].params > 0)  # the last gradient to arrive
@@ -234,7 +238,7 @@ def emit_optimizer(b: PlanBuilder, job: Job, knobs: Knobs, n: int, groups: list[
     for k, grp in enumerate(groups):
         q = sum(layers[i].params for i in grp) / n
         extra = {"sub_group": k, "layers": f"{grp[0]}-{grp[-1]}"}
-        for r in range(n):
+        for r in ranks:
             adam_deps = all_grads if k == 0 else []
             if knobs.optimizer_nvme:
                 rd, after = (kit.read_ahead(k, 2, f"adam{{}}.r{r}") + kit.read_ahead(k, 3, f"ow{{}}.r{r}"),
@@ -266,8 +270,8 @@ def plan(job: Job, knobs: Knobs) -> Plan:
     accum = job.accumulation(n)
     groups = sub_groups(job, n, knobs.sub_group_size)
     need = check_fit(job, knobs, n, groups)
-    b = PlanBuilder(NAME, knobs, job)
-    lay = kit.Layout(n, flat_comm=True)
+    lay = kit.Layout(n, flat_comm=True, template=kit.templated(job, 1))
+    b = PlanBuilder(NAME, knobs, job, template=lay.rank_template)
     kit.declare_streams(b, lay, cpu_adam=True,
                         cpu_per_rank=[("owrite", "io")] * (knobs.param_nvme or knobs.optimizer_nvme)  # fp16 + states
                         + [("oread", "io")] * knobs.optimizer_nvme                                    # swapper reads
@@ -276,7 +280,7 @@ def plan(job: Job, knobs: Knobs) -> Plan:
                         shared=[("cpu.pread", "cpu", "io")] * (knobs.param_nvme and n == 1)  # one rank: as before
                         + [("cpu.gwrite", "cpu", "io")] * (knobs.optimizer_nvme and n == 1),
                         comm_order=("param", "grad"))
-    declare_tensors(b, job, knobs, n, groups)
+    declare_tensors(b, job, knobs, lay, groups)
     k = len(groups) - 1  # per rank, the task ending its optimizer step (what the next step's first fetch waits for)
     last_opt = [f"ow{k}.r{r}" if knobs.optimizer_nvme else f"pw{k}.r{r}" if knobs.param_nvme else f"adam{k}.r{r}"
                 for r in range(n)]
@@ -286,9 +290,9 @@ def plan(job: Job, knobs: Knobs) -> Plan:
         prev: Callable[[str], str | None] = (lambda x: f"{x}@1") if not boundary else \
             (lambda x: x) if accum > 1 else (lambda x: None)
         MicroStep(b, job, knobs, n, ".last" if boundary else "", prev, boundary, last_opt,
-                  grad_staging_window(job, n, groups), grad_buckets_in_flight(job)).emit()
+                  grad_staging_window(job, n, groups), grad_buckets_in_flight(job), lay.template).emit()
     b.segment("optimizer", 1)
-    emit_optimizer(b, job, knobs, n, groups)
+    emit_optimizer(b, job, knobs, n, groups, lay.ranks())
     homes = state_homes(knobs)
     return b.build(steps=2, notes=notes(job, knobs, n, accum, len(groups), tiles), info={
         "dp": n, "accumulation": accum, "tile_factor": tiles, "sub_groups": [len(grp) for grp in groups],
@@ -300,17 +304,18 @@ def plan(job: Job, knobs: Knobs) -> Plan:
         "grad_buckets_in_flight": grad_buckets_in_flight(job)})
 
 
-def declare_tensors(b: PlanBuilder, job: Job, knobs: Knobs, n: int, groups: list[list[int]]) -> None:
+def declare_tensors(b: PlanBuilder, job: Job, knobs: Knobs, lay: kit.Layout, groups: list[list[int]]) -> None:
     """The model states per rank partition at their homes, the workspace, then per rank each layer's micro-step
     tensors (activations, gradient bucket, slice and fp32 staging) and each sub-group's optimizer buffers."""
     homes, pp, db = state_homes(knobs), per_param_bytes(job, knobs), kit.dtype_bytes(job)
-    for r in range(n):
+    n = lay.n
+    for r in lay.ranks():
         for kind, nb in pp.items():
             if nb > 0:
                 b.tensor(f"{kind}.r{r}", nb * job.trace.params / n, kind, home=homes[kind], persistent=True)
-    kit.workspace(b, job, kit.Layout(n, flat_comm=True))
+    kit.workspace(b, job, lay)
     ckpt_kind = "checkpoint" if job.config.checkpointing == "full" else "activation"
-    for r, g in enumerate(kit.Layout(n).gpus()):
+    for r, g in enumerate(lay.gpus()):
         for i, layer in enumerate(job.trace.layers):  # per use: the gathered layer, its GPU and pinned CPU slices
             s = layer.params / n
             b.tensor(f"act{i}.{g}", layer.activation_bytes, ckpt_kind if offloads_ckpt(job, knobs, i) else "activation",

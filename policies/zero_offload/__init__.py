@@ -115,11 +115,11 @@ def param_ready(job: Job, lay: kit.Layout, delayed_update: bool) -> dict[int, li
 def plan(job: Job, knobs: Knobs) -> Plan:
     tp = knobs.tp or auto_tp(job)
     kit.check_tp(job, tp, NAME)
-    lay = kit.Layout(job.n_gpus, tp)
+    lay = kit.Layout(job.n_gpus, tp, template=kit.templated(job, tp))
     accum = job.accumulation(lay.dp)
     db = kit.dtype_bytes(job)
     gpu_params = db * float(job.trace.params) / tp
-    b = PlanBuilder(NAME, knobs, job)
+    b = PlanBuilder(NAME, knobs, job, template=lay.rank_template)
     kit.declare_streams(b, lay, cpu_adam=True)
     staged = knobs.upload_bytes_per_param > db  # an fp32 upload needs a staging buffer per layer
     for r, g in enumerate(lay.gpus()):  # per rank: the replicated fp16 parameters, 1/n of the host states

@@ -91,7 +91,7 @@ def _timed(fn: Callable[[], str]) -> tuple[float, str]:
 def plan_and_simulate(policy: str) -> str:
     job, _ = make_job("a100x8", "70b")
     try:
-        result = simulate_plan(make_plan(job, policy), job.hw)
+        result = simulate_plan(make_plan(job, policy, template=True), job.hw)  # as ``tiersim simulate`` does
     except PlanInfeasible as e:
         return f"infeasible before simulating ({e.pool})"
     return f"{result.sim.events:,} events" + ("" if result.feasible else ", OOM")

@@ -82,9 +82,10 @@ def _raw_simpy_wall_and_cpu(n: int = 1_000_000) -> tuple[float, float]:
 
 def run_1024_gpu_case() -> str:
     """The ratio table's 1024-GPU row (tests/benchmarks/test_bench_ratios.py): plan construction AND
-    simulation of one step of 7b with zero-offload on 1024 A100s (what a user waits for)."""
+    simulation of one step of 7b with zero-offload on 1024 A100s (what a user waits for: ``tiersim simulate``
+    builds a rank template, ``simulator.rank_template``)."""
     job, _ = make_job("a100x8", "7b", hw_overrides=["gpu.count=1024"])
-    result = simulate_plan(make_plan(job, "zero-offload"), job.hw)
+    result = simulate_plan(make_plan(job, "zero-offload", template=True), job.hw)
     return result.sim.reduction
 
 
@@ -92,7 +93,7 @@ def run_128_node_case() -> str:
     """Plan construction AND simulation of one step of 70b with zero-offload on 128 a100x8 nodes (1024 GPUs
     joined by each node's 8 HDR NICs): the issue's "plans on 128 nodes answer in seconds"."""
     job, _ = make_job("a100x8", "70b", hw_overrides=["nodes=128"])
-    result = simulate_plan(make_plan(job, "zero-offload"), job.hw)
+    result = simulate_plan(make_plan(job, "zero-offload", template=True), job.hw)  # tp=4: the full plan
     return result.sim.reduction
 
 

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from hardware_models import HardwareSpec, build_topology, spec_from_dict
-from planner.job import make_job, make_plan, resolve_hardware
+from planner.job import make_job, make_plan, resolve_hardware, simulate_job
 from planner.plan_check import check_saved_plan
 from planner.result_json import dumps, infeasible_json, simulated_json
 from policies import PlanInfeasible, get_policy, parse_knobs
@@ -165,7 +165,10 @@ def _run(args: argparse.Namespace) -> int:
         job = dataclasses.replace(job, assumed=(*picked, *job.assumed))
         hw = job.hw
         try:
-            plan = make_plan(job, policy.name, args.knobs)
+            # a rank template where the policy can (identical figures at a cost independent of the rank count),
+            # unless the plan itself is wanted: written, exported or compared with DeepSpeed's
+            wanted = bool(args.plan_out or args.deepspeed_out) or ds is not None
+            plan = make_plan(job, policy.name, args.knobs, template=not wanted)
         except PlanInfeasible as e:
             d = infeasible_json(e, job, knobs)
             if args.json:
@@ -185,7 +188,10 @@ def _run(args: argparse.Namespace) -> int:
     if args.deepspeed_out:
         check_exportable(plan.policy)
         exported = ds_cli.write_deepspeed_out(args.deepspeed_out, plan, to_stderr=args.json)
-    result = simulate_plan(plan, hw, extrapolate=args.extrapolate)
+    if args.plan_in is None:  # a rank template whose ranks do not play one role here is simulated in full
+        plan, result = simulate_job(job, plan.policy, args.knobs, extrapolate=args.extrapolate, plan=plan)
+    else:
+        result = simulate_plan(plan, hw, extrapolate=args.extrapolate)
     memory = compare(plan) if ds is not None or exported is not None else None
     violations: list[str] = []
     if args.check:

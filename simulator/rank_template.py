@@ -1,0 +1,103 @@
+"""A rank template: a data-parallel plan written as rank 0's tasks only (issue 13, docs/scale.md).
+
+A data-parallel plan of ``n`` ranks repeats one rank's tasks on every GPU, and the symmetric simulation
+(``simulator.symmetry``) runs rank 0's tasks and the collectives only. Emitting every rank's tasks to prove
+that and then drop them costs time in proportion to ``n`` (a quarter of a million tasks at 1024 GPUs). A
+policy that opts in (``policies.kit.Layout(template=True)``) emits instead what the symmetric simulation
+keeps: rank 0's tasks, tensors and streams, and the collectives with their dependencies on rank 0's tasks;
+the plan carries a :class:`RankTemplate` saying how many ranks it stands for. ``simulator.symmetry_template``
+then builds the symmetry from the template (the shared resources' orbits, load check and pools still worked
+out from the topology) instead of proving it task by task.
+
+Names. Rank r's copy of a rank-0 name swaps rank 0's tokens (``RANK_TOKENS``: ``gpu0``, ``r0``, ``adam0`` and the
+host streams' ``pread0``, ``gwrite0``, ``oread0``, ``owrite0``, ``io0``) with rank r's (``gpu{r}``, ``r{r}``, ...): a
+transposition, rank 0's and rank r's names trade places and every other name stays; in a task or tensor id after
+its first dot (``fwd3.gpu0``, ``adam3.r0``: ``adam3`` there is layer 3's step), anywhere in a stream id
+(``gpu0.compute``, ``cpu.adam0``). That is the kit's naming; the tests check that a
+template and the full plan of the same job simulate identically and that these images are the pairing the
+proof finds in the full plan, for every policy that emits templates.
+
+A template is not a plan a user can save or replay: ``Plan.to_dict`` refuses it (build the full plan, as
+``simulate --plan-out`` and ``tiersim replay`` do), and it is only simulated symmetrically.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+# a rank's own token: its GPU, its rank, its host streams (CPU Adam, the NVMe swapper's reads and writes)
+RANK_TOKENS = ("gpu", "r", "adam", "pread", "gwrite", "oread", "owrite", "io")
+_TOKEN = re.compile(rf"^({'|'.join(RANK_TOKENS)})(\d+)$")
+
+
+@dataclass(frozen=True)
+class RankTemplate:
+    """The plan's tasks are rank 0's of ``ranks`` data-parallel ranks, rank r on GPU ``gpu{r}``."""
+
+    ranks: int
+
+    def gpu(self, r: int) -> str:
+        return f"gpu{r}"
+
+
+def _parts(name: str, first: bool) -> tuple[str, ...] | None:
+    """``name`` split at its dots, or None when it holds no rank token where one counts (``first``: the first
+    part may be one; task and tensor ids begin with their own label)."""
+    parts = name.split(".")
+    start = 0 if first else 1
+    if any(_TOKEN.match(p) for p in parts[start:]):
+        return tuple(parts)
+    return None
+
+
+def image(name: str, k: int, *, stream: bool = False) -> str:
+    """Rank k's copy of rank 0's ``name`` (a task, tensor or, with ``stream``, stream id): the module docstring's
+    transposition of rank tokens 0 and k."""
+    parts = _parts(name, stream)
+    if parts is None or k == 0:
+        return name
+    out = []
+    for i, p in enumerate(parts):
+        m = _TOKEN.match(p) if (stream or i > 0) else None
+        if m is not None:
+            v = int(m.group(2))
+            p = f"{m.group(1)}{k}" if v == 0 else (f"{m.group(1)}0" if v == k else p)
+        out.append(p)
+    return ".".join(out)
+
+
+def rank_of(name: str, *, stream: bool = False) -> int | None:
+    """The rank whose token ``name`` carries (the first one; None without one)."""
+    parts = _parts(name, stream)
+    if parts is None:
+        return None
+    for i, p in enumerate(parts):
+        m = _TOKEN.match(p) if (stream or i > 0) else None
+        if m is not None:
+            return int(m.group(2))
+    return None
+
+
+class Images(Mapping[str, str]):
+    """Rank k's names of rank 0's (``names``), worked out on first use (a 1024-rank result reads them only to
+    expand its records)."""
+
+    def __init__(self, names: frozenset[str], k: int, *, stream: bool = False):
+        self._names, self._k, self._stream = names, k, stream
+        self._got: dict[str, str] = {}
+
+    def __getitem__(self, name: str) -> str:
+        got = self._got.get(name)
+        if got is None:
+            if name not in self._names:
+                raise KeyError(name)
+            got = self._got[name] = image(name, self._k, stream=self._stream)
+        return got
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)

@@ -1,0 +1,107 @@
+"""The symmetry of a rank template (``simulator.rank_template``), built without a task-by-task proof.
+
+``simulator.symmetry`` proves that a full plan's ranks run the same tasks by pairing every rank's tasks with rank
+0's, then works out what the quotient simulation needs: the shared resources' orbits and the load check, the pools
+and how many ranks' allocations one of rank 0's stands for. A template holds only rank 0's tasks, so the pairing
+is given (rank r's copy of a rank-0 name is its image, ``rank_template.image``) and only its structure is checked
+here: every task is rank 0's (its streams on ``gpu0`` or the host, no other GPU), every collective spans all the
+ranks' GPUs once. The resources, the load check and the pools are the proof's own (``symmetry._resources``,
+``symmetry._pools``) on those maps, so a machine whose GPUs do not play one role (an uneven switch, a pool shared
+unevenly) refuses the template as it refuses the full plan.
+
+Memory: a rank-0 tensor (one the rank's tasks place, or one named for rank 0: ``param32.r0``, resident from the
+start) counts once per rank in a pool the ranks share (host DRAM, NVMe) and once in its GPU's pool, as in the
+proof; a tensor named for no rank is one tensor of the whole machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from costs import Ring, RouteResources, ring
+from hardware_models import Topology
+from simulator.plan import Plan, TaskSpec
+from simulator.rank_template import Images, rank_of
+from simulator.symmetry import NotSymmetric, Symmetry, _pools, _RankMaps, _resources
+
+
+def template_symmetry(plan: Plan, topo: Topology, route: Callable[[str, str], RouteResources],
+                      capacity: Mapping[str, float], shared_host: bool) -> Symmetry:
+    """The symmetry of ``plan`` (a rank template); NotSymmetric names what does not fit one."""
+    tpl = plan.template
+    if tpl is None:
+        raise NotSymmetric("the plan is not a rank template")
+    n = tpl.ranks
+    gpus = [tpl.gpu(r) for r in range(n)]
+    if not set(gpus) <= set(topo.gpu_locations()):
+        raise NotSymmetric(f"a template of {n} ranks needs GPUs gpu0..gpu{n - 1}")
+    streams = plan.stream_map()
+    base: list[list[TaskSpec]] = [[] for _ in plan.segments]
+    globals_: list[TaskSpec] = []
+    for si, seg in enumerate(plan.segments):
+        for t in seg.tasks:
+            if t.op == "collective":
+                if sorted(t.ranks) != sorted(gpus):
+                    raise NotSymmetric(f"collective {t.id!r} of a template does not span every rank once")
+                globals_.append(t)
+            else:
+                base[si].append(t)
+    gpu0 = tpl.gpu(0)
+    locs: set[str] = set()
+    rank_streams: set[str] = set()
+    touched: set[str] = set()
+    for ts in base:
+        for t in ts:
+            rank_streams.add(t.stream)
+            locs.add(streams[t.stream].device)
+            locs.update(x for x in (t.src, t.dst) if x is not None)
+            for ps in (t.allocs, t.frees, t.reads):
+                for p in ps:
+                    locs.add(p.loc)
+                    touched.add(p.tensor.id)
+            if t.tensor is not None:
+                touched.add(t.tensor.id)
+    tensors = plan.tensor_map()
+    rank_tensors = frozenset(touched | {tid for tid in tensors if rank_of(tid) == 0})
+    for tid in rank_tensors:
+        home = tensors[tid].home if tid in tensors else None
+        if home is not None:
+            locs.add(home)
+    others = sorted(loc for loc in locs if loc in set(gpus) and loc != gpu0)
+    if others:
+        raise NotSymmetric(f"rank 0's tasks of a template use {others[0]!r}")
+    maps: list[_RankMaps] = []
+    for k in range(n):
+        m = _RankMaps()
+        m.locs.fwd = {loc: (gpus[k] if loc == gpu0 else loc) for loc in locs}
+        m.locs.back = {v: k_ for k_, v in m.locs.fwd.items()}
+        m.colls.fwd = {c.id: c.id for c in globals_}
+        maps.append(m)
+    orbits = {c.id: [c] for c in globals_}
+    ring_cache: dict[tuple, Ring] = {}
+
+    def rings_of(ranks: tuple[str, ...], nbytes: float, coll: str) -> Ring:
+        got = ring_cache.get((ranks, nbytes, coll))
+        if got is None:
+            got = ring_cache[(ranks, nbytes, coll)] = ring(route, ranks, nbytes, coll)
+        return got
+
+    try:
+        rep, orbit_size = _resources(plan, base, maps, route, capacity, orbits, shared_host, streams, True, rings_of)
+    except NotSymmetric:
+        rep, orbit_size = _resources(plan, base, maps, route, capacity, orbits, shared_host, streams, False, rings_of)
+    pool_maps, pool_mult = _pools(plan, topo, maps, n, tensors, dict.fromkeys(rank_tensors, 0))
+    rank_task_ids = frozenset(t.id for ts in base for t in ts)
+    streams0 = frozenset(rank_streams)
+    return Symmetry(
+        n=n, rank_tasks=rank_task_ids, global_tasks=frozenset(c.id for c in globals_),
+        rank_streams=streams0, rank_tensors=rank_tensors, dropped_tensors=frozenset(),
+        stream_maps=tuple(Images(streams0, k, stream=True) for k in range(n)),
+        task_maps=tuple(Images(rank_task_ids, k) for k in range(n)),
+        tensor_maps=tuple(Images(rank_tensors, k) for k in range(n)),
+        link_maps=tuple(m.links.fwd for m in maps), resource_maps=tuple(m.resources.fwd for m in maps),
+        rep=rep, orbit_size=orbit_size, pool_maps=pool_maps, pool_mult=pool_mult, gpus=frozenset({gpu0}),
+        loc_maps=tuple(m.locs.fwd for m in maps), coll_maps=tuple(m.colls.fwd for m in maps),
+        flow_mult={c.id: 1.0 for c in globals_}, coll_ranks={t.id: t.ranks for t in globals_},
+        kept_streams=frozenset(streams), coll_orbit={c.id: (c.id,) for c in globals_},
+        task_lists=(*base, globals_), images_by_rule=True)

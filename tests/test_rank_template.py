@@ -1,0 +1,169 @@
+"""Rank templates (``simulator.rank_template``, issue 13): rank 0's tasks of a data-parallel plan simulate exactly
+as the full plan, their names are the images the symmetry proof pairs, and a template cannot be mistaken for a
+plan (saved, replayed, simulated rank by rank)."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pytest
+
+from planner.job import make_job, make_plan, simulate_job
+from policies.builder import PlanBuilder
+from policies.kit import Layout
+from policies.none import Knobs as NoneKnobs
+from simulator import simulate_plan, validate_plan
+from simulator.engine import plan_symmetry, run_plan
+from simulator.errors import PlanError, TemplateRefused
+from simulator.rank_template import image, rank_of
+from simulator.symmetry import Symmetry
+from tiersim.cli import main
+
+CASES = [  # (hardware overrides, model, policy, knobs)
+    (["gpu.count=2"], "7b", "zero-offload", {}),
+    (["gpu.count=4"], "7b", "zero-offload", {"delayed_update": True}),
+    (["gpu.count=8"], "7b", "zero-offload", {"upload_bytes_per_param": 4.0}),
+    (["nodes=2", "gpu.count=4"], "7b", "zero-offload", {}),
+    (["gpu.count=8"], "gpt2", "none", {"stage": 0}),
+    (["gpu.count=4"], "gpt2", "none", {"stage": 1}),
+    (["gpu.count=8"], "gpt2", "none", {"stage": 2}),
+    (["gpu.count=8"], "7b", "none", {"stage": 3}),
+    (["gpu.count=4"], "7b", "zero-infinity", {}),
+    (["gpu.count=4"], "7b", "zero-infinity", {"param_device": "nvme", "optimizer_device": "nvme"}),
+    (["nodes=2", "gpu.count=2"], "7b", "zero-infinity", {"optimizer_device": "nvme"}),
+    (["gpu.count=4"], "7b", "lazytrain", {}),
+    (["gpu.count=2", "host.dram=256GB"], "13b", "lazytrain", {}),
+]
+
+
+def _close(a: Any, b: Any, path: str = "") -> list[str]:
+    """Where two results' JSON differ beyond float summation order (1e-12 relative), ``sim.wall_s`` aside."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = [f"{path}.{k}: only one has it" for k in set(a) ^ set(b)]
+        for k in set(a) & set(b):
+            if f"{path}.{k}" != ".sim.wall_s":
+                out += _close(a[k], b[k], f"{path}.{k}")
+        return out
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return [f"{path}: {len(a)} != {len(b)} items"]
+        return [d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in _close(x, y, f"{path}[{i}]")]
+    if isinstance(a, float) and isinstance(b, float):
+        return [] if math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-9) else [f"{path}: {a!r} != {b!r}"]
+    return [] if a == b else [f"{path}: {a!r} != {b!r}"]
+
+
+@pytest.mark.parametrize(("sets", "model", "policy", "knobs"), CASES)
+def test_template_simulates_as_the_full_plan(sets: list[str], model: str, policy: str, knobs: dict) -> None:
+    job, _ = make_job("a100x8", model, hw_overrides=sets)
+    full, tpl = make_plan(job, policy, knobs), make_plan(job, policy, knobs, template=True)
+    assert full.template is None and tpl.template is not None and tpl.template.ranks == job.n_gpus
+    assert sum(len(s.tasks) for s in tpl.segments) < sum(len(s.tasks) for s in full.segments)
+    a, b = simulate_plan(full, job.hw), simulate_plan(tpl, job.hw)
+    assert a.sim.reduction == b.sim.reduction == f"{job.n_gpus} ranks simulated as 1 class of {job.n_gpus}"
+    assert not _close(a.to_dict(), b.to_dict())
+    key = lambda r: (r.uid, r.start)  # noqa: E731
+    assert sorted(a.records, key=key) == sorted(b.records, key=key)  # every rank's record, tags and all
+    assert a.hfu == b.hfu and a.peak_bytes == pytest.approx(b.peak_bytes, rel=1e-12)
+
+
+@pytest.mark.parametrize(("sets", "model", "policy", "knobs"), CASES[:1] + CASES[3:5] + CASES[7:10] + CASES[11:])
+def test_template_is_the_reduced_plan_and_its_images_the_proofs_pairing(sets: list[str], model: str, policy: str,
+                                                                        knobs: dict) -> None:
+    """The template's tasks and streams are what the proof keeps of the full plan (``Symmetry.reduce``), and
+    rank r's names are the images of rank 0's by rule, as the proof pairs them task by task."""
+    job, _ = make_job("a100x8", model, hw_overrides=sets)
+    full, tpl = make_plan(job, policy, knobs), make_plan(job, policy, knobs, template=True)
+    sym = plan_symmetry(full, job.hw)
+    assert isinstance(sym, Symmetry)
+    reduced = sym.reduce(full)
+    assert [s.tasks for s in reduced.segments] == [s.tasks for s in tpl.segments]
+    assert set(reduced.streams) <= set(tpl.streams)  # (the template also declares rank 0's idle streams)
+    assert set(tpl.tensors) <= set(reduced.tensors)
+    for k in range(sym.n):
+        r = int(sym.stream_maps[k]["gpu0.compute"][3:].split(".")[0])  # the proof's k-th owner is rank r
+        for name, maps, stream in (("task", sym.task_maps, False), ("tensor", sym.tensor_maps, False),
+                                   ("stream", sym.stream_maps, True)):
+            for a, b in maps[k].items():
+                assert image(a, r, stream=stream) == b, (name, a, b, r)
+
+
+def test_names_images_and_ranks() -> None:
+    assert image("fwd3.gpu0", 5) == "fwd3.gpu5" and image("fwd3.gpu5", 5) == "fwd3.gpu0"
+    assert image("fwd3.gpu2", 5) == "fwd3.gpu2"  # a third rank's name stays
+    assert image("adam3.r0", 7) == "adam3.r7"  # layer 3's step: its first part is its own label
+    assert image("cpu.adam0", 7, stream=True) == "cpu.adam7" and image("gpu0.h2d", 2, stream=True) == "gpu2.h2d"
+    assert image("red4", 3) == "red4" and image("ag1.d0", 3) == "ag1.d0"
+    assert rank_of("up2.gpu12") == 12 and rank_of("red4") is None and rank_of("gpu3.compute") is None
+    assert rank_of("gpu3.compute", stream=True) == 3
+
+
+def test_template_is_not_a_plan_to_save_or_simulate_rank_by_rank() -> None:
+    job, _ = make_job("a100x8", "gpt2", hw_overrides=["gpu.count=4"])
+    tpl = make_plan(job, "none", template=True)
+    with pytest.raises(PlanError, match="rank template of 4 ranks is not a plan to save"):
+        tpl.to_dict()
+    with pytest.raises(PlanError, match="rank template"):
+        run_plan(tpl, job.hw)
+    assert simulate_plan(tpl, job.hw, symmetric=False).sim.reduction == "4 ranks simulated as 1 class of 4"
+
+
+def test_policies_and_layouts_without_templates_give_the_full_plan() -> None:
+    job, _ = make_job("a100x8", "7b")
+    assert make_plan(job, "none", {"stage": 3, "tp": 2}, template=True).template is None  # tensor parallel
+    for policy in ("synergyscale", "tinypipe"):  # not emitted as templates (a pipeline's stages differ)
+        assert make_plan(job, policy, template=True).template is None
+    one, _ = make_job("a100x8", "gpt2", hw_overrides=["gpu.count=1"])
+    assert make_plan(one, "none", template=True).template is None
+    with pytest.raises(ValueError, match="two or more ranks"):
+        Layout(1, template=True)
+
+
+def test_uneven_machine_refuses_the_template_and_simulate_job_builds_the_full_plan() -> None:
+    """Three GPUs of a100x8: two share a switch uplink, the third has one alone, so the ranks do not play one role;
+    the proof refuses the full plan's symmetry too and simulates every rank."""
+    job, _ = make_job("a100x8", "7b", hw_overrides=["gpu.count=3"])
+    tpl = make_plan(job, "zero-offload", template=True)
+    with pytest.raises(TemplateRefused, match="uplink"):
+        simulate_plan(tpl, job.hw)
+    plan, result = simulate_job(job, "zero-offload")
+    assert plan.template is None and result.sim.reduction == ""
+    assert result.step_time_s == simulate_plan(make_plan(job, "zero-offload"), job.hw).step_time_s
+
+
+def test_builder_drops_only_other_ranks_copies() -> None:
+    """A template's collectives name every rank's tasks; the builder drops the references to other ranks' copies
+    of rank-0 tasks and keeps any other unknown reference, for the validation to name."""
+    job, _ = make_job("a100x8", "gpt2", hw_overrides=["gpu.count=2"])
+    lay = Layout(2, template=True)
+    b = PlanBuilder("none", NoneKnobs(), job, template=lay.rank_template)
+    b.stream("gpu0.compute", "gpu0", "compute")
+    b.stream("dp.grad", "gpu0", "comm")
+    b.segment("s", 1)
+    b.task("fwd0.gpu0", "compute", "gpu0.compute", flops=1.0)
+    b.task("red0", "collective", "dp.grad", ["fwd0.gpu0", "fwd0.gpu1"], coll="all_reduce", bytes=8.0,
+           ranks=("gpu0", "gpu1"))
+    b.task("bad", "collective", "dp.grad", ["fwd9.gpu1"], coll="all_reduce", bytes=8.0, ranks=("gpu0", "gpu1"))
+    plan = b.build(steps=1)
+    red, bad = plan.segments[0].tasks[1:]
+    assert [d.id for d in red.deps] == ["fwd0.gpu0"]
+    assert [d.id for d in bad.deps] == ["fwd9.gpu1"]
+    with pytest.raises(PlanError, match="fwd9.gpu1"):
+        validate_plan(plan)
+
+
+def test_cli_simulate_writes_the_full_plan_and_answers_alike(tmp_path: Any, capsys: pytest.CaptureFixture) -> None:
+    """``simulate`` simulates a template; with ``--plan-out`` it builds, writes and simulates the full plan, and
+    the figures are the same."""
+    args = ["simulate", "--hw", "a100x8", "--set", "gpu.count=4", "--model", "gpt2", "--policy", "zero-offload",
+            "--json"]
+    assert main(args) == 0
+    a = json.loads(capsys.readouterr().out)
+    out = tmp_path / "p.json"
+    assert main([*args, "--plan-out", str(out)]) == 0
+    b = json.loads(capsys.readouterr().out)
+    assert not _close(a, b)
+    saved = json.loads(out.read_text())
+    assert {t["stream"] for s in saved["segments"] for t in s["tasks"]} >= {"gpu3.compute", "cpu.adam3"}
