@@ -10,7 +10,7 @@ from policies.base import Job
 from simulator import Placement, Plan, Ref, Segment, StreamSpec, TaskSpec, TensorSpec
 from simulator.plan import task_spec
 from simulator.plan_workload import PlanWorkload
-from simulator.rank_template import RankTemplate, image, rank_of
+from simulator.rank_template import RankTemplate, canonical
 
 
 class PlanBuilder:
@@ -107,10 +107,7 @@ class PlanBuilder:
         tensors = set(self._tensors)
 
         def other_rank(name: str, known: set[str]) -> bool:
-            if name in known:
-                return False
-            r = rank_of(name)
-            return r is not None and r != 0 and image(name, r) in known
+            return name not in known and (c := canonical(name)) != name and c in known
 
         out = []
         for name, repeat, ts in self._segments:

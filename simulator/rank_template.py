@@ -24,22 +24,42 @@ A template is not a plan a user can save or replay: ``Plan.to_dict`` refuses it 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 # a rank's own token: its GPU, its rank, its host streams (CPU Adam, the NVMe swapper's reads and writes)
 RANK_TOKENS = ("gpu", "r", "adam", "pread", "gwrite", "oread", "owrite", "io")
-_TOKEN = re.compile(rf"^({'|'.join(RANK_TOKENS)})(\d+)$")
+# with tensor parallelism, the groups a rank belongs to: its data-parallel group (position j in its tensor-parallel
+# group: ``.d{j}`` collectives on ``dp{j}.*`` streams) and its tensor-parallel group (``.k{k}`` on ``tp{k}``)
+DP_TOKENS, TP_TOKENS = ("d", "dp"), ("k", "tp")
+_TOKEN = re.compile(rf"^({'|'.join(RANK_TOKENS + DP_TOKENS + TP_TOKENS)})(\d+)$")
 
 
 @dataclass(frozen=True)
 class RankTemplate:
-    """The plan's tasks are rank 0's of ``ranks`` data-parallel ranks, rank r on GPU ``gpu{r}``."""
+    """The plan's tasks are rank 0's of ``ranks`` ranks, rank r on GPU ``gpu{r}``, in tensor-parallel groups of
+    ``tp`` neighbouring GPUs (``policies.kit.Layout``): rank r is position ``r % tp`` of group ``r // tp``."""
 
     ranks: int
+    tp: int = 1
 
     def gpu(self, r: int) -> str:
         return f"gpu{r}"
+
+    def tp_group(self, k: int) -> tuple[str, ...]:
+        return tuple(self.gpu(k * self.tp + j) for j in range(self.tp))
+
+    def dp_group(self, j: int) -> tuple[str, ...]:
+        return tuple(self.gpu(k * self.tp + j) for k in range(self.ranks // self.tp))
+
+
+def _values(r: int, tp: int) -> dict[str, int]:
+    """Rank r's value of each token: itself, its position j and its tensor-parallel group k."""
+    k, j = divmod(r, tp)
+    out = dict.fromkeys(RANK_TOKENS, r)
+    out.update(dict.fromkeys(DP_TOKENS, j))
+    out.update(dict.fromkeys(TP_TOKENS, k))
+    return out
 
 
 def _parts(name: str, first: bool) -> tuple[str, ...] | None:
@@ -52,40 +72,60 @@ def _parts(name: str, first: bool) -> tuple[str, ...] | None:
     return None
 
 
-def image(name: str, k: int, *, stream: bool = False) -> str:
-    """Rank k's copy of rank 0's ``name`` (a task, tensor or, with ``stream``, stream id): the module docstring's
-    transposition of rank tokens 0 and k."""
+def image(name: str, r: int, *, tp: int = 1, stream: bool = False) -> str:
+    """Rank r's copy of rank 0's ``name`` (a task, tensor or, with ``stream``, stream id): the module docstring's
+    transposition of each token's rank-0 value and rank r's."""
     parts = _parts(name, stream)
-    if parts is None or k == 0:
+    if parts is None or r == 0:
         return name
+    vals = _values(r, tp)
     out = []
     for i, p in enumerate(parts):
         m = _TOKEN.match(p) if (stream or i > 0) else None
         if m is not None:
-            v = int(m.group(2))
-            p = f"{m.group(1)}{k}" if v == 0 else (f"{m.group(1)}0" if v == k else p)
+            v, mine = int(m.group(2)), vals[m.group(1)]
+            p = f"{m.group(1)}{mine}" if v == 0 else (f"{m.group(1)}0" if v == mine else p)
         out.append(p)
     return ".".join(out)
 
 
-def rank_of(name: str, *, stream: bool = False) -> int | None:
-    """The rank whose token ``name`` carries (the first one; None without one)."""
+def canonical(name: str, *, stream: bool = False) -> str:
+    """``name`` with every token's value 0: the rank-0 name of which ``name`` is some rank's copy."""
     parts = _parts(name, stream)
     if parts is None:
-        return None
-    for i, p in enumerate(parts):
-        m = _TOKEN.match(p) if (stream or i > 0) else None
-        if m is not None:
-            return int(m.group(2))
-    return None
+        return name
+    return ".".join(f"{m.group(1)}0" if (m := _TOKEN.match(p)) is not None and (stream or i > 0) else p
+                    for i, p in enumerate(parts))
+
+
+def group_copies(name: str, tokens: tuple[str, ...], values: Iterable[int]) -> list[str]:
+    """``name`` (a collective of rank 0's group: its ``tokens`` at 0, no rank's own token) with those tokens at each
+    of ``values``: the ids of its copies in the other groups, as ``image`` names them."""
+    parts = name.split(".")
+    at = [i for i, p in enumerate(parts) if i > 0 and (m := _TOKEN.match(p)) is not None and m.group(1) in tokens]
+    if not at or names_a_rank(name):
+        raise ValueError(f"{name!r} is not a group collective's id")
+    heads = [_TOKEN.match(parts[i]).group(1) for i in at]  # type: ignore[union-attr]
+    out = []
+    for v in values:
+        for i, h in zip(at, heads, strict=True):
+            parts[i] = f"{h}{v}"
+        out.append(".".join(parts))
+    return out
+
+
+def names_a_rank(name: str) -> bool:
+    """Does the task or tensor id carry a rank's own token (``RANK_TOKENS``; not only a group's)?"""
+    parts = _parts(name, False) or ()
+    return any((m := _TOKEN.match(p)) is not None and m.group(1) in RANK_TOKENS for p in parts[1:])
 
 
 class Images(Mapping[str, str]):
     """Rank k's names of rank 0's (``names``), worked out on first use (a 1024-rank result reads them only to
     expand its records)."""
 
-    def __init__(self, names: frozenset[str], k: int, *, stream: bool = False):
-        self._names, self._k, self._stream = names, k, stream
+    def __init__(self, names: frozenset[str], k: int, *, tp: int = 1, stream: bool = False):
+        self._names, self._k, self._tp, self._stream = names, k, tp, stream
         self._got: dict[str, str] = {}
 
     def __getitem__(self, name: str) -> str:
@@ -93,7 +133,7 @@ class Images(Mapping[str, str]):
         if got is None:
             if name not in self._names:
                 raise KeyError(name)
-            got = self._got[name] = image(name, self._k, stream=self._stream)
+            got = self._got[name] = image(name, self._k, tp=self._tp, stream=self._stream)
         return got
 
     def __iter__(self) -> Iterator[str]:

@@ -123,7 +123,7 @@ class Symmetry:
     pool_mult: dict[str, float]          # rank-0 pool -> how many ranks' allocations one of its own stands for
     gpus: frozenset[str]                 # rank 0's GPUs
     loc_maps: tuple[dict[str, str], ...] = ()
-    coll_maps: tuple[dict[str, str], ...] = ()
+    coll_maps: tuple[Mapping[str, str], ...] = ()
     flow_mult: dict[str, float] = field(default_factory=dict)   # kept collective -> collectives it stands for
     coll_ranks: dict[str, tuple[str, ...]] = field(default_factory=dict)  # every collective's ranks
     coll_orbit: dict[str, tuple[str, ...]] = field(default_factory=dict)  # kept collective -> it and its images
@@ -785,8 +785,13 @@ def _resources(plan: Plan, base: list[list[TaskSpec]], maps: list[_RankMaps],
             got = flat[rkey] = (res, rg.weights or (1.0,) * len(res))
         return got
 
+    seen_orbits: set[tuple] = set()  # orbits of one shape (every layer's) join and load the resources alike
     for orbit in orbits.values():
         rkeys = [(c.ranks, max(c.bytes, 1.0), c.coll or "") for c in orbit]
+        shape = tuple(rkeys)
+        if shape in seen_orbits:
+            continue
+        seen_orbits.add(shape)
         rings = [rings_of(*k) for k in rkeys]
         res0 = flat_of(rkeys[0], rings[0])[0]
         load = defaultdict(float)

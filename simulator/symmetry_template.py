@@ -17,12 +17,13 @@ proof; a tensor named for no rank is one tensor of the whole machine.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 from costs import Ring, RouteResources, ring
 from hardware_models import Topology
 from simulator.plan import Plan, TaskSpec
-from simulator.rank_template import Images, rank_of
-from simulator.symmetry import NotSymmetric, Symmetry, _pools, _RankMaps, _resources
+from simulator.rank_template import DP_TOKENS, TP_TOKENS, Images, RankTemplate, canonical, group_copies, names_a_rank
+from simulator.symmetry import NotSymmetric, Symmetry, _pools, _RankMaps, _resources, _ring_links
 
 
 def template_symmetry(plan: Plan, topo: Topology, route: Callable[[str, str], RouteResources],
@@ -31,21 +32,26 @@ def template_symmetry(plan: Plan, topo: Topology, route: Callable[[str, str], Ro
     tpl = plan.template
     if tpl is None:
         raise NotSymmetric("the plan is not a rank template")
-    n = tpl.ranks
+    n, tp = tpl.ranks, tpl.tp
     gpus = [tpl.gpu(r) for r in range(n)]
     if not set(gpus) <= set(topo.gpu_locations()):
         raise NotSymmetric(f"a template of {n} ranks needs GPUs gpu0..gpu{n - 1}")
+    groups = _groups(tpl)
     streams = plan.stream_map()
     base: list[list[TaskSpec]] = [[] for _ in plan.segments]
     globals_: list[TaskSpec] = []
+    orbits: dict[str, list[Any]] = {}
     for si, seg in enumerate(plan.segments):
         for t in seg.tasks:
-            if t.op == "collective":
-                if sorted(t.ranks) != sorted(gpus):
-                    raise NotSymmetric(f"collective {t.id!r} of a template does not span every rank once")
-                globals_.append(t)
-            else:
+            if t.op != "collective":
                 base[si].append(t)
+                continue
+            kind = groups.get(tuple(sorted(t.ranks)))
+            if kind is None:
+                raise NotSymmetric(f"collective {t.id!r} of a template spans neither rank 0's tensor-parallel nor "
+                                   "its data-parallel group")
+            globals_.append(t)
+            orbits[t.id] = _orbit(t, tpl, kind)
     gpu0 = tpl.gpu(0)
     locs: set[str] = set()
     rank_streams: set[str] = set()
@@ -62,7 +68,7 @@ def template_symmetry(plan: Plan, topo: Topology, route: Callable[[str, str], Ro
             if t.tensor is not None:
                 touched.add(t.tensor.id)
     tensors = plan.tensor_map()
-    rank_tensors = frozenset(touched | {tid for tid in tensors if rank_of(tid) == 0})
+    rank_tensors = frozenset(touched | {tid for tid in tensors if names_a_rank(tid) and canonical(tid) == tid})
     for tid in rank_tensors:
         home = tensors[tid].home if tid in tensors else None
         if home is not None:
@@ -75,9 +81,7 @@ def template_symmetry(plan: Plan, topo: Topology, route: Callable[[str, str], Ro
         m = _RankMaps()
         m.locs.fwd = {loc: (gpus[k] if loc == gpu0 else loc) for loc in locs}
         m.locs.back = {v: k_ for k_, v in m.locs.fwd.items()}
-        m.colls.fwd = {c.id: c.id for c in globals_}
         maps.append(m)
-    orbits = {c.id: [c] for c in globals_}
     ring_cache: dict[tuple, Ring] = {}
 
     def rings_of(ranks: tuple[str, ...], nbytes: float, coll: str) -> Ring:
@@ -92,16 +96,55 @@ def template_symmetry(plan: Plan, topo: Topology, route: Callable[[str, str], Ro
         rep, orbit_size = _resources(plan, base, maps, route, capacity, orbits, shared_host, streams, False, rings_of)
     pool_maps, pool_mult = _pools(plan, topo, maps, n, tensors, dict.fromkeys(rank_tensors, 0))
     rank_task_ids = frozenset(t.id for ts in base for t in ts)
-    streams0 = frozenset(rank_streams)
+    streams0 = frozenset(rank_streams) | {c.stream for c in globals_}
+    coll_ids = frozenset(c.id for c in globals_)
+    images = [t for o in orbits.values() for t in o]
+    ring_views: dict[int, tuple] = {}
+    rings = [(t, rings_of(t.ranks, max(t.bytes, 1.0), t.coll or "")) for o in orbits.values() if len(o) > 1
+             for t in o]
     return Symmetry(
         n=n, rank_tasks=rank_task_ids, global_tasks=frozenset(c.id for c in globals_),
-        rank_streams=streams0, rank_tensors=rank_tensors, dropped_tensors=frozenset(),
-        stream_maps=tuple(Images(streams0, k, stream=True) for k in range(n)),
-        task_maps=tuple(Images(rank_task_ids, k) for k in range(n)),
-        tensor_maps=tuple(Images(rank_tensors, k) for k in range(n)),
+        rank_streams=frozenset(rank_streams), rank_tensors=rank_tensors, dropped_tensors=frozenset(),
+        stream_maps=tuple(Images(streams0, k, tp=tp, stream=True) for k in range(n)),
+        task_maps=tuple(Images(rank_task_ids, k, tp=tp) for k in range(n)),
+        tensor_maps=tuple(Images(rank_tensors, k, tp=tp) for k in range(n)),
         link_maps=tuple(m.links.fwd for m in maps), resource_maps=tuple(m.resources.fwd for m in maps),
         rep=rep, orbit_size=orbit_size, pool_maps=pool_maps, pool_mult=pool_mult, gpus=frozenset({gpu0}),
-        loc_maps=tuple(m.locs.fwd for m in maps), coll_maps=tuple(m.colls.fwd for m in maps),
-        flow_mult={c.id: 1.0 for c in globals_}, coll_ranks={t.id: t.ranks for t in globals_},
-        kept_streams=frozenset(streams), coll_orbit={c.id: (c.id,) for c in globals_},
+        loc_maps=tuple(m.locs.fwd for m in maps), coll_maps=tuple(Images(coll_ids, k, tp=tp) for k in range(n)),
+        flow_mult={c: float(len(o)) for c, o in orbits.items()}, coll_ranks={t.id: t.ranks for t in images},
+        kept_streams=frozenset(streams), coll_orbit={c: tuple(t.id for t in o) for c, o in orbits.items()},
+        coll_links={t.id: _ring_links(rg, ring_views)[0] for t, rg in rings},
+        coll_hop_links={t.id: _ring_links(rg, ring_views)[1] for t, rg in rings},
         task_lists=(*base, globals_), images_by_rule=True)
+
+
+def _groups(tpl: RankTemplate) -> dict[tuple[str, ...], str]:
+    """Rank 0's groups, sorted: its tensor-parallel group ``"tp"`` and its data-parallel group ``"dp"`` (both all
+    the ranks when one of them is 1: then ``"all"``)."""
+    tpg, dpg = tuple(sorted(tpl.tp_group(0))), tuple(sorted(tpl.dp_group(0)))
+    if tpl.tp == 1 or tpl.tp == tpl.ranks:
+        return {tuple(sorted(tpl.gpu(r) for r in range(tpl.ranks))): "all"}
+    return {tpg: "tp", dpg: "dp"}
+
+
+class _Copy(NamedTuple):
+    """What the resources' check reads of a collective's copy in another group (``symmetry._resources``)."""
+
+    id: str
+    ranks: tuple[str, ...]
+    bytes: float
+    coll: str | None
+
+
+def _orbit(c: TaskSpec, tpl: RankTemplate, kind: str) -> list[Any]:
+    """Collective ``c`` of rank 0's group and its copies in the other groups of its kind (their ids and ranks:
+    the images of rank 0's in the first rank of each group)."""
+    if kind == "all":
+        return [c]
+    if kind == "tp":  # the collective of tensor-parallel group k (ranks k*tp ...), k = 1 .. dp-1
+        groups = range(1, tpl.ranks // tpl.tp)
+        ids, ranks = group_copies(c.id, TP_TOKENS, groups), [tpl.tp_group(k) for k in groups]
+    else:  # of data-parallel group j (position j of every tensor-parallel group), j = 1 .. tp-1
+        groups = range(1, tpl.tp)
+        ids, ranks = group_copies(c.id, DP_TOKENS, groups), [tpl.dp_group(j) for j in groups]
+    return [c, *(_Copy(i, rs, c.bytes, c.coll) for i, rs in zip(ids, ranks, strict=True))]

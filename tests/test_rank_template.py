@@ -17,7 +17,7 @@ from policies.none import Knobs as NoneKnobs
 from simulator import simulate_plan, validate_plan
 from simulator.engine import plan_symmetry, run_plan
 from simulator.errors import PlanError, TemplateRefused
-from simulator.rank_template import image, rank_of
+from simulator.rank_template import canonical, group_copies, image, names_a_rank
 from simulator.symmetry import Symmetry
 from tiersim.cli import main
 
@@ -35,6 +35,11 @@ CASES = [  # (hardware overrides, model, policy, knobs)
     (["nodes=2", "gpu.count=2"], "7b", "zero-infinity", {"optimizer_device": "nvme"}),
     (["gpu.count=4"], "7b", "lazytrain", {}),
     (["gpu.count=2", "host.dram=256GB"], "13b", "lazytrain", {}),
+    (["gpu.count=8"], "7b", "zero-offload", {"tp": 2}),
+    (["nodes=2", "gpu.count=4"], "7b", "zero-offload", {"tp": 4}),
+    (["gpu.count=8"], "7b", "none", {"stage": 3, "tp": 2}),
+    (["gpu.count=8"], "7b", "none", {"stage": 1, "tp": 4}),
+    (["gpu.count=4"], "7b", "none", {"tp": 4}),  # one data-parallel rank: tensor parallel only
 ]
 
 
@@ -82,22 +87,29 @@ def test_template_is_the_reduced_plan_and_its_images_the_proofs_pairing(sets: li
     assert [s.tasks for s in reduced.segments] == [s.tasks for s in tpl.segments]
     assert set(reduced.streams) <= set(tpl.streams)  # (the template also declares rank 0's idle streams)
     assert set(tpl.tensors) <= set(reduced.tensors)
+    tp = tpl.template.tp if tpl.template is not None else 1
     for k in range(sym.n):
         r = int(sym.stream_maps[k]["gpu0.compute"][3:].split(".")[0])  # the proof's k-th owner is rank r
         for name, maps, stream in (("task", sym.task_maps, False), ("tensor", sym.tensor_maps, False),
-                                   ("stream", sym.stream_maps, True)):
+                                   ("stream", sym.stream_maps, True), ("collective", sym.coll_maps, False)):
             for a, b in maps[k].items():
-                assert image(a, r, stream=stream) == b, (name, a, b, r)
+                assert image(a, r, tp=tp, stream=stream) == b, (name, a, b, r)
 
 
-def test_names_images_and_ranks() -> None:
+def test_names_images_and_groups() -> None:
     assert image("fwd3.gpu0", 5) == "fwd3.gpu5" and image("fwd3.gpu5", 5) == "fwd3.gpu0"
     assert image("fwd3.gpu2", 5) == "fwd3.gpu2"  # a third rank's name stays
     assert image("adam3.r0", 7) == "adam3.r7"  # layer 3's step: its first part is its own label
     assert image("cpu.adam0", 7, stream=True) == "cpu.adam7" and image("gpu0.h2d", 2, stream=True) == "gpu2.h2d"
-    assert image("red4", 3) == "red4" and image("ag1.d0", 3) == "ag1.d0"
-    assert rank_of("up2.gpu12") == 12 and rank_of("red4") is None and rank_of("gpu3.compute") is None
-    assert rank_of("gpu3.compute", stream=True) == 3
+    assert image("red4", 3) == "red4" and image("ag1.d0", 3) == "ag1.d0"  # tp = 1: one data-parallel group
+    # tp = 4: rank 6 is position 2 of tensor-parallel group 1
+    assert image("ag1.d0", 6, tp=4) == "ag1.d2" and image("tpf1a.k0", 6, tp=4) == "tpf1a.k1"
+    assert image("dp0.grad", 6, tp=4, stream=True) == "dp2.grad" and image("tp0", 6, tp=4, stream=True) == "tp1"
+    assert canonical("up2.gpu12") == "up2.gpu0" and canonical("ag1.d3") == "ag1.d0" and canonical("red4") == "red4"
+    assert group_copies("tpb2.k0", ("k", "tp"), [1, 2]) == ["tpb2.k1", "tpb2.k2"]
+    assert names_a_rank("param32.r0") and not names_a_rank("ag1.d0") and not names_a_rank("p16.3")
+    with pytest.raises(ValueError, match="not a group collective"):
+        group_copies("fwd1.gpu0", ("k", "tp"), [1])
 
 
 def test_template_is_not_a_plan_to_save_or_simulate_rank_by_rank() -> None:
@@ -110,9 +122,8 @@ def test_template_is_not_a_plan_to_save_or_simulate_rank_by_rank() -> None:
     assert simulate_plan(tpl, job.hw, symmetric=False).sim.reduction == "4 ranks simulated as 1 class of 4"
 
 
-def test_policies_and_layouts_without_templates_give_the_full_plan() -> None:
+def test_policies_and_jobs_without_templates_give_the_full_plan() -> None:
     job, _ = make_job("a100x8", "7b")
-    assert make_plan(job, "none", {"stage": 3, "tp": 2}, template=True).template is None  # tensor parallel
     for policy in ("synergyscale", "tinypipe"):  # not emitted as templates (a pipeline's stages differ)
         assert make_plan(job, policy, template=True).template is None
     one, _ = make_job("a100x8", "gpt2", hw_overrides=["gpu.count=1"])

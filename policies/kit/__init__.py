@@ -105,10 +105,10 @@ def dtype_bytes(job: Job) -> int:
 class Layout:
     """n GPUs as dp x tp groups; ``flat_comm`` (tp = 1): no group index in names (``dp.grad``, ``red{i}``).
 
-    ``template`` (data parallel, tp = 1, n > 1): a rank template (``simulator.rank_template``): the per-rank
-    loops (``gpus``, ``ranks``, ``mine``, ``dp_groups``) see rank 0 only, sizes and collectives' groups stay
-    those of all n ranks; a barrier over ``gpus()`` is then rank 0's own task, which is what the symmetric
-    simulation makes of it (every rank's copy ends at the same instant)."""
+    ``template`` (n > 1): a rank template (``simulator.rank_template``): the per-rank and per-group loops
+    (``gpus``, ``ranks``, ``mine``, ``dp_groups``, ``tp_groups``) see rank 0 and its groups only, sizes and the
+    collectives' groups stay those of all n ranks; a barrier over ``gpus()`` is then rank 0's own task, which is
+    what the symmetric simulation makes of it (every rank's copy ends at the same instant)."""
 
     n: int
     tp: int = 1
@@ -116,8 +116,8 @@ class Layout:
     template: bool = False
 
     def __post_init__(self) -> None:
-        if self.template and (self.tp != 1 or self.n < 2):
-            raise ValueError("a rank template is a data-parallel plan of two or more ranks (tp = 1)")
+        if self.template and self.n < 2:
+            raise ValueError("a rank template is a plan of two or more ranks")
 
     @property
     def dp(self) -> int:
@@ -126,7 +126,7 @@ class Layout:
     @property
     def rank_template(self) -> RankTemplate | None:
         """What the plan's builder records of a template (``PlanBuilder(template=...)``)."""
-        return RankTemplate(self.n) if self.template else None
+        return RankTemplate(self.n, self.tp) if self.template else None
 
     def gpus(self) -> list[str]:
         """Every rank's GPU (a template: rank 0's), in rank order."""
@@ -143,6 +143,10 @@ class Layout:
     def dp_groups(self) -> range:
         """The data-parallel groups whose collectives the plan holds (a template: rank 0's)."""
         return range(1 if self.template else self.tp)
+
+    def tp_groups(self) -> range:
+        """The tensor-parallel groups whose collectives the plan holds (a template: rank 0's)."""
+        return range(1 if self.template else self.dp)
 
     def tp_group(self, k: int) -> list[str]:
         return [gpu(k * self.tp + j) for j in range(self.tp)]
@@ -165,7 +169,7 @@ class Layout:
 
 def templated(job: Job, tp: int) -> bool:
     """Does the job ask for a rank template (``Job.rank_template``) that a layout of ``tp`` can give (``Layout``)?"""
-    return job.rank_template and tp == 1 and job.n_gpus > 1
+    return job.rank_template and job.n_gpus > 1
 
 
 def tp_splits_model(job: Job, tp: int) -> bool:
@@ -213,10 +217,10 @@ def cpu_streams(b: PlanBuilder, ranks: Iterable[int], per_rank: Sequence[tuple[s
 
 def comm_streams(b: PlanBuilder, lay: Layout, order: Sequence[str] = ("grad", "param")) -> None:
     """The data-parallel streams (``order``: which of grad / param first), then the tensor-parallel ones."""
-    for j in range(lay.tp if lay.dp > 1 else 0):
+    for j in lay.dp_groups() if lay.dp > 1 else ():
         for what in order:
             b.stream(lay.dp_stream(j, what), lay.dp_group(j)[0], "comm")
-    for k in range(lay.dp if lay.tp > 1 else 0):
+    for k in lay.tp_groups() if lay.tp > 1 else ():
         b.stream(f"tp{k}", lay.tp_group(k)[0], "comm")
 
 
@@ -411,11 +415,12 @@ def tp_layer(b: PlanBuilder, job: Job, lay: Layout, i: int, phase: str, compute:
             ci += 1
             continue
         sfx = "" if ai == n_coll - 1 else PARTS[ai]
-        sync = {k: b.task(f"tp{phase}{i}{sfx}.k{k}", "collective", f"tp{k}",
-                          [last_compute[g] for g in lay.tp_group(k)] + ([sync[k]] if k in sync else []),
+        sync = {k: b.task(f"tp{phase}{i}{sfx}.k{k}", "collective", f"tp{k}",  # (a template: rank 0's compute)
+                          [last_compute[g] for g in lay.tp_group(k) if g in last_compute]
+                          + ([sync[k]] if k in sync else []),
                           coll="all_reduce", bytes=x, ranks=tuple(lay.tp_group(k)),
                           tags=tags(TP_PHASE[phase], layer=i, extra={"part": ai, "reduce_op": kind}))
-                for k in range(lay.dp)}
+                for k in lay.tp_groups()}
         ai += 1
     return sync
 
@@ -499,7 +504,7 @@ def gather_layer(b: PlanBuilder, lay: Layout, i: int, phase: str, nbytes: float,
     ``pg{i}.{g}`` before its use ``phase`` (``f`` / ``b``), after ``deps_of[j]``. Returns j -> task id."""
     return {j: all_gather(b, f"ag{phase}{i}{lay.dp_suffix(j)}", lay.dp_stream(j, "param"), lay.dp_group(j), nbytes,
                           deps_of.get(j, []), layer=i, use=use_of(phase),
-                          allocs=[(f"pg{i}.{g}", g) for g in lay.dp_group(j)]) for j in range(lay.tp)}
+                          allocs=[(f"pg{i}.{g}", g) for g in lay.dp_group(j)]) for j in lay.dp_groups()}
 
 
 @dataclass(frozen=True)
@@ -588,7 +593,7 @@ def reduce_and_offload(b: PlanBuilder, job: Job, lay: Layout, grads: Grads, i: i
         k = lay.tp_index(int(g[3:]))[0]
         return [f"bwd{i}.{g}"] + ([done[k]] if k in done else [])
 
-    for j in range(lay.tp):
+    for j in lay.dp_groups():
         grp = lay.dp_group(j)
         red = None
         if lay.dp > 1:
@@ -639,9 +644,9 @@ def _forward_pass(b: PlanBuilder, job: Job, lay: Layout, *, gather_params: bool,
     for i, layer in enumerate(job.trace.layers):
         pre: dict[int, str] = {}
         if gather_params:
-            bound = {j: [f"fwd{i - 2}.{g}" for g in lay.dp_group(j)] if i >= 2 else [] for j in range(lay.tp)}
+            bound = {j: [f"fwd{i - 2}.{g}" for g in lay.dp_group(j)] if i >= 2 else [] for j in lay.dp_groups()}
             pre = gather_layer(b, lay, i, "f", layer.params / lay.tp * dtype_bytes(job),
-                               {j: list(param_ready.get(i, [])) + bound[j] for j in range(lay.tp)})
+                               {j: list(param_ready.get(i, [])) + bound[j] for j in lay.dp_groups()})
 
         def deps(r: int, g: str, i: int = i, pre: dict[int, str] = pre, prev: dict[int, str] = prev_sync) -> list[str]:
             k, j = lay.tp_index(r)
@@ -665,7 +670,7 @@ def _backward_pass(b: PlanBuilder, job: Job, lay: Layout, grads: Grads, *, gathe
         if gather_params:
             after = f"fwd{L - 1}" if i >= L - 2 else f"bwd{i + 2}"  # backward prefetch: also one layer ahead
             pre = gather_layer(b, lay, i, "b", layer.params / lay.tp * dtype_bytes(job),
-                               {j: [f"{after}.{g}" for g in lay.dp_group(j)] for j in range(lay.tp)})
+                               {j: [f"{after}.{g}" for g in lay.dp_group(j)] for j in lay.dp_groups()})
         rc_sync: dict[int, str] = {}
         recomputed = layer.recompute_flops > 0
         if recomputed:
@@ -720,7 +725,7 @@ def cpu_update_by_layer(b: PlanBuilder, job: Job, lay: Layout, *, upload_bytes_p
             upload(b, f"up{i}.{g}", g, layer.params / n * upload_bytes_per_param, [f"adam{i}.r{r}"], layer=i,
                    rank=r, allocs=[(f"stage32_{i}.{g}", g)] if staged else [],
                    frees=[(f"stage32_{i}.{g}", g)] if staged and lay.dp == 1 else [])
-        for j in range(lay.tp if lay.dp > 1 else 0):
+        for j in lay.dp_groups() if lay.dp > 1 else ():
             grp = lay.dp_group(j)
             all_gather(b, f"ag{i}{lay.dp_suffix(j)}", lay.dp_stream(j, "param"), grp,
                        layer.params / lay.tp * dtype_bytes(job), [f"up{i}.{g}" for g in grp], layer=i,

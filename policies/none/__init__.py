@@ -89,7 +89,7 @@ def plan(job: Job, knobs: Knobs) -> Plan:
     for r, g in enumerate(lay.gpus()):
         kit.gpu_step(b, f"opt.{g}", f"{g}.compute", [f"red0.d{r % lay.tp}" if dp > 1 else f"bwd0.{g}"],
                      job.trace.params / lay.tp / (dp if stage >= 1 else 1), rank=r)
-    for j in range(lay.tp) if 1 <= stage <= 2 else ():
+    for j in lay.dp_groups() if 1 <= stage <= 2 else ():
         kit.all_gather(b, f"agp.d{j}", lay.dp_stream(j, "param"), lay.dp_group(j),
                        job.trace.params / lay.tp * kit.dtype_bytes(job), [f"opt.{g}" for g in lay.dp_group(j)])
     notes = [f"ZeRO stage {stage} over {dp} data-parallel rank(s) x tp={lay.tp}, {accum} micro-step(s) per step"]
