@@ -29,6 +29,7 @@ a sweep of policies, models and knobs):
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from costs import (
@@ -43,7 +44,11 @@ from costs import (
 )
 from hardware_models import HardwareSpec, Topology, build_topology
 from simulator import Plan
+from simulator.engine import plan_symmetry
+from simulator.errors import TemplateRefused
 from simulator.opcost import task_seconds
+from simulator.plan import TaskSpec, TensorSpec
+from simulator.symmetry import Symmetry
 
 BOUND_SLACK = 1e-9
 
@@ -60,15 +65,22 @@ class Bounds:
         return {"memory_bytes": dict(self.memory_bytes), "time_s": self.time_s, "time_resource": self.time_resource}
 
 
-def memory_lower_bound(plan: Plan, topo: Topology) -> dict[str, float]:
-    """Bytes per pool that are resident together at some instant (see the module docstring)."""
+def memory_lower_bound(plan: Plan, topo: Topology, sym: Symmetry | None = None) -> dict[str, float]:
+    """Bytes per pool that are resident together at some instant (see the module docstring); ``sym``: a rank
+    template's symmetry (a rank-0 tensor resident in a pool the ranks share stands for every rank's, as the
+    simulation counts it: ``Symmetry.memory_multiplier``)."""
     pools = sorted(topo.pools)
     pool_of = topo.pool_of
     at_start = {p: 0.0 for p in pools}
     tensors = plan.tensor_map()
+
+    def resident(ts: TensorSpec) -> float:
+        assert ts.home is not None
+        return ts.bytes * (sym.memory_multiplier(ts.id, pool_of[ts.home]) if sym is not None else 1.0)
+
     for ts in plan.tensors:
         if ts.home is not None:
-            at_start[pool_of[ts.home]] += ts.bytes
+            at_start[pool_of[ts.home]] += resident(ts)
     releasers: dict[tuple[str, str], set[str]] = {}  # (tensor id, location) -> tasks freeing it
     for seg in plan.segments:
         for t in seg.tasks:
@@ -84,7 +96,7 @@ def memory_lower_bound(plan: Plan, topo: Topology) -> dict[str, float]:
     always = {p: 0.0 for p in pools}
     for ts in plan.tensors:
         if ts.home is not None and (ts.id, ts.home) not in releasers:
-            always[pool_of[ts.home]] += ts.bytes
+            always[pool_of[ts.home]] += resident(ts)
     best = dict(at_start)
     for seg in plan.segments:
         by_stream: dict[str, list] = defaultdict(list)
@@ -92,6 +104,10 @@ def memory_lower_bound(plan: Plan, topo: Topology) -> dict[str, float]:
             by_stream[t.stream].append(t)
         for tasks in by_stream.values():
             _stacked(tasks, tensors, topo, always, best, releasers)
+    for pm in sym.pool_maps if sym is not None else ():  # every rank's own pools are images of rank 0's
+        for pool, image in pm.items():
+            if image != pool:
+                best[image] = best[pool]
     return best
 
 
@@ -146,8 +162,11 @@ def _stacked(tasks: list, tensors: dict, topo: Topology, always: dict[str, float
         best[pool] = max(best[pool], always[pool] + peak)
 
 
-def resource_work(plan: Plan, hw: HardwareSpec, topo: Topology) -> dict[str, float]:
-    """Seconds of work per resource in one measured step (each resource's minimum busy time)."""
+def resource_work(plan: Plan, hw: HardwareSpec, topo: Topology, sym: Symmetry | None = None) -> dict[str, float]:
+    """Seconds of work per resource in one measured step (each resource's minimum busy time); ``sym``: a rank
+    template's symmetry, whose tasks stand for every rank's: each task's work folded onto its resources' orbit
+    representatives as the simulation's quotient network does (``Symmetry.fold``), which is each member's work in
+    the full plan (the symmetry's load check makes the members' loads equal)."""
     streams = plan.stream_map()
     dtype = plan.workload.config.precision
     caps = link_capacities(topo)
@@ -156,32 +175,52 @@ def resource_work(plan: Plan, hw: HardwareSpec, topo: Topology) -> dict[str, flo
     nbytes: dict[str, float] = defaultdict(float)
     tensors = plan.tensor_map()
     pricer = ComputePricer(hw, dtype, (plan.workload.model, plan.workload.config))  # as the engine charges
+
+    def add(into: dict[str, float], t: TaskSpec, amounts: Mapping[str, float]) -> None:
+        if sym is None:
+            for r, x in amounts.items():
+                into[r] += x
+            return
+        reps, xs = sym.fold(tuple(amounts), tuple(amounts.values()), sym.multiplicity(t.id))
+        for r, x in zip(reps, xs, strict=True):
+            into[r] += x
+
     for seg in plan.segments:
         n = seg.repeat
         for t in seg.tasks:
             device = streams[t.stream].device
             if t.op == "compute" and device.startswith("gpu"):
-                work[sm_resource(device)] += n * task_seconds(pricer, t)
+                add(work, t, {sm_resource(device): n * task_seconds(pricer, t)})
             elif t.op == "optimizer":
                 if device.startswith("gpu"):
-                    work[sm_resource(device)] += n * gpu_optimizer_seconds(hw, t.params)
-                else:
-                    work[CPU_ADAM] += cpu_adam_seconds(hw, n * t.params) / hw.nodes  # every node's host
+                    add(work, t, {sm_resource(device): n * gpu_optimizer_seconds(hw, t.params)})
+                else:  # every node's host
+                    add(work, t, {CPU_ADAM: cpu_adam_seconds(hw, n * t.params) / hw.nodes})
             elif t.op == "copy" and t.src != t.dst and t.src is not None and t.dst is not None:
                 b = t.bytes if t.bytes > 0 else (tensors[t.tensor.id].bytes if t.tensor is not None else 0.0)
+                moved: dict[str, float] = defaultdict(float)
                 for r in route(t.src, t.dst).resources:
-                    nbytes[r] += n * b
+                    moved[r] += n * b
+                add(nbytes, t, moved)
             elif t.op == "collective" and len(t.ranks) > 1 and t.coll is not None:
                 rg = ring(route, t.ranks, t.bytes, t.coll)
-                for r, b in rg.resource_bytes().items():
-                    nbytes[r] += n * b
+                add(nbytes, t, {r: n * b for r, b in rg.resource_bytes().items()})
     for r, b in nbytes.items():
         work[r] += b / caps[r]
     return dict(work)
 
 
 def plan_bounds(plan: Plan, hw: HardwareSpec, topo: Topology | None = None) -> Bounds:
+    """The plan's bounds; a rank template's (``simulator.rank_template``) are the full plan's, worked out through its
+    symmetry (TemplateRefused where its ranks do not play one role on this machine: bound the full plan then)."""
     topo = topo if topo is not None else build_topology(hw)
-    work = resource_work(plan, hw, topo)
+    sym = None
+    if plan.template is not None:
+        got = plan_symmetry(plan, hw, topo)
+        if not isinstance(got, Symmetry):
+            raise TemplateRefused(f"the rank template of {plan.template.ranks} ranks does not simulate as one rank "
+                                  f"({got}); build the full plan")
+        sym = got
+    work = resource_work(plan, hw, topo, sym)
     resource, time_s = max(sorted(work.items()), key=lambda kv: kv[1], default=("none", 0.0))
-    return Bounds(memory_lower_bound(plan, topo), time_s * (1 - BOUND_SLACK), resource)
+    return Bounds(memory_lower_bound(plan, topo, sym), time_s * (1 - BOUND_SLACK), resource)

@@ -6,7 +6,7 @@ adds what the planner owns: :func:`make_plan` hands a policy's ``refine`` hook t
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from policies import Job
@@ -27,23 +27,25 @@ __all__ = ["DEFAULT_SEQS_PER_GPU", "DEFAULT_SEQ_CAP", "JobRequest", "load_hardwa
            "make_plan", "resolve_hardware", "simulate_job", "step_seconds"]
 
 
-def make_plan(job: Job, policy: str, knobs: Sequence[str] | Mapping[str, Any] = (), *, template: bool = False) -> Plan:
+def make_plan(job: Job, policy: str, knobs: Sequence[str] | Mapping[str, Any] = (), *,
+              template: bool | None = None) -> Plan:
     """The policy's plan for ``job``, refined by the policy's ``refine`` hook (if any) with simulated prices;
-    ``template``: a rank template where the policy can (``policies.job.make_plan``)."""
+    ``template``: a rank template where the policy can (None: as the job asks; ``policies.job.make_plan``)."""
     return policy_job.make_plan(job, policy, knobs, lambda p: step_seconds(p, job.hw), template=template)
 
 
 def simulate_job(job: Job, policy: str, knobs: Sequence[str] | Mapping[str, Any] = (), *, extrapolate: bool = True,
-                 plan: Plan | None = None) -> tuple[Plan, Result]:
-    """The policy's plan for ``job`` (or ``plan``, made by :func:`make_plan` of these) and its simulated step. A rank
-    template where the policy gives one (``template=True``: the same figures at a cost independent of the rank
-    count); where the machine's GPUs do not play one role for it (``TemplateRefused``), the full plan."""
+                 plan: Plan | None = None, run: Callable[..., Result] = simulate_plan) -> tuple[Plan, Result]:
+    """The policy's plan for ``job`` (or ``plan``, made by :func:`make_plan` of these) and its simulated step (``run``:
+    ``simulate_plan``). A rank template where the policy gives one (``template=True``: the same figures at a cost
+    independent of the rank count); where the machine's GPUs do not play one role for it (``TemplateRefused``), the
+    full plan."""
     if plan is None:
         plan = make_plan(job, policy, knobs, template=True)
     try:
-        return plan, simulate_plan(plan, job.hw, extrapolate=extrapolate)
+        return plan, run(plan, job.hw, extrapolate=extrapolate)
     except TemplateRefused:
         if plan.template is None:
             raise
-    plan = make_plan(job, policy, knobs)
-    return plan, simulate_plan(plan, job.hw, extrapolate=extrapolate)
+    plan = make_plan(job, policy, knobs, template=False)
+    return plan, run(plan, job.hw, extrapolate=extrapolate)

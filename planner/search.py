@@ -58,7 +58,7 @@ from planner.bounds import plan_bounds
 from planner.cache import EvalCache, code_fingerprint, entry_problem, evaluation_key
 from planner.candidates import Candidate, enumerate_candidates, memory_frugal
 from planner.deadline import WAIT_STEP_S, Deadline
-from planner.job import JobRequest, make_job, make_plan, resolve_hardware
+from planner.job import JobRequest, make_job, make_plan, resolve_hardware, simulate_job
 from planner.pareto import pareto_front
 from planner.screen import MEMORY_SLACK, Screener, memory_screen
 from planner.search_outcome import Evaluated, SearchOutcome
@@ -66,6 +66,7 @@ from planner.search_state import CPU_KINDS, GPU_KINDS, OBJECTIVES, Objective, Pl
 from planner.workers import Workers
 from policies import POLICIES, Job, KnobError, PlanInfeasible
 from simulator import Plan, Result, simulate_plan
+from simulator.errors import TemplateRefused
 from workloads import ModelSpec, WorkloadInputError, load_model
 
 __all__ = ["CPU_KINDS", "GPU_KINDS", "OBJECTIVES", "Evaluated", "SearchConfig", "SearchOutcome", "plan_summary",
@@ -116,7 +117,11 @@ def plan_summary(job: Job, cand: Candidate, topo: Topology) -> tuple[PlanSummary
         return PlanSummary.rejected(f"policy: {pool_label(topo, e.pool)}", e.pool, str(e)), None
     except KnobError as e:
         return PlanSummary.rejected("knobs: invalid", None, str(e)), None
-    b = plan_bounds(plan, job.hw, topo)
+    try:
+        b = plan_bounds(plan, job.hw, topo)
+    except TemplateRefused:  # a rank template whose ranks do not play one role here: the full plan
+        plan = make_plan(job, cand.policy, cand.knob_dict, template=False)
+        b = plan_bounds(plan, job.hw, topo)
     caps = {p: topo.pools[p].capacity_bytes for p in sorted(topo.pools)}
     over = [p for p, need in b.memory_bytes.items() if need > caps[p] * (1 + 1e-9)]
     # the fingerprint finds duplicate plans among the bounded ones only (a rejected plan needs none)
@@ -158,7 +163,7 @@ def _plan_sim_task(job: Job, cand: Candidate, simulate: bool) -> tuple[PlanSumma
     summary, plan = plan_summary(job, cand, build_topology(job.hw))
     if plan is None or not summary.bounded or not simulate:
         return summary, None
-    r = simulate_plan(plan, job.hw)
+    plan, r = simulate_job(job, cand.policy, cand.knob_dict, plan=plan, run=simulate_plan)
     return summary.with_sim(SimSummary.of(r)), plan if r.feasible else None
 
 
@@ -193,7 +198,8 @@ def _plan_next_task(scratch: dict[Any, Any], job: Job, cand: Candidate, ship_bel
     if plan is None or not summary.bounded or summary.bound_time_s is None:
         return summary, None, None
     if (summary.bound_time_s, cand.index) < sim_below:
-        sim = SimSummary.of(simulate_plan(plan, job.hw))
+        plan, r = simulate_job(job, cand.policy, cand.knob_dict, plan=plan, run=simulate_plan)
+        sim = SimSummary.of(r)
         return summary, plan if ship_simulated else None, sim
     scratch[cand] = (summary.bound_time_s, plan)
     if len(scratch) > KEEP_PLANS:
@@ -205,8 +211,9 @@ def _sim_kept_task(scratch: dict[Any, Any], job: Job, cand: Candidate, ship: boo
     """Simulate a candidate in a worker process (``Workers.submit_scratch``): its plan from the worker's scratch
     where ``_plan_next_task`` left it there, else built again; the plan comes back when ``ship``."""
     kept = scratch.pop(cand, None)
-    plan = kept[1] if kept is not None else make_plan(job, cand.policy, cand.knob_dict)
-    return SimSummary.of(simulate_plan(plan, job.hw)), plan if ship else None
+    plan, r = simulate_job(job, cand.policy, cand.knob_dict, plan=kept[1] if kept is not None else None,
+                           run=simulate_plan)  # (this module's name: tests stand in a slow simulation)
+    return SimSummary.of(r), plan if ship else None
 
 
 def _sim_plan_task(plan: Plan, hw: HardwareSpec) -> SimSummary:
@@ -217,8 +224,8 @@ def _sim_plan_task(plan: Plan, hw: HardwareSpec) -> SimSummary:
 def _sim_task(job: Job, cand: Candidate) -> tuple[SimSummary, Plan]:
     """Plan and simulate in a worker process; the plan comes back (the search keeps the best one's, which
     is what --plan-out writes: a policy with a time-limited solver may not build the same plan twice)."""
-    plan = make_plan(job, cand.policy, cand.knob_dict)
-    return SimSummary.of(simulate_plan(plan, job.hw)), plan
+    plan, r = simulate_job(job, cand.policy, cand.knob_dict, run=simulate_plan)
+    return SimSummary.of(r), plan
 
 
 # -- the state of one search ----------------------------------------------------------------------------
@@ -290,7 +297,10 @@ class _Search:
         if key not in self.jobs:
             req = dataclasses.replace(self.base, micro_batch=cand.micro_batch, checkpointing=cand.checkpointing)
             try:
-                self.jobs[key] = make_job(self.hw, self.model, req)[0]
+                # rank templates (simulator.rank_template: the same figures and bounds at a cost independent of
+                # the rank count) unless the best plan itself is kept (to write or export: the full plan)
+                self.jobs[key] = dataclasses.replace(make_job(self.hw, self.model, req)[0],
+                                                     rank_template=not self.config.keep_best_plan)
             except (WorkloadInputError, KnobError, HardwareInputError) as e:
                 self.jobs[key] = e
         return self.jobs[key]
@@ -327,8 +337,7 @@ class _Search:
     def sim_one(self, c: Candidate) -> tuple[Plan, Result]:
         """Simulate in this process (plan from phase 1, or rebuilt)."""
         job = self.ready_job(c)
-        plan = self.plans.pop(c.index, None) or make_plan(job, c.policy, c.knob_dict)
-        r = simulate_plan(plan, job.hw)
+        plan, r = simulate_job(job, c.policy, c.knob_dict, plan=self.plans.pop(c.index, None), run=simulate_plan)
         self.store_sim(c, SimSummary.of(r))
         return plan, r
 

@@ -54,7 +54,7 @@ class Job:
     config: WorkloadConfig
     trace: WorkloadTrace
     assumed: tuple[str, ...] = ()  # defaults picked for the user, shown with every result
-    # a policy that can emits a rank template (rank 0's tasks of a data-parallel plan: simulator.rank_template):
+    # a policy that can emits a rank template (rank 0's tasks of a plan of symmetric ranks: simulator.rank_template):
     # what the symmetric simulation needs, not a plan to save or replay (policies.job.make_plan(template=True))
     rank_template: bool = False
 

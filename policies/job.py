@@ -80,17 +80,18 @@ def make_job(hw: str | HardwareSpec, model: str | ModelSpec, request: JobRequest
 
 
 def make_plan(job: Job, policy: str, knobs: Sequence[str] | Mapping[str, Any] = (),
-              step_seconds: StepSeconds | None = None, *, template: bool = False) -> Plan:
+              step_seconds: StepSeconds | None = None, *, template: bool | None = None) -> Plan:
     """The policy's plan for ``job``, refined by the policy's ``refine`` hook (if it has one) with
     ``step_seconds`` (the simulator's seconds per step of a plan: ``simulator.simulate.step_seconds`` on
     ``job.hw``; ``planner.job.make_plan`` passes it). Without ``step_seconds`` the hook is not run and the
     plan is the policy's first one.
 
     ``template``: where the policy can, a rank template (``simulator.rank_template``: rank 0's tasks of a
-    data-parallel plan, which simulates exactly as the full plan at a cost independent of the rank count, but
-    cannot be saved or replayed); other policies and layouts give the full plan."""
+    data- and tensor-parallel plan, which simulates exactly as the full plan at a cost independent of the rank
+    count, but cannot be saved or replayed); other policies (and one rank) give the full plan. None: as the job
+    asks (``Job.rank_template``)."""
     info = get_policy(policy)
-    if template != job.rank_template:
+    if template is not None and template != job.rank_template:
         job = replace(job, rank_template=template)
     k = parse_knobs(info, knobs)
     # a 1024-GPU plan is a million small acyclic objects: the cyclic collector is paused while the policy

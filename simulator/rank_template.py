@@ -1,21 +1,23 @@
-"""A rank template: a data-parallel plan written as rank 0's tasks only (issue 13, docs/scale.md).
+"""A rank template: a data- and tensor-parallel plan written as rank 0's tasks only (issue 13, docs/scale.md).
 
-A data-parallel plan of ``n`` ranks repeats one rank's tasks on every GPU, and the symmetric simulation
-(``simulator.symmetry``) runs rank 0's tasks and the collectives only. Emitting every rank's tasks to prove
-that and then drop them costs time in proportion to ``n`` (a quarter of a million tasks at 1024 GPUs). A
-policy that opts in (``policies.kit.Layout(template=True)``) emits instead what the symmetric simulation
-keeps: rank 0's tasks, tensors and streams, and the collectives with their dependencies on rank 0's tasks;
-the plan carries a :class:`RankTemplate` saying how many ranks it stands for. ``simulator.symmetry_template``
-then builds the symmetry from the template (the shared resources' orbits, load check and pools still worked
-out from the topology) instead of proving it task by task.
+A data-parallel plan of ``n`` ranks (in tensor-parallel groups or not) repeats one rank's tasks on every GPU,
+and the symmetric simulation (``simulator.symmetry``) runs rank 0's tasks and the collectives of rank 0's groups
+only. Emitting every rank's tasks to prove that and then drop them costs time in proportion to ``n`` (a quarter
+of a million tasks at 1024 GPUs). A policy that opts in (``policies.kit.Layout(template=True)``) emits instead
+what the symmetric simulation keeps: rank 0's tasks, tensors and streams, and the collectives of rank 0's groups
+with their dependencies on rank 0's tasks; the plan carries a :class:`RankTemplate` saying how many ranks it
+stands for. ``simulator.symmetry_template`` then builds the symmetry from the template (the collectives' copies in
+the other groups, the shared resources' orbits, load check and pools still worked out from the topology) instead
+of proving it task by task.
 
 Names. Rank r's copy of a rank-0 name swaps rank 0's tokens (``RANK_TOKENS``: ``gpu0``, ``r0``, ``adam0`` and the
 host streams' ``pread0``, ``gwrite0``, ``oread0``, ``owrite0``, ``io0``) with rank r's (``gpu{r}``, ``r{r}``, ...): a
 transposition, rank 0's and rank r's names trade places and every other name stays; in a task or tensor id after
 its first dot (``fwd3.gpu0``, ``adam3.r0``: ``adam3`` there is layer 3's step), anywhere in a stream id
-(``gpu0.compute``, ``cpu.adam0``). That is the kit's naming; the tests check that a
-template and the full plan of the same job simulate identically and that these images are the pairing the
-proof finds in the full plan, for every policy that emits templates.
+(``gpu0.compute``, ``cpu.adam0``). Its groups' tokens likewise: its data-parallel group's (``d``, ``dp``: ``ag3.d0``,
+``dp0.grad``) 0 and ``r mod tp``, its tensor-parallel group's (``k``, ``tp``: ``tpf3.k0``, ``tp0``) 0 and ``r div tp``.
+That is the kit's naming; the tests check that a template and the full plan of the same job simulate identically
+and that these images are the pairing the proof finds in the full plan, for every policy that emits templates.
 
 A template is not a plan a user can save or replay: ``Plan.to_dict`` refuses it (build the full plan, as
 ``simulate --plan-out`` and ``tiersim replay`` do), and it is only simulated symmetrically.

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from planner.job import make_job, make_plan, simulate_job
+from planner.bounds import plan_bounds
+from planner.job import JobRequest, make_job, make_plan, simulate_job
 from policies.builder import PlanBuilder
 from policies.kit import Layout
 from policies.none import Knobs as NoneKnobs
@@ -96,6 +97,17 @@ def test_template_is_the_reduced_plan_and_its_images_the_proofs_pairing(sets: li
                 assert image(a, r, tp=tp, stream=stream) == b, (name, a, b, r)
 
 
+@pytest.mark.parametrize(("sets", "model", "policy", "knobs"), CASES)
+def test_template_bounds_are_the_full_plans(sets: list[str], model: str, policy: str, knobs: dict) -> None:
+    """The planner bounds a template as the full plan: the same step-time bound (and binding resource) and the same
+    memory bound on every pool, through the template's symmetry (``planner.bounds``)."""
+    job, _ = make_job("a100x8", model, hw_overrides=sets)
+    a = plan_bounds(make_plan(job, policy, knobs), job.hw)
+    b = plan_bounds(make_plan(job, policy, knobs, template=True), job.hw)
+    assert b.time_s == pytest.approx(a.time_s, rel=1e-12) and b.time_resource == a.time_resource
+    assert b.memory_bytes == pytest.approx(a.memory_bytes, rel=1e-12)
+
+
 def test_names_images_and_groups() -> None:
     assert image("fwd3.gpu0", 5) == "fwd3.gpu5" and image("fwd3.gpu5", 5) == "fwd3.gpu0"
     assert image("fwd3.gpu2", 5) == "fwd3.gpu2"  # a third rank's name stays
@@ -141,6 +153,8 @@ def test_uneven_machine_refuses_the_template_and_simulate_job_builds_the_full_pl
         simulate_plan(tpl, job.hw)
     plan, result = simulate_job(job, "zero-offload")
     assert plan.template is None and result.sim.reduction == ""
+    with pytest.raises(TemplateRefused):
+        plan_bounds(tpl, job.hw)
     assert result.step_time_s == simulate_plan(make_plan(job, "zero-offload"), job.hw).step_time_s
 
 
@@ -178,3 +192,23 @@ def test_cli_simulate_writes_the_full_plan_and_answers_alike(tmp_path: Any, caps
     assert not _close(a, b)
     saved = json.loads(out.read_text())
     assert {t["stream"] for s in saved["segments"] for t in s["tasks"]} >= {"gpu3.compute", "cpu.adam3"}
+
+
+def test_search_with_templates_answers_as_with_full_plans() -> None:
+    """The planner builds templates unless it keeps the best plan (to write or export it: the full plan); both
+    searches rank every candidate alike, with the same bounds and simulated steps."""
+    from planner.search import search
+
+    kw = {"hw": "a100x8", "model": "gpt2", "request": JobRequest(seq_len=512), "hw_overrides": ("gpu.count=4",),
+          "policies": ("none", "zero-offload")}
+    tpl, full = search(**kw), search(**kw, keep_best_plan=True)  # type: ignore[arg-type]
+    assert tpl.best is not None and full.best is not None and full.best.plan is not None
+    assert full.best.plan.template is None
+    assert tpl.best.index == full.best.index and tpl.best.step_time_s == full.best.step_time_s
+    assert [(e.index, e.step_time_s) for e in tpl.ranked] == [(e.index, e.step_time_s) for e in full.ranked]
+    def seen(e: Any) -> tuple:
+        return e.index, e.feasible, e.reason, e.step_time_s, e.peak_bytes, e.bound_time_s, e.bound_resource
+
+    assert [seen(e) for e in tpl.evaluated] == [seen(e) for e in full.evaluated]
+    for a, b in zip(full.evaluated, tpl.evaluated, strict=True):
+        assert b.bound_memory_bytes == pytest.approx(a.bound_memory_bytes, rel=1e-12)

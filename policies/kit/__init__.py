@@ -167,8 +167,8 @@ class Layout:
         return "" if self.flat_comm else f".d{j}"
 
 
-def templated(job: Job, tp: int) -> bool:
-    """Does the job ask for a rank template (``Job.rank_template``) that a layout of ``tp`` can give (``Layout``)?"""
+def templated(job: Job) -> bool:
+    """Does the job ask for a rank template (``Job.rank_template``) that a layout can give (two or more ranks)?"""
     return job.rank_template and job.n_gpus > 1
 
 

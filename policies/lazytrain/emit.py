@@ -48,7 +48,7 @@ class _Emitter:
     def __init__(self, job: Job, knobs: Knobs, s: Schedule):
         c, t = s.costs, s.costs.tiering
         # a rank template (kit.Layout): the per-rank loops see rank 0 (``mine``, ``ranks``), the collectives every GPU
-        self.lay = kit.Layout(c.n, flat_comm=True, template=kit.templated(job, 1))
+        self.lay = kit.Layout(c.n, flat_comm=True, template=kit.templated(job))
         self.b = PlanBuilder(NAME, knobs, job, template=self.lay.rank_template)
         self.layers = job.trace.layers
         self.nl = nl = len(self.layers)

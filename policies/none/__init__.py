@@ -66,7 +66,7 @@ def param_ready(lay: kit.Layout, stage: int, n_layers: int) -> dict[int, list[st
 
 def plan(job: Job, knobs: Knobs) -> Plan:
     kit.check_tp(job, knobs.tp, NAME)
-    lay = kit.Layout(job.n_gpus, knobs.tp, template=kit.templated(job, knobs.tp))
+    lay = kit.Layout(job.n_gpus, knobs.tp, template=kit.templated(job))
     dp = lay.dp
     stage = knobs.stage if dp > 1 else 0
     accum = job.accumulation(dp)

@@ -270,7 +270,7 @@ def plan(job: Job, knobs: Knobs) -> Plan:
     accum = job.accumulation(n)
     groups = sub_groups(job, n, knobs.sub_group_size)
     need = check_fit(job, knobs, n, groups)
-    lay = kit.Layout(n, flat_comm=True, template=kit.templated(job, 1))
+    lay = kit.Layout(n, flat_comm=True, template=kit.templated(job))
     b = PlanBuilder(NAME, knobs, job, template=lay.rank_template)
     kit.declare_streams(b, lay, cpu_adam=True,
                         cpu_per_rank=[("owrite", "io")] * (knobs.param_nvme or knobs.optimizer_nvme)  # fp16 + states

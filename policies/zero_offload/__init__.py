@@ -115,7 +115,7 @@ def param_ready(job: Job, lay: kit.Layout, delayed_update: bool) -> dict[int, li
 def plan(job: Job, knobs: Knobs) -> Plan:
     tp = knobs.tp or auto_tp(job)
     kit.check_tp(job, tp, NAME)
-    lay = kit.Layout(job.n_gpus, tp, template=kit.templated(job, tp))
+    lay = kit.Layout(job.n_gpus, tp, template=kit.templated(job))
     accum = job.accumulation(lay.dp)
     db = kit.dtype_bytes(job)
     gpu_params = db * float(job.trace.params) / tp
