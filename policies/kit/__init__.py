@@ -59,6 +59,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from hardware_models.allocator import allocator_overhead
@@ -484,10 +485,11 @@ def sliced_fetch(b: PlanBuilder, gpus: Sequence[str], i: int, ph: str, slice_byt
                        use=use_of(ph), allocs=[] if reserved else [(fetch_buffer(i, ph, g, n), g)],
                        frees=frees_of(r) if frees_of else (), reads=reads_of(r) if reads_of else ())
              for r, g in enumerate(gpus) if mine is None or g in mine}
-    if n > 1:
+    if n > 1:  # (a template: its placements on the GPUs whose tasks it holds)
+        held = gpus if mine is None else mine
         t = all_gather(b, f"ag{ph}{i}{sfx}", stream, gpus, full_bytes, [*ready.values(), *gather_deps], layer=i,
-                       use=use_of(ph) if gather_use else None, allocs=[(f"{full}.{g}", g) for g in gpus],
-                       frees=[(fetch_buffer(i, ph, g, n), g) for g in gpus])
+                       use=use_of(ph) if gather_use else None, allocs=[(f"{full}.{g}", g) for g in held],
+                       frees=[(fetch_buffer(i, ph, g, n), g) for g in held])
         ready = dict.fromkeys(gpus, t)
     return ready
 
@@ -504,7 +506,7 @@ def gather_layer(b: PlanBuilder, lay: Layout, i: int, phase: str, nbytes: float,
     ``pg{i}.{g}`` before its use ``phase`` (``f`` / ``b``), after ``deps_of[j]``. Returns j -> task id."""
     return {j: all_gather(b, f"ag{phase}{i}{lay.dp_suffix(j)}", lay.dp_stream(j, "param"), lay.dp_group(j), nbytes,
                           deps_of.get(j, []), layer=i, use=use_of(phase),
-                          allocs=[(f"pg{i}.{g}", g) for g in lay.dp_group(j)]) for j in lay.dp_groups()}
+                          allocs=[(f"pg{i}.{g}", g) for g in lay.mine(lay.dp_group(j))]) for j in lay.dp_groups()}
 
 
 @dataclass(frozen=True)
@@ -517,8 +519,9 @@ class UseOrder:
     sfx: str = ""
     prev: Callable[[str], str | None] = lambda x: f"{x}@1"
 
-    @property
+    @cached_property
     def uses(self) -> list[tuple[int, str]]:
+        """Every use in order (worked out once: ``end_id`` reads it for every fetch window of every GPU)."""
         L = self.n_layers
         return [(i, "f") for i in range(L)] + [(i, "b") for i in reversed(range(L))]
 
@@ -598,9 +601,9 @@ def reduce_and_offload(b: PlanBuilder, job: Job, lay: Layout, grads: Grads, i: i
         red = None
         if lay.dp > 1:
             red = reduce(b, f"red{i}{lay.dp_suffix(j)}", lay.dp_stream(j, "grad"), grp,
-                         layer.params / lay.tp * dtype_bytes(job), [d for g in grp for d in ready(g)],
+                         layer.params / lay.tp * dtype_bytes(job), [d for g in lay.mine(grp) for d in ready(g)],
                          coll=grads.reduce, layer=i,
-                         frees=[(f"gb{i}.{g}", g) for g in grp] if grads.bucket and not grads.offload else [])
+                         frees=[(f"gb{i}.{g}", g) for g in lay.mine(grp)] if grads.bucket and not grads.offload else [])
         for g in lay.mine(grp):
             r = int(g[3:])
             if grads.offload:  # a gated bucket is released on the compute stream (release_buckets), else here
@@ -644,7 +647,8 @@ def _forward_pass(b: PlanBuilder, job: Job, lay: Layout, *, gather_params: bool,
     for i, layer in enumerate(job.trace.layers):
         pre: dict[int, str] = {}
         if gather_params:
-            bound = {j: [f"fwd{i - 2}.{g}" for g in lay.dp_group(j)] if i >= 2 else [] for j in lay.dp_groups()}
+            bound = {j: [f"fwd{i - 2}.{g}" for g in lay.mine(lay.dp_group(j))] if i >= 2 else []
+                     for j in lay.dp_groups()}
             pre = gather_layer(b, lay, i, "f", layer.params / lay.tp * dtype_bytes(job),
                                {j: list(param_ready.get(i, [])) + bound[j] for j in lay.dp_groups()})
 
@@ -670,7 +674,7 @@ def _backward_pass(b: PlanBuilder, job: Job, lay: Layout, grads: Grads, *, gathe
         if gather_params:
             after = f"fwd{L - 1}" if i >= L - 2 else f"bwd{i + 2}"  # backward prefetch: also one layer ahead
             pre = gather_layer(b, lay, i, "b", layer.params / lay.tp * dtype_bytes(job),
-                               {j: [f"{after}.{g}" for g in lay.dp_group(j)] for j in lay.dp_groups()})
+                               {j: [f"{after}.{g}" for g in lay.mine(lay.dp_group(j))] for j in lay.dp_groups()})
         rc_sync: dict[int, str] = {}
         recomputed = layer.recompute_flops > 0
         if recomputed:
@@ -728,8 +732,8 @@ def cpu_update_by_layer(b: PlanBuilder, job: Job, lay: Layout, *, upload_bytes_p
         for j in lay.dp_groups() if lay.dp > 1 else ():
             grp = lay.dp_group(j)
             all_gather(b, f"ag{i}{lay.dp_suffix(j)}", lay.dp_stream(j, "param"), grp,
-                       layer.params / lay.tp * dtype_bytes(job), [f"up{i}.{g}" for g in grp], layer=i,
-                       frees=[(f"stage32_{i}.{g}", g) for g in grp] if staged else [])
+                       layer.params / lay.tp * dtype_bytes(job), [f"up{i}.{g}" for g in lay.mine(grp)], layer=i,
+                       frees=[(f"stage32_{i}.{g}", g) for g in lay.mine(grp)] if staged else [])
 
 
 def gpu_held_bytes(job: Job, sizes: Iterable[float]) -> float:

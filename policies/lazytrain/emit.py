@@ -222,7 +222,7 @@ class _Emitter:
     def grads(self, i: int) -> None:
         """Level 1: all-reduce layer i's gradients; else reduce-scatter them and copy each slice to the CPU."""
         b, gpus, n = self.b, self.gpus, self.n
-        bwd = [f"bwd{i}.{g}" for g in gpus]
+        bwd = [f"bwd{i}.{g}" for g in self.mine]  # (a template: rank 0's)
         if self.level == 1:
             if n > 1:
                 kit.reduce(b, f"red{i}", "dp.grad", gpus, self.layers[i].params * self.db, bwd, coll="all_reduce",
@@ -251,7 +251,7 @@ class _Emitter:
                 self._cpu_adam(i, r, g)
             if self.t.params == "gpu" and self.n > 1:
                 kit.all_gather(self.b, f"ag{i}", "dp.param", self.gpus, self.layers[i].params * self.db,
-                               [f"up{i}.{g}" for g in self.gpus], layer=i)
+                               [f"up{i}.{g}" for g in self.mine], layer=i)
 
     def _cpu_adam(self, i: int, r: int, g: str) -> None:
         b, params, t = self.b, self.layers[i].params / self.n, self.t

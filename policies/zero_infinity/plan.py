@@ -122,7 +122,7 @@ class MicroStep:
                          lambda r, g: window(u, k.cpu_prefetch, [g]) + ([rank_io(f"nr{ph}{i}{sfx}", r, n)]
                                                                         if k.param_nvme else opt_dep[r:r + 1])
                          + [f"rsv{ph}{i}{sfx}.{g}"],
-                         sfx=sfx, gather_deps=window(u, k.gather_prefetch, self.gpus),
+                         sfx=sfx, gather_deps=window(u, k.gather_prefetch, self.mine),  # (every GPU's: a barrier)
                          frees_of=lambda r: [(f"pin{ph}{i}.r{r}", "cpu")] if k.param_nvme else [],
                          reads_of=lambda r: [] if k.param_nvme else [(f"param16.r{r}", "cpu")], reserved=True,
                          mine=self.mine)
@@ -177,8 +177,9 @@ class MicroStep:
             return
         s = layer.params / n
         if n > 1:
-            kit.reduce(b, f"rs{i}{sfx}", "dp.grad", gpus, layer.params * self.db, [f"bwd{i}{sfx}.{g}" for g in gpus],
-                       layer=i, allocs=[(f"gs{i}.{g}", g) for g in gpus], frees=[(f"gb{i}.{g}", g) for g in gpus])
+            mine = self.mine  # (a template: the deps and placements of rank 0's)
+            kit.reduce(b, f"rs{i}{sfx}", "dp.grad", gpus, layer.params * self.db, [f"bwd{i}{sfx}.{g}" for g in mine],
+                       layer=i, allocs=[(f"gs{i}.{g}", g) for g in mine], frees=[(f"gb{i}.{g}", g) for g in mine])
         pp = per_param_bytes(self.job, self.knobs)
         buffered = pp["grad"] > 0  # else the fp32 slice goes straight to the optimizer's gradient (states.py)
         stage = self.boundary and self.knobs.optimizer_nvme
