@@ -4,8 +4,9 @@
 0's, then works out what the quotient simulation needs: the shared resources' orbits and the load check, the pools
 and how many ranks' allocations one of rank 0's stands for. A template holds only rank 0's tasks, so the pairing
 is given (rank r's copy of a rank-0 name is its image, ``rank_template.image``) and only its structure is checked
-here: every task is rank 0's (its streams on ``gpu0`` or the host, no other GPU), every collective spans all the
-ranks' GPUs once. The resources, the load check and the pools are the proof's own (``symmetry._resources``,
+here: every task is rank 0's (its streams on ``gpu0`` or the host, no other GPU), every collective spans rank 0's
+tensor-parallel or data-parallel group (all the ranks when tp is 1 or n), and its copies in the other groups (the
+collective's orbit: ids and streams by the same rule, ``group_copies``) stand beside it. The resources, the load check and the pools are the proof's own (``symmetry._resources``,
 ``symmetry._pools``) on those maps, so a machine whose GPUs do not play one role (an uneven switch, a pool shared
 unevenly) refuses the template as it refuses the full plan.
 
