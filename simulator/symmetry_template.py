@@ -6,9 +6,9 @@ and how many ranks' allocations one of rank 0's stands for. A template holds onl
 is given (rank r's copy of a rank-0 name is its image, ``rank_template.image``) and only its structure is checked
 here: every task is rank 0's (its streams on ``gpu0`` or the host, no other GPU), every collective spans rank 0's
 tensor-parallel or data-parallel group (all the ranks when tp is 1 or n), and its copies in the other groups (the
-collective's orbit: ids and streams by the same rule, ``group_copies``) stand beside it. The resources, the load check and the pools are the proof's own (``symmetry._resources``,
-``symmetry._pools``) on those maps, so a machine whose GPUs do not play one role (an uneven switch, a pool shared
-unevenly) refuses the template as it refuses the full plan.
+collective's orbit: ids by the same rule, ``group_copies``) stand beside it. The resources, the load check and the
+pools are the proof's own (``symmetry._resources``, ``symmetry._pools``) on those maps, so a machine whose GPUs do
+not play one role (an uneven switch, a pool shared unevenly) refuses the template as it refuses the full plan.
 
 Memory: a rank-0 tensor (one the rank's tasks place, or one named for rank 0: ``param32.r0``, resident from the
 start) counts once per rank in a pool the ranks share (host DRAM, NVMe) and once in its GPU's pool, as in the
