@@ -398,28 +398,14 @@ def _find(plan: Plan, topo: Topology, route: Callable[[str, str], RouteResources
                 if coll_sig0[a.id] != colls.signature(b, {k}):
                     raise NotSymmetric(f"tasks {a.id!r} and {b.id!r} wait for different collectives")
     orbits = _check_collectives(colls, plan, globals_, maps, owner_of_task, global_ids, gpu_of, tensor_owner)
-    ring_cache: dict[tuple, Ring] = {}
-
-    def rings_of(ranks: tuple[str, ...], nbytes: float, coll: str) -> Ring:
-        """The ring of a collective shape, worked out once (over many ranks each is O(ranks))."""
-        got = ring_cache.get((ranks, nbytes, coll))
-        if got is None:
-            got = ring_cache[(ranks, nbytes, coll)] = ring(route, ranks, nbytes, coll)
-        return got
-
-    try:  # a collective's alike hops as one role; failing the load check, each hop its own
-        rep, orbit_size = _resources(plan, base, maps, route, capacity, orbits, shared_host, streams, True, rings_of)
-    except NotSymmetric:  # (the maps it paired are the same either way)
-        rep, orbit_size = _resources(plan, base, maps, route, capacity, orbits, shared_host, streams, False,
-                                     rings_of)
+    rings_of = ring_memo(route)
+    rep, orbit_size = roles(plan, base, maps, route, capacity, orbits, shared_host, streams, rings_of)
     pool_maps, pool_mult = _pools(plan, topo, maps, n, tensors, tensor_owner)
     rank_tensors = frozenset(maps[0].tensors.fwd)
     dropped = frozenset(t for k in range(1, n) for t in maps[k].tensors.back)
     kept = frozenset(orbits)
-    rings = [(t, rings_of(t.ranks, max(t.bytes, 1.0), t.coll or "")) for o in orbits.values() if len(o) > 1
-             for t in o]
     kept_streams = frozenset(maps[0].streams.fwd) | {streams_of[c] for c in kept}
-    ring_views: dict[int, tuple] = {}
+    coll_links, coll_hop_links = orbit_links(orbits, rings_of)
     return Symmetry(
         n=n, rank_tasks=frozenset(maps[0].tasks.fwd), global_tasks=kept,
         rank_streams=frozenset(maps[0].streams.fwd), rank_tensors=rank_tensors, dropped_tensors=dropped,
@@ -431,8 +417,47 @@ def _find(plan: Plan, topo: Topology, route: Callable[[str, str], RouteResources
         coll_maps=tuple(m.colls.fwd for m in maps), flow_mult={c: float(len(o)) for c, o in orbits.items()},
         coll_ranks={t.id: t.ranks for t in globals_}, kept_streams=kept_streams,
         coll_orbit={c: tuple(t.id for t in o) for c, o in orbits.items()},
-        coll_links={t.id: _ring_links(rg, ring_views)[0] for t, rg in rings},
-        coll_hop_links={t.id: _ring_links(rg, ring_views)[1] for t, rg in rings})
+        coll_links=coll_links, coll_hop_links=coll_hop_links)
+
+
+RingOf = Callable[[tuple[str, ...], float, str], Ring]
+
+
+def ring_memo(route: Callable[[str, str], RouteResources]) -> RingOf:
+    """``ring`` on ``route``, each collective shape (ranks, bytes, kind) worked out once (each is O(ranks))."""
+    cache: dict[tuple, Ring] = {}
+
+    def rings_of(ranks: tuple[str, ...], nbytes: float, coll: str) -> Ring:
+        got = cache.get((ranks, nbytes, coll))
+        if got is None:
+            got = cache[(ranks, nbytes, coll)] = ring(route, ranks, nbytes, coll)
+        return got
+
+    return rings_of
+
+
+def roles(plan: Plan, base: list[list[TaskSpec]], maps: list[_RankMaps], route: Callable[[str, str], RouteResources],
+          capacity: Mapping[str, float], orbits: Mapping[str, list[Any]], shared_host: bool,
+          streams: Mapping[str, Any], rings_of: RingOf) -> tuple[dict[str, str], dict[str, int]]:
+    """The resources' roles (``_resources``): a collective's alike hops as one role; failing the load check, each
+    hop its own (the maps it pairs are the same either way)."""
+    try:
+        return _resources(plan, base, maps, route, capacity, orbits, shared_host, streams, True, rings_of)
+    except NotSymmetric:
+        return _resources(plan, base, maps, route, capacity, orbits, shared_host, streams, False, rings_of)
+
+
+def orbit_links(orbits: Mapping[str, list[Any]], rings_of: RingOf
+                ) -> tuple[dict[str, tuple[str, ...]], dict[str, tuple[tuple[str, float], ...]]]:
+    """Per collective of an orbit of more than one (a group's and its copies): the links its ring crosses and its
+    (link, share of per_rank) hop by hop (``Symmetry.coll_links``, ``coll_hop_links``)."""
+    views: dict[int, tuple] = {}
+    links: dict[str, tuple[str, ...]] = {}
+    hops: dict[str, tuple[tuple[str, float], ...]] = {}
+    for o in orbits.values():
+        for t in o if len(o) > 1 else ():
+            links[t.id], hops[t.id] = _ring_links(rings_of(t.ranks, max(t.bytes, 1.0), t.coll or ""), views)
+    return links, hops
 
 
 def _ring_links(rg: Ring, views: dict[int, tuple]) -> tuple[tuple[str, ...], tuple[tuple[str, float], ...]]:

@@ -20,11 +20,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-from costs import Ring, RouteResources, ring
+from costs import RouteResources
 from hardware_models import Topology
 from simulator.plan import Plan, TaskSpec
 from simulator.rank_template import DP_TOKENS, TP_TOKENS, Images, RankTemplate, canonical, group_copies, names_a_rank
-from simulator.symmetry import NotSymmetric, Symmetry, _pools, _RankMaps, _resources, _ring_links
+from simulator.symmetry import NotSymmetric, Symmetry, _pools, _RankMaps, orbit_links, ring_memo, roles
 
 
 def template_symmetry(plan: Plan, topo: Topology, route: Callable[[str, str], RouteResources],
@@ -83,26 +83,14 @@ def template_symmetry(plan: Plan, topo: Topology, route: Callable[[str, str], Ro
         m.locs.fwd = {loc: (gpus[k] if loc == gpu0 else loc) for loc in locs}
         m.locs.back = {v: k_ for k_, v in m.locs.fwd.items()}
         maps.append(m)
-    ring_cache: dict[tuple, Ring] = {}
-
-    def rings_of(ranks: tuple[str, ...], nbytes: float, coll: str) -> Ring:
-        got = ring_cache.get((ranks, nbytes, coll))
-        if got is None:
-            got = ring_cache[(ranks, nbytes, coll)] = ring(route, ranks, nbytes, coll)
-        return got
-
-    try:
-        rep, orbit_size = _resources(plan, base, maps, route, capacity, orbits, shared_host, streams, True, rings_of)
-    except NotSymmetric:
-        rep, orbit_size = _resources(plan, base, maps, route, capacity, orbits, shared_host, streams, False, rings_of)
+    rings_of = ring_memo(route)
+    rep, orbit_size = roles(plan, base, maps, route, capacity, orbits, shared_host, streams, rings_of)
     pool_maps, pool_mult = _pools(plan, topo, maps, n, tensors, dict.fromkeys(rank_tensors, 0))
     rank_task_ids = frozenset(t.id for ts in base for t in ts)
     streams0 = frozenset(rank_streams) | {c.stream for c in globals_}
     coll_ids = frozenset(c.id for c in globals_)
     images = [t for o in orbits.values() for t in o]
-    ring_views: dict[int, tuple] = {}
-    rings = [(t, rings_of(t.ranks, max(t.bytes, 1.0), t.coll or "")) for o in orbits.values() if len(o) > 1
-             for t in o]
+    coll_links, coll_hop_links = orbit_links(orbits, rings_of)
     return Symmetry(
         n=n, rank_tasks=rank_task_ids, global_tasks=frozenset(c.id for c in globals_),
         rank_streams=frozenset(rank_streams), rank_tensors=rank_tensors, dropped_tensors=frozenset(),
@@ -114,9 +102,7 @@ def template_symmetry(plan: Plan, topo: Topology, route: Callable[[str, str], Ro
         loc_maps=tuple(m.locs.fwd for m in maps), coll_maps=tuple(Images(coll_ids, k, tp=tp) for k in range(n)),
         flow_mult={c: float(len(o)) for c, o in orbits.items()}, coll_ranks={t.id: t.ranks for t in images},
         kept_streams=frozenset(streams), coll_orbit={c: tuple(t.id for t in o) for c, o in orbits.items()},
-        coll_links={t.id: _ring_links(rg, ring_views)[0] for t, rg in rings},
-        coll_hop_links={t.id: _ring_links(rg, ring_views)[1] for t, rg in rings},
-        task_lists=(*base, globals_), images_by_rule=True)
+        coll_links=coll_links, coll_hop_links=coll_hop_links, task_lists=(*base, globals_), images_by_rule=True)
 
 
 def _groups(tpl: RankTemplate) -> dict[tuple[str, ...], str]:
