@@ -28,6 +28,7 @@ a sweep of policies, models and knobs):
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -222,5 +223,12 @@ def plan_bounds(plan: Plan, hw: HardwareSpec, topo: Topology | None = None) -> B
                                   f"({got}); build the full plan")
         sym = got
     work = resource_work(plan, hw, topo, sym)
-    resource, time_s = max(sorted(work.items()), key=lambda kv: kv[1], default=("none", 0.0))
+    # of resources equally loaded, the first in numeric order of their names (rank 0's: gpu2 before gpu10)
+    resource, time_s = max(sorted(work.items(), key=lambda kv: _numeric(kv[0])), key=lambda kv: kv[1],
+                           default=("none", 0.0))
     return Bounds(memory_lower_bound(plan, topo, sym), time_s * (1 - BOUND_SLACK), resource)
+
+
+def _numeric(name: str) -> tuple[tuple[str, int], ...]:
+    """``name``'s sort key with its numbers compared as numbers (``gpu2.sm`` before ``gpu10.sm``)."""
+    return tuple((text, int(num or 0)) for text, num in re.findall(r"(\D*)(\d*)", name) if text or num)

@@ -106,8 +106,11 @@ class PlanBuilder:
         tasks = {t.id for _, _, ts in self._segments for t in ts}
         tensors = set(self._tensors)
 
+        assert self.template is not None
+        width = self.template.width
+
         def other_rank(name: str, known: set[str]) -> bool:
-            return name not in known and (c := canonical(name)) != name and c in known
+            return name not in known and (c := canonical(name, width=width)) != name and c in known
 
         out = []
         for name, repeat, ts in self._segments:

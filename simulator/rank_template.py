@@ -16,6 +16,10 @@ transposition, rank 0's and rank r's names trade places and every other name sta
 its first dot (``fwd3.gpu0``, ``adam3.r0``: ``adam3`` there is layer 3's step), anywhere in a stream id
 (``gpu0.compute``, ``cpu.adam0``). Its groups' tokens likewise: its data-parallel group's (``d``, ``dp``: ``ag3.d0``,
 ``dp0.grad``) 0 and ``r mod tp``, its tensor-parallel group's (``k``, ``tp``: ``tpf3.k0``, ``tp0``) 0 and ``r div tp``.
+A pipeline replica (``RankTemplate.width`` S > 1, TinyPipe's: a rank of S GPUs, stage s on its s-th) swaps
+its GPUs' tokens block to block (``GPU_TOKENS``: rank 0's ``gpu{s}`` and ``cpu.adam{s}`` with rank r's
+``gpu{r*S+s}``, ``cpu.adam{r*S+s}``) and its replica's (``REPLICA_TOKENS``: ``tie.r0``, ``tie0``) 0 and r; a
+stage's data-parallel collective (``ar5.s2`` on ``dp2``) spans that stage of every replica and is kept whole.
 That is the kit's naming; the tests check that a template and the full plan of the same job simulate identically
 and that these images are the pairing the proof finds in the full plan, for every policy that emits templates.
 
@@ -29,8 +33,11 @@ import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
-# a rank's own token: its GPU, its rank, its host streams (CPU Adam, the NVMe swapper's reads and writes)
-RANK_TOKENS = ("gpu", "r", "adam", "pread", "gwrite", "oread", "owrite", "io")
+# a rank's own tokens: those of its GPUs and their host streams (CPU Adam, the NVMe swapper's reads and writes),
+# numbered by GPU, and those numbered by rank (a pipeline replica's: its rank ``r`` and its tied-table stream ``tie``)
+GPU_TOKENS = ("gpu", "adam", "pread", "gwrite", "oread", "owrite", "io")
+REPLICA_TOKENS = ("r", "tie")
+RANK_TOKENS = GPU_TOKENS + REPLICA_TOKENS
 # with tensor parallelism, the groups a rank belongs to: its data-parallel group (position j in its tensor-parallel
 # group: ``.d{j}`` collectives on ``dp{j}.*`` streams) and its tensor-parallel group (``.k{k}`` on ``tp{k}``)
 DP_TOKENS, TP_TOKENS = ("d", "dp"), ("k", "tp")
@@ -40,13 +47,27 @@ _TOKEN = re.compile(rf"^({'|'.join(RANK_TOKENS + DP_TOKENS + TP_TOKENS)})(\d+)$"
 @dataclass(frozen=True)
 class RankTemplate:
     """The plan's tasks are rank 0's of ``ranks`` ranks, rank r on GPU ``gpu{r}``, in tensor-parallel groups of
-    ``tp`` neighbouring GPUs (``policies.kit.Layout``): rank r is position ``r % tp`` of group ``r // tp``."""
+    ``tp`` neighbouring GPUs (``policies.kit.Layout``): rank r is position ``r % tp`` of group ``r // tp``.
+
+    ``width`` > 1 (with tp 1): a rank is a pipeline replica of ``width`` stages, rank r on GPUs
+    ``gpu{r * width}`` .. ``gpu{r * width + width - 1}`` (stage s on the s-th); its GPUs' tokens map block to block
+    (rank 0's ``gpu{s}`` and rank r's ``gpu{r * width + s}`` trade places), its replica tokens 0 and r."""
 
     ranks: int
     tp: int = 1
+    width: int = 1
+
+    def __post_init__(self) -> None:
+        if self.width < 1 or (self.width > 1 and self.tp != 1):
+            raise ValueError(f"a rank template of width {self.width} with tp {self.tp}: a pipeline replica's "
+                             "template is data parallel only")
 
     def gpu(self, r: int) -> str:
-        return f"gpu{r}"
+        """Rank r's first GPU (its only one at width 1)."""
+        return f"gpu{r * self.width}"
+
+    def gpus_of(self, r: int) -> tuple[str, ...]:
+        return tuple(f"gpu{r * self.width + s}" for s in range(self.width))
 
     def tp_group(self, k: int) -> tuple[str, ...]:
         return tuple(self.gpu(k * self.tp + j) for j in range(self.tp))
@@ -56,12 +77,21 @@ class RankTemplate:
 
 
 def _values(r: int, tp: int) -> dict[str, int]:
-    """Rank r's value of each token: itself, its position j and its tensor-parallel group k."""
+    """Rank r's value of each token (at width 1): itself, its position j and its tensor-parallel group k."""
     k, j = divmod(r, tp)
     out = dict.fromkeys(RANK_TOKENS, r)
     out.update(dict.fromkeys(DP_TOKENS, j))
     out.update(dict.fromkeys(TP_TOKENS, k))
     return out
+
+
+def _swap(head: str, v: int, r: int, tp: int, width: int) -> int:
+    """Token ``head`` with value ``v`` in rank 0's name -> its value in rank r's copy (the transposition)."""
+    if width > 1 and head in GPU_TOKENS:  # GPU blocks 0 and r trade places
+        lo = r * width
+        return v + lo if v < width else (v - lo if lo <= v < lo + width else v)
+    mine = _values(r, tp)[head]
+    return mine if v == 0 else (0 if v == mine else v)
 
 
 def _parts(name: str, first: bool) -> tuple[str, ...] | None:
@@ -74,29 +104,33 @@ def _parts(name: str, first: bool) -> tuple[str, ...] | None:
     return None
 
 
-def image(name: str, r: int, *, tp: int = 1, stream: bool = False) -> str:
+def image(name: str, r: int, *, tp: int = 1, stream: bool = False, width: int = 1) -> str:
     """Rank r's copy of rank 0's ``name`` (a task, tensor or, with ``stream``, stream id): the module docstring's
-    transposition of each token's rank-0 value and rank r's."""
+    transposition of each token's rank-0 value and rank r's (of GPU blocks at ``width`` > 1)."""
     parts = _parts(name, stream)
     if parts is None or r == 0:
         return name
-    vals = _values(r, tp)
     out = []
     for i, p in enumerate(parts):
         m = _TOKEN.match(p) if (stream or i > 0) else None
         if m is not None:
-            v, mine = int(m.group(2)), vals[m.group(1)]
-            p = f"{m.group(1)}{mine}" if v == 0 else (f"{m.group(1)}0" if v == mine else p)
+            p = f"{m.group(1)}{_swap(m.group(1), int(m.group(2)), r, tp, width)}"
         out.append(p)
     return ".".join(out)
 
 
-def canonical(name: str, *, stream: bool = False) -> str:
-    """``name`` with every token's value 0: the rank-0 name of which ``name`` is some rank's copy."""
+def canonical(name: str, *, stream: bool = False, width: int = 1) -> str:
+    """The rank-0 name of which ``name`` is some rank's copy: every token's value 0 (a GPU token's, at
+    ``width`` > 1, its stage: the value modulo ``width``)."""
     parts = _parts(name, stream)
     if parts is None:
         return name
-    return ".".join(f"{m.group(1)}0" if (m := _TOKEN.match(p)) is not None and (stream or i > 0) else p
+
+    def zero(m: re.Match[str]) -> str:
+        head = m.group(1)
+        return f"{head}{int(m.group(2)) % width}" if width > 1 and head in GPU_TOKENS else f"{head}0"
+
+    return ".".join(zero(m) if (m := _TOKEN.match(p)) is not None and (stream or i > 0) else p
                     for i, p in enumerate(parts))
 
 
@@ -126,8 +160,8 @@ class Images(Mapping[str, str]):
     """Rank k's names of rank 0's (``names``), worked out on first use (a 1024-rank result reads them only to
     expand its records)."""
 
-    def __init__(self, names: frozenset[str], k: int, *, tp: int = 1, stream: bool = False):
-        self._names, self._k, self._tp, self._stream = names, k, tp, stream
+    def __init__(self, names: frozenset[str], k: int, *, tp: int = 1, stream: bool = False, width: int = 1):
+        self._names, self._k, self._tp, self._stream, self._width = names, k, tp, stream, width
         self._got: dict[str, str] = {}
 
     def __getitem__(self, name: str) -> str:
@@ -135,7 +169,7 @@ class Images(Mapping[str, str]):
         if got is None:
             if name not in self._names:
                 raise KeyError(name)
-            got = self._got[name] = image(name, self._k, tp=self._tp, stream=self._stream)
+            got = self._got[name] = image(name, self._k, tp=self._tp, stream=self._stream, width=self._width)
         return got
 
     def __iter__(self) -> Iterator[str]:

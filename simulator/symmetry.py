@@ -11,7 +11,9 @@ equal the i-th task of owner 0 once task ids, stream ids, tensor ids and locatio
 maps built from that very pairing; each map must be a bijection, stream devices and tensor specs must
 agree under it, every rank's GPUs must be its own, and a rank task may depend only on its own rank's
 tasks and on global ones. A global collective must depend on every rank's image of its rank-0
-dependencies and on nothing else, carry no tensors, and span exactly the ranks' GPUs.
+dependencies and on nothing else, carry no tensors, and span the same GPUs of each of its ranks (the images
+of those rank 0's collective spans: all of a rank's GPUs, or, where a rank is a pipeline replica owning a
+GPU per stage, the one of its stage).
 
 Resources. Pairing every rank-0 flow's route with its image in rank k gives, position by position, a
 map of resources (and of links); its orbits (union over k) are the resources that play the same role.
@@ -668,9 +670,12 @@ def _check_collectives(colls_: _Collectives, plan: Plan, colls: list[TaskSpec],
             raise NotSymmetric(f"collective {t.id!r} copies a tensor")
         c0 = spec[base_of[t.id]]
         mine = members[t.id]
-        gpus = frozenset().union(*(gpu_of[k] for k in mine))
+        # the same GPUs of every member rank: the images of those of rank 0's GPUs that rank 0's collective spans
+        # (all of them, or one stage of every pipeline replica)
+        own0 = set(c0.ranks) & gpu_of[0]
+        gpus = frozenset(maps[k].locs.fwd[g] for k in mine for g in own0)
         if set(t.ranks) != gpus or len(t.ranks) != len(gpus):
-            raise NotSymmetric(f"collective {t.id!r} does not span exactly its ranks' GPUs")
+            raise NotSymmetric(f"collective {t.id!r} does not span the same GPUs of each of its ranks")
         if (t.op, t.coll, t.bytes, t.flops, t.params, dict(t.tags)) != \
                 (c0.op, c0.coll, c0.bytes, c0.flops, c0.params, dict(c0.tags)):
             raise NotSymmetric(f"collectives {c0.id!r} and {t.id!r} differ")

@@ -4,11 +4,13 @@
 0's, then works out what the quotient simulation needs: the shared resources' orbits and the load check, the pools
 and how many ranks' allocations one of rank 0's stands for. A template holds only rank 0's tasks, so the pairing
 is given (rank r's copy of a rank-0 name is its image, ``rank_template.image``) and only its structure is checked
-here: every task is rank 0's (its streams on ``gpu0`` or the host, no other GPU), every collective spans rank 0's
-tensor-parallel or data-parallel group (all the ranks when tp is 1 or n), and its copies in the other groups (the
-collective's orbit: ids by the same rule, ``group_copies``) stand beside it. The resources, the load check and the
-pools are the proof's own (``symmetry._resources``, ``symmetry._pools``) on those maps, so a machine whose GPUs do
-not play one role (an uneven switch, a pool shared unevenly) refuses the template as it refuses the full plan.
+here: every task is rank 0's (its streams on rank 0's GPUs or the host, no other GPU), every collective spans
+rank 0's tensor-parallel or data-parallel group (all the ranks when tp is 1 or n; of pipeline replicas, the same
+stages of every replica) or, tagged with rank 0, rank 0's own GPUs (a rank task, as the proof takes it), and its
+copies in the other groups (the collective's orbit: ids by the same rule, ``group_copies``) stand beside it. The
+resources, the load check and the pools are the proof's own (``symmetry._resources``, ``symmetry._pools``) on those
+maps, so a machine whose GPUs do not play one role (an uneven switch, a pool shared unevenly) refuses the template
+as it refuses the full plan.
 
 Memory: a rank-0 tensor (one the rank's tasks place, or one named for rank 0: ``param32.r0``, resident from the
 start) counts once per rank in a pool the ranks share (host DRAM, NVMe) and once in its GPU's pool, as in the
@@ -17,6 +19,7 @@ proof; a tensor named for no rank is one tensor of the whole machine.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -24,7 +27,7 @@ from costs import RouteResources
 from hardware_models import Topology
 from simulator.plan import Plan, TaskSpec
 from simulator.rank_template import DP_TOKENS, TP_TOKENS, Images, RankTemplate, canonical, group_copies, names_a_rank
-from simulator.symmetry import NotSymmetric, Symmetry, _pools, _RankMaps, orbit_links, ring_memo, roles
+from simulator.symmetry import NotSymmetric, Symmetry, _pools, _rank_tag, _RankMaps, orbit_links, ring_memo, roles
 
 
 def template_symmetry(plan: Plan, topo: Topology, route: Callable[[str, str], RouteResources],
@@ -33,10 +36,10 @@ def template_symmetry(plan: Plan, topo: Topology, route: Callable[[str, str], Ro
     tpl = plan.template
     if tpl is None:
         raise NotSymmetric("the plan is not a rank template")
-    n, tp = tpl.ranks, tpl.tp
-    gpus = [tpl.gpu(r) for r in range(n)]
+    n, tp, w = tpl.ranks, tpl.tp, tpl.width
+    gpus = [g for r in range(n) for g in tpl.gpus_of(r)]
     if not set(gpus) <= set(topo.gpu_locations()):
-        raise NotSymmetric(f"a template of {n} ranks needs GPUs gpu0..gpu{n - 1}")
+        raise NotSymmetric(f"a template of {n} ranks needs GPUs gpu0..gpu{n * w - 1}")
     groups = _groups(tpl)
     streams = plan.stream_map()
     base: list[list[TaskSpec]] = [[] for _ in plan.segments]
@@ -44,16 +47,16 @@ def template_symmetry(plan: Plan, topo: Topology, route: Callable[[str, str], Ro
     orbits: dict[str, list[Any]] = {}
     for si, seg in enumerate(plan.segments):
         for t in seg.tasks:
-            if t.op != "collective":
+            if t.op != "collective" or _rank_tag(t) is not None:  # a rank-tagged collective is its rank's task
                 base[si].append(t)
                 continue
-            kind = groups.get(tuple(sorted(t.ranks)))
+            kind = groups.get(tuple(sorted(t.ranks))) if w == 1 else _replicas_kind(t.ranks, tpl)
             if kind is None:
                 raise NotSymmetric(f"collective {t.id!r} of a template spans neither rank 0's tensor-parallel nor "
                                    "its data-parallel group")
             globals_.append(t)
             orbits[t.id] = _orbit(t, tpl, kind)
-    gpu0 = tpl.gpu(0)
+    gpus0 = tpl.gpus_of(0)
     locs: set[str] = set()
     rank_streams: set[str] = set()
     touched: set[str] = set()
@@ -62,6 +65,7 @@ def template_symmetry(plan: Plan, topo: Topology, route: Callable[[str, str], Ro
             rank_streams.add(t.stream)
             locs.add(streams[t.stream].device)
             locs.update(x for x in (t.src, t.dst) if x is not None)
+            locs.update(t.ranks)  # (a rank's own collective: its GPUs)
             for ps in (t.allocs, t.frees, t.reads):
                 for p in ps:
                     locs.add(p.loc)
@@ -69,18 +73,20 @@ def template_symmetry(plan: Plan, topo: Topology, route: Callable[[str, str], Ro
             if t.tensor is not None:
                 touched.add(t.tensor.id)
     tensors = plan.tensor_map()
-    rank_tensors = frozenset(touched | {tid for tid in tensors if names_a_rank(tid) and canonical(tid) == tid})
+    rank_tensors = frozenset(touched | {tid for tid in tensors
+                                        if names_a_rank(tid) and canonical(tid, width=w) == tid})
     for tid in rank_tensors:
         home = tensors[tid].home if tid in tensors else None
         if home is not None:
             locs.add(home)
-    others = sorted(loc for loc in locs if loc in set(gpus) and loc != gpu0)
+    others = sorted(loc for loc in locs if loc in set(gpus) and loc not in gpus0)
     if others:
         raise NotSymmetric(f"rank 0's tasks of a template use {others[0]!r}")
     maps: list[_RankMaps] = []
     for k in range(n):
         m = _RankMaps()
-        m.locs.fwd = {loc: (gpus[k] if loc == gpu0 else loc) for loc in locs}
+        mine = dict(zip(gpus0, tpl.gpus_of(k), strict=True))
+        m.locs.fwd = {loc: mine.get(loc, loc) for loc in locs}
         m.locs.back = {v: k_ for k_, v in m.locs.fwd.items()}
         maps.append(m)
     rings_of = ring_memo(route)
@@ -94,12 +100,13 @@ def template_symmetry(plan: Plan, topo: Topology, route: Callable[[str, str], Ro
     return Symmetry(
         n=n, rank_tasks=rank_task_ids, global_tasks=frozenset(c.id for c in globals_),
         rank_streams=frozenset(rank_streams), rank_tensors=rank_tensors, dropped_tensors=frozenset(),
-        stream_maps=tuple(Images(streams0, k, tp=tp, stream=True) for k in range(n)),
-        task_maps=tuple(Images(rank_task_ids, k, tp=tp) for k in range(n)),
-        tensor_maps=tuple(Images(rank_tensors, k, tp=tp) for k in range(n)),
+        stream_maps=tuple(Images(streams0, k, tp=tp, stream=True, width=w) for k in range(n)),
+        task_maps=tuple(Images(rank_task_ids, k, tp=tp, width=w) for k in range(n)),
+        tensor_maps=tuple(Images(rank_tensors, k, tp=tp, width=w) for k in range(n)),
         link_maps=tuple(m.links.fwd for m in maps), resource_maps=tuple(m.resources.fwd for m in maps),
-        rep=rep, orbit_size=orbit_size, pool_maps=pool_maps, pool_mult=pool_mult, gpus=frozenset({gpu0}),
-        loc_maps=tuple(m.locs.fwd for m in maps), coll_maps=tuple(Images(coll_ids, k, tp=tp) for k in range(n)),
+        rep=rep, orbit_size=orbit_size, pool_maps=pool_maps, pool_mult=pool_mult, gpus=frozenset(gpus0),
+        loc_maps=tuple(m.locs.fwd for m in maps),
+        coll_maps=tuple(Images(coll_ids, k, tp=tp, width=w) for k in range(n)),
         flow_mult={c: float(len(o)) for c, o in orbits.items()}, coll_ranks={t.id: t.ranks for t in images},
         kept_streams=frozenset(streams), coll_orbit={c: tuple(t.id for t in o) for c, o in orbits.items()},
         coll_links=coll_links, coll_hop_links=coll_hop_links, task_lists=(*base, globals_), images_by_rule=True)
@@ -112,6 +119,20 @@ def _groups(tpl: RankTemplate) -> dict[tuple[str, ...], str]:
     if tpl.tp == 1 or tpl.tp == tpl.ranks:
         return {tuple(sorted(tpl.gpu(r) for r in range(tpl.ranks))): "all"}
     return {tpg: "tp", dpg: "dp"}
+
+
+def _replicas_kind(ranks: tuple[str, ...], tpl: RankTemplate) -> str | None:
+    """``"all"`` when a collective of a template of pipeline replicas spans the same stages of every replica (a
+    stage's data-parallel group), else None."""
+    w, stages = tpl.width, defaultdict(set)
+    for g in ranks:
+        if not (g.startswith("gpu") and g[3:].isdigit()):
+            return None
+        k, s = divmod(int(g[3:]), w)
+        stages[k].add(s)
+    kinds = {frozenset(v) for v in stages.values()}
+    return "all" if len(stages) == tpl.ranks and len(kinds) == 1 and len(ranks) == sum(map(len, stages.values())) \
+        else None
 
 
 class _Copy(NamedTuple):

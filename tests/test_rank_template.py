@@ -18,7 +18,7 @@ from policies.none import Knobs as NoneKnobs
 from simulator import simulate_plan, validate_plan
 from simulator.engine import plan_symmetry, run_plan
 from simulator.errors import PlanError, TemplateRefused
-from simulator.rank_template import canonical, group_copies, image, names_a_rank
+from simulator.rank_template import RankTemplate, canonical, group_copies, image, names_a_rank
 from simulator.symmetry import Symmetry
 from tiersim.cli import main
 
@@ -41,6 +41,16 @@ CASES = [  # (hardware overrides, model, policy, knobs)
     (["gpu.count=8"], "7b", "none", {"stage": 3, "tp": 2}),
     (["gpu.count=8"], "7b", "none", {"stage": 1, "tp": 4}),
     (["gpu.count=4"], "7b", "none", {"tp": 4}),  # one data-parallel rank: tensor parallel only
+    # pipeline replicas (a rank of S GPUs): GPU Adam, CPU Adam with bounce buffers, GPipe's stash, a tied table
+    (["nodes=4"], "70b", "tinypipe", {}),
+    (["nodes=2"], "70b", "tinypipe", {"stages": 4}),
+    (["gpu.count=4"], "7b", "tinypipe", {"stages": 2, "schedule": "gpipe"}),
+    ([], "gpt2", "tinypipe", {"stages": 2}),
+    # SynergyScale: peer and cpu tiers, activations offloaded, chunks on two streams; 70b on two nodes
+    (["gpu.count=4"], "13b", "synergyscale", {"peer_fraction": "0.3", "cpu_fraction": "0.3",
+                                              "offload_activations": True}),
+    (["gpu.count=4"], "7b", "synergyscale", {"peer_fraction": "0.5", "chunks": 2, "streams": 2}),
+    (["nodes=2"], "70b", "synergyscale", {}),
 ]
 
 
@@ -65,10 +75,12 @@ def _close(a: Any, b: Any, path: str = "") -> list[str]:
 def test_template_simulates_as_the_full_plan(sets: list[str], model: str, policy: str, knobs: dict) -> None:
     job, _ = make_job("a100x8", model, hw_overrides=sets)
     full, tpl = make_plan(job, policy, knobs), make_plan(job, policy, knobs, template=True)
-    assert full.template is None and tpl.template is not None and tpl.template.ranks == job.n_gpus
+    assert full.template is None and tpl.template is not None
+    n = tpl.template.ranks
+    assert n * tpl.template.width == job.n_gpus and n > 1
     assert sum(len(s.tasks) for s in tpl.segments) < sum(len(s.tasks) for s in full.segments)
     a, b = simulate_plan(full, job.hw), simulate_plan(tpl, job.hw)
-    assert a.sim.reduction == b.sim.reduction == f"{job.n_gpus} ranks simulated as 1 class of {job.n_gpus}"
+    assert a.sim.reduction == b.sim.reduction == f"{n} ranks simulated as 1 class of {n}"
     assert not _close(a.to_dict(), b.to_dict())
     key = lambda r: (r.uid, r.start)  # noqa: E731
     assert sorted(a.records, key=key) == sorted(b.records, key=key)  # every rank's record, tags and all
@@ -88,13 +100,15 @@ def test_template_is_the_reduced_plan_and_its_images_the_proofs_pairing(sets: li
     assert [s.tasks for s in reduced.segments] == [s.tasks for s in tpl.segments]
     assert set(reduced.streams) <= set(tpl.streams)  # (the template also declares rank 0's idle streams)
     assert set(tpl.tensors) <= set(reduced.tensors)
-    tp = tpl.template.tp if tpl.template is not None else 1
+    assert tpl.template is not None
+    tp, width = tpl.template.tp, tpl.template.width
     for k in range(sym.n):
-        r = int(sym.stream_maps[k]["gpu0.compute"][3:].split(".")[0])  # the proof's k-th owner is rank r
+        # the proof's k-th owner is rank r (on GPUs r * width ...)
+        r = int(sym.stream_maps[k]["gpu0.compute"][3:].split(".")[0]) // width
         for name, maps, stream in (("task", sym.task_maps, False), ("tensor", sym.tensor_maps, False),
                                    ("stream", sym.stream_maps, True), ("collective", sym.coll_maps, False)):
             for a, b in maps[k].items():
-                assert image(a, r, tp=tp, stream=stream) == b, (name, a, b, r)
+                assert image(a, r, tp=tp, stream=stream, width=width) == b, (name, a, b, r)
 
 
 @pytest.mark.parametrize(("sets", "model", "policy", "knobs"), CASES)
@@ -122,6 +136,28 @@ def test_names_images_and_groups() -> None:
     assert names_a_rank("param32.r0") and not names_a_rank("ag1.d0") and not names_a_rank("p16.3")
     with pytest.raises(ValueError, match="not a group collective"):
         group_copies("fwd1.gpu0", ("k", "tp"), [1])
+    # pipeline replicas of 4 stages: replica 2 runs on gpu8..gpu11; its GPU block and replica 0's trade places
+    assert image("f3.gpu1.m0F", 2, width=4) == "f3.gpu9.m0F" and image("f3.gpu9.m0F", 2, width=4) == "f3.gpu1.m0F"
+    assert image("f3.gpu5.m0F", 2, width=4) == "f3.gpu5.m0F"  # replica 1's stays
+    assert image("tie.r0", 2, width=4) == "tie.r2" and image("tie0", 2, width=4, stream=True) == "tie2"
+    assert image("cpu.adam3", 2, width=4, stream=True) == "cpu.adam11" and image("ar5.s1", 2, width=4) == "ar5.s1"
+    assert canonical("f3.gpu9.m0F", width=4) == "f3.gpu1.m0F" and canonical("tie.r3", width=4) == "tie.r0"
+    with pytest.raises(ValueError, match="data parallel only"):
+        RankTemplate(4, tp=2, width=4)
+
+
+def test_synergyscale_whole_fetches_wait_for_every_rank_as_for_rank_0s() -> None:
+    """Without NVLink a cpu tier's layer is fetched whole by every GPU, each upload waiting for every rank's CPU
+    Adam of the previous step: a barrier, which the template keeps as rank 0's own wait."""
+    job, _ = make_job("rtx4090x4", "7b")
+    knobs = {"cpu_fraction": "0.5", "peer_fraction": "0"}
+    full, tpl = make_plan(job, "synergyscale", knobs), make_plan(job, "synergyscale", knobs, template=True)
+    assert tpl.template is not None and full.info["fetch"] == "whole per GPU" and "c" in full.info["layer_tiers"]
+    up = {t.id: t for s in full.segments for t in s.tasks}["upf1_0.gpu0"]
+    assert {"adam1.r0", "adam1.r3"} <= {d.id for d in up.deps}
+    a, b = simulate_plan(full, job.hw), simulate_plan(tpl, job.hw)
+    assert a.sim.reduction == b.sim.reduction == "4 ranks simulated as 1 class of 4"
+    assert not _close(a.to_dict(), b.to_dict())
 
 
 def test_template_is_not_a_plan_to_save_or_simulate_rank_by_rank() -> None:
@@ -135,9 +171,15 @@ def test_template_is_not_a_plan_to_save_or_simulate_rank_by_rank() -> None:
 
 
 def test_policies_and_jobs_without_templates_give_the_full_plan() -> None:
-    job, _ = make_job("a100x8", "7b")
-    for policy in ("synergyscale", "tinypipe"):  # not emitted as templates (a pipeline's stages differ)
-        assert make_plan(job, policy, template=True).template is None
+    job, _ = make_job("a100x8", "13b", hw_overrides=["gpu.count=4"])
+    nvme = make_plan(job, "synergyscale", {"nvme_fraction": "0.3", "peer_fraction": "0"}, template=True)
+    assert nvme.template is None and "n" in nvme.info["layer_tiers"]  # the NVMe tier's streams are the machine's
+    # a swapping stage's CPU Adam waits for every replica's gradients: no replica's tasks stand for the others'
+    swap, _ = make_job("a100x8", "70b", hw_overrides=["nodes=2"])
+    plan = make_plan(swap, "tinypipe", {"stages": 4, "schedule": "gpipe"}, template=True)
+    assert plan.template is None and {st["mode"] for st in plan.info["partition"]} == {"swap"}
+    one, _ = make_job("a100x8", "70b")  # one pipeline of 8 stages: nothing to stand for
+    assert make_plan(one, "tinypipe", template=True).template is None
     one, _ = make_job("a100x8", "gpt2", hw_overrides=["gpu.count=1"])
     assert make_plan(one, "none", template=True).template is None
     with pytest.raises(ValueError, match="two or more ranks"):

@@ -139,12 +139,20 @@ def test_the_representative_carries_the_others_load() -> None:
 
 
 def test_a_pipeline_is_simulated_in_full() -> None:
-    """tinypipe's stages run different layers: no symmetry, the full simulation, the reason on hand."""
-    plan, hw = _plan("tinypipe", 8, "13b")
+    """tinypipe's stages run different layers: one pipeline has no symmetry (the full simulation, the reason on
+    hand); its data-parallel replicas do (a rank of 4 GPUs, one per stage; each stage's all-reduce spans that
+    stage's GPU of every replica), and simulate as the full run does."""
+    plan, hw = _plan("tinypipe", 8, "13b", knobs=("stages=8",))
     sym = plan_symmetry(plan, hw)
-    assert isinstance(sym, str)
-    res = simulate_plan(plan, hw)
-    assert res.sim.reduction == ""
+    assert sym == "fewer than two ranks"
+    assert simulate_plan(plan, hw).sim.reduction == ""
+    plan, hw = _plan("tinypipe", 8, "13b")
+    assert (plan.info["stages"], plan.info["dp"]) == (4, 2)
+    sym = plan_symmetry(plan, hw)
+    assert isinstance(sym, Symmetry) and sym.gpus == {"gpu0", "gpu1", "gpu2", "gpu3"}
+    a, b = simulate_plan(plan, hw), simulate_plan(plan, hw, symmetric=False)
+    assert a.sim.reduction == "2 ranks simulated as 1 class of 2" and b.sim.reduction == ""
+    assert a.step_time_s == b.step_time_s and a.peak_bytes == b.peak_bytes and a.link_bytes == b.link_bytes
 
 
 _BASE: dict[str, tuple[Plan, object]] = {}

@@ -153,25 +153,72 @@ class _Model:
     def _ends(self, src: str, dst: str, g: str) -> tuple[str, str]:
         return g if src == "gpu" else src, g if dst == "gpu" else dst
 
+    def _unit_seconds(self, src: str, dst: str) -> dict[str, float]:
+        """Seconds per byte on each resource of every GPU's copy from ``src`` to ``dst`` at once."""
+        got = self._unit.get((src, dst))
+        if got is None:
+            load = costs.resource_load(self.topo, [(*self._ends(src, dst, g), 1.0) for g in self.gpus])
+            got = self._unit[(src, dst)] = costs.busy_seconds(load, self.caps)
+        return got
+
+    def _ring_seconds(self, nbytes: float, coll: str) -> dict[str, float]:
+        """Seconds on each resource of a ring over every GPU (identical layers ask for the same ring: once)."""
+        got = self._rings.get((nbytes, coll))
+        if got is None:
+            ring = costs.ring(self.routes, self.gpus, nbytes, coll)
+            got = self._rings[(nbytes, coll)] = {r: b / self.caps[r] + ring.latency_s
+                                                 for r, b in ring.resource_bytes().items()}
+        return got
+
+    def _copy_pairs(self) -> list[tuple[str, str]]:
+        return [pair for place in TIERS[1:] if place in self.topo.locations for pair in (("gpu", place), (place, "gpu"))]
+
+    def _ring_keys(self) -> list[tuple[float, str]]:
+        """Every ring the model prices (``upload``, ``grads``, ``optimizer_seconds``), as ``ring``'s keys."""
+        if len(self.gpus) <= 1:
+            return []
+        level, db = self.tiering.level, self.db
+        keys = [(self.unit[j] * db, "all_gather") for j in range(self.nl)] if self.tiering.streamed else []
+        keys += [(self.layers[j].params * db, "all_reduce") if level == 1 else (self.unit[j] * db, "reduce_scatter")
+                 for j in range(self.nl)]
+        keys += [(self.p_total * db, "all_gather")] if level == 2 else []
+        return [k for k in keys if k[0] > 0]
+
+    @cached_property
+    def _kept(self) -> frozenset[str]:
+        """One resource of each class whose members carry bitwise the same seconds in every copy and ring the model
+        prices (the n data-parallel GPUs' own links, each switch's uplinks): every window then loads the members
+        alike (the same values added in the same order), and the MILP keeps each distinct load once
+        (``Window.distinct_loads``), so the other members only cost time (16,000 resources at 1024 GPUs)."""
+        sources = [self._unit_seconds(*pair) for pair in self._copy_pairs()]
+        sources += [self._ring_seconds(*key) for key in dict.fromkeys(self._ring_keys())]
+        classes: dict[tuple, str] = {}
+        for r in dict.fromkeys(r for src in sources for r in src):
+            classes.setdefault(tuple(src.get(r) for src in sources), r)
+        return frozenset(classes.values())
+
     def copy(self, src: str, dst: str, nbytes: float) -> dict[str, float]:
-        """Seconds per resource of every GPU's copy of ``nbytes`` ("gpu" = each GPU itself; latency added)."""
+        """Seconds per resource of every GPU's copy of ``nbytes`` ("gpu" = each GPU itself; latency added): one
+        resource of each class of resources loaded alike (``_kept``)."""
         if nbytes <= 0:
             return {}
-        if (src, dst) not in self._unit:
-            load = costs.resource_load(self.topo, [(*self._ends(src, dst, g), 1.0) for g in self.gpus])
-            self._unit[(src, dst)] = costs.busy_seconds(load, self.caps)
+        if (src, dst) not in self._copy_pairs():
+            raise ValueError(f"lazytrain cost model: a copy {src} -> {dst} is not among the classes' copies")
         lat = self.routes(*self._ends(src, dst, self.gpus[0])).latency_s
-        return {r: nbytes * s + lat for r, s in self._unit[(src, dst)].items()}
+        kept = self._kept
+        return {r: nbytes * s + lat for r, s in self._unit_seconds(src, dst).items() if r in kept}
 
     def ring(self, nbytes: float, coll: str) -> dict[str, float]:
         if len(self.gpus) <= 1 or nbytes <= 0:
             return {}
-        got = self._rings.get((nbytes, coll))
-        if got is None:  # identical layers ask for the same ring
-            ring = costs.ring(self.routes, self.gpus, nbytes, coll)
-            got = self._rings[(nbytes, coll)] = {r: b / self.caps[r] + ring.latency_s
-                                                 for r, b in ring.resource_bytes().items()}
-        return dict(got)
+        if (nbytes, coll) not in self._rings_kept:
+            raise ValueError(f"lazytrain cost model: a {coll} of {nbytes} bytes is not among the classes' rings")
+        return dict(self._rings_kept[(nbytes, coll)])
+
+    @cached_property
+    def _rings_kept(self) -> dict[tuple[float, str], dict[str, float]]:
+        kept = self._kept
+        return {key: {r: v for r, v in self._ring_seconds(*key).items() if r in kept} for key in self._ring_keys()}
 
     def modes(self, i: int) -> dict[str, tuple[float, float, float]]:
         """Mode -> (saved bytes, transient bytes, recompute seconds): keep for every layer, ckpt for blocks."""

@@ -34,12 +34,15 @@ class _Emitter:
 
     def __init__(self, ctx: Ctx, knobs: Knobs, ch: Choice):
         self.ctx, self.ch, self.n, self.L, self.tiers = ctx, ch, ctx.n, ctx.layers, ch.tiers
-        self.gpus = [f"gpu{r}" for r in range(self.n)]
+        # the ranks' GPUs whose tasks the plan holds (a rank template: rank 0's, ``templated``); every
+        # collective spans all of them (``all_gpus``)
+        self.lay = kit.Layout(self.n, 1, flat_comm=True, template=templated(ctx, ch))
+        self.gpus, self.all_gpus = self.lay.gpus(), [kit.gpu(r) for r in range(self.n)]
         self.c, self.S, self.D = ch.chunks, max(1, min(ch.streams, ch.chunks)), ch.buffers
         self.fetched = [t in FETCHED for t in ch.tiers]
         self.host_layers = [i for i, t in enumerate(ch.tiers) if t in HOST]
         self.nvme_layers = [i for i, t in enumerate(ch.tiers) if t == "nvme"]
-        self.b = PlanBuilder(NAME, knobs, ctx.job)
+        self.b = PlanBuilder(NAME, knobs, ctx.job, template=self.lay.rank_template)
         self.prev: dict[str, tuple[str, str]] = {}  # gpu -> (task that completes the previous layer, its stream)
         self.units: list[Unit] = ch.units()
         self.unit_index = {u: ui for ui, u in enumerate(self.units)}
@@ -69,8 +72,8 @@ class _Emitter:
         b, n, c = self.b, self.n, self.c
         kit.gpu_streams(b, self.gpus, [(f"compute{j}", "compute") for j in range(1, self.S)])
         if self.host_layers:
-            kit.cpu_streams(b, range(n), [("adam", "optim")])
-        kit.comm_streams(b, kit.Layout(n, 1, flat_comm=True), ("param", "grad"))
+            kit.cpu_streams(b, self.lay.ranks(), [("adam", "optim")])
+        kit.comm_streams(b, self.lay, ("param", "grad"))
         if self.nvme_layers:
             b.stream("nvme.rd", "nvme", "io")
             b.stream("nvme.wr", "nvme", "io")
@@ -91,7 +94,7 @@ class _Emitter:
             for name, kind, nbytes in [*tensors, ("g32", "grad32", grads[home])]:
                 if nbytes > 0:
                     self.b.tensor(f"{name}.{home}", nbytes, kind, home=home, persistent=True)
-        kit.workspace(self.b, self.ctx.job, kit.Layout(n, 1))
+        kit.workspace(self.b, self.ctx.job, self.lay)
         for g in self.gpus:
             for i, ly in enumerate(self.L):
                 b.tensor(f"act{i}.{g}", ly.activation_bytes, "activation", scope="iteration", layer=i)
@@ -144,7 +147,7 @@ class _Emitter:
                                                  + [f"rsv{name}.{g}"], layer=i, rank=None, use=use, extra=where)
                                    for g in gpus}
         if tier == "peer" or self.ctx.sliced:  # peers: an all-gather of the chunk's shards
-            t = kit.all_gather(b, f"ag{name}", "dp.param", gpus, cb, list(ups.values()) or gates_all + pre_all,
+            t = kit.all_gather(b, f"ag{name}", "dp.param", self.all_gpus, cb, list(ups.values()) or gates_all + pre_all,
                                layer=i, use=use, allocs=[(f"p{name}.{g}", g) for g in gpus if tier == "peer"],
                                phase=Phase.PARAM_UPLOAD, extra=where)
             self.ready[u] = dict.fromkeys(gpus, t)
@@ -276,7 +279,7 @@ class _Emitter:
             done = {g: self.prev[g][0] for g in self.gpus}
             red = None
             if self.n > 1:  # held buckets are released on the compute stream (``release``)
-                red = self.last_red = kit.reduce(self.b, f"red{i}", "dp.grad", self.gpus, ly.grad_bytes,
+                red = self.last_red = kit.reduce(self.b, f"red{i}", "dp.grad", self.all_gpus, ly.grad_bytes,
                                                  list(done.values()), layer=i,
                                                  frees=[] if host or self.held else [(f"gb{i}.{g}", g) for g in
                                                                                      self.gpus])
@@ -303,7 +306,7 @@ class _Emitter:
             kit.gpu_step(b, f"gopt.{g}", self.cs(g, 0), [self.last_red] if self.last_red else [self.prev[g][0]],
                          gpu_params, rank=r, extra={"tier": "gpu+peer", "layers": on_gpu})
         if self.n > 1 and self.ctx.tier_sum(self.tiers, "gpu") > 0:
-            kit.all_gather(b, "agg", "dp.param", gpus, self.ctx.tier_sum(self.tiers, "gpu", "param_bytes"),
+            kit.all_gather(b, "agg", "dp.param", self.all_gpus, self.ctx.tier_sum(self.tiers, "gpu", "param_bytes"),
                            [f"gopt.{g}" for g in gpus])
 
     def host_optimizer(self) -> None:
@@ -328,6 +331,15 @@ class _Emitter:
                 kit.swap(b, f"swo{i}", "nvme.wr", Phase.OPTIMIZER_SWAP_OUT, "cpu", "nvme",
                          ly.master_bytes + ly.optimizer_bytes + ly.param_bytes, [f"adam{i}.r{r}" for r in range(n)],
                          layer=i, frees=[(f"sw{i}", "cpu")])
+
+
+def templated(ctx: Ctx, ch: Choice) -> bool:
+    """Is ``ch``'s plan emitted as a rank template (``simulator.rank_template``: rank 0's tasks), where the job
+    asks (``kit.templated``)? Not with an NVMe tier: its reads and writes are the whole machine's, on machine-wide
+    streams, and the first GPU stages them, so no one rank's tasks stand for the others' (the full plan is not
+    symmetric either). A wait for every rank's copy of a task (whole fetches of a cpu tier wait for every rank's
+    CPU Adam) is a barrier: rank 0's copy stands for it (``kit.Layout``)."""
+    return kit.templated(ctx.job) and ctx.n > 1 and "nvme" not in ch.tiers
 
 
 def summary(ctx: Ctx, ch: Choice) -> dict[str, Any]:

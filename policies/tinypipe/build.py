@@ -24,6 +24,7 @@ from policies.tinypipe.pipeline import (
 from policies.tinypipe.tasks import OptimizerSegment, StageRun
 from simulator import Plan
 from simulator.phase import Phase
+from simulator.rank_template import RankTemplate
 
 PIPE_STREAMS = (("fsend", "copy"), ("bsend", "copy"))   # activations to the next stage, gradients back
 CPU_STREAMS = (("adam", "optim"),)                       # a CPU-optimised stage's Adam, per GPU rank
@@ -35,25 +36,37 @@ def plan(job: Job, knobs: Knobs) -> Plan:
     dram = dram_bytes(pipe, job)
     if not pipe.unified:
         check_dram(job, dram)
-    b = PlanBuilder(NAME, knobs, job)
+    pipe.template = template_of(job, pipe)
+    b = PlanBuilder(NAME, knobs, job, template=pipe.template)
     declare_gpu_side(b, pipe, master_bytes(job))
     declare_cpu_side(b, pipe, master_bytes(job))
     rec = Recorder(b, pipe.schedule)
     final_bwd: dict[Key, Ev] = {}
     final_d2h: dict[Key, Ev] = {}
-    for r in range(pipe.dp):
+    for r in pipe.replicas():
         for st in pipe.stages if pipe.gpipe else ():   # GPipe: all M micro-batches' activations, allocated once
             g = pipe.gpu(r, st.index)
             rec.tensor(f"stash.{g}", sum(pipe.layers[x].activation_bytes for x in range(st.first, st.last + 1))
                        * pipe.M, "activation", "step")
             rec.at(0, 0).task(f"stalloc.{g}", "alloc", f"{g}.compute", allocs=[(f"stash.{g}", g)],
                               tags={"stage": st.index, "rank": r, "phase": Phase.ACTIVATION_STASH})
-    for r in range(pipe.dp):
+    for r in pipe.replicas():
         for st in pipe.stages:
             StageRun(rec, pipe, r, st, final_bwd, final_d2h).run()
     OptimizerSegment(rec, pipe, final_bwd, final_d2h).run()
     rec.emit()
     return b.build(steps=2, notes=notes(job, knobs, pipe), info=info(pipe, knobs, dram))
+
+
+def template_of(job: Job, pipe: Pipeline) -> RankTemplate | None:
+    """Where the job asks for one (``kit.templated``), a rank template of the pipeline replicas
+    (``simulator.rank_template``, a rank of ``S`` GPUs): replica 0's tasks, and each stage's data-parallel
+    collectives with their dependencies on replica 0's. Not with a swapping stage: every replica reads the
+    stage's packs from one 16-bit home in DRAM, a tensor no one replica's tasks stand for (the full plan is not
+    symmetric either)."""
+    if not kit.templated(job) or pipe.dp < 2 or any(st.mode == "swap" for st in pipe.stages):
+        return None
+    return RankTemplate(pipe.dp, width=pipe.S)
 
 
 def dram_bytes(pipe: Pipeline, job: Job) -> dict[str, float]:
@@ -92,7 +105,7 @@ def check_dram(job: Job, dram: dict[str, float]) -> None:
 def declare_gpu_side(b: PlanBuilder, pipe: Pipeline, master: float) -> None:
     """Per GPU: its streams (the kit's compute, h2d, d2h and the pipeline's sends), workspace, the stage's
     resident weights, gradients and (``gpu`` mode) states."""
-    for r in range(pipe.dp):
+    for r in pipe.replicas():
         for st in pipe.stages:
             g = pipe.gpu(r, st.index)
             kit.gpu_streams(b, [g], extra=PIPE_STREAMS)
@@ -127,7 +140,7 @@ def declare_cpu_side(b: PlanBuilder, pipe: Pipeline, master: float) -> None:
         for k, (u, t) in enumerate(st.packs if st.mode == "swap" else ()):
             b.tensor(f"home.s{s}.p{k}", pipe.pack_home_bytes(s, u, t), "param16", home="cpu", persistent=True)
     if pipe.tied and pipe.S > 1:
-        for r in range(pipe.dp):
+        for r in pipe.replicas():
             b.stream(f"tie{r}", pipe.gpu(r, 0), "comm")
 
 

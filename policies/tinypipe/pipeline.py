@@ -26,6 +26,7 @@ from policies.kit import dtype_bytes
 from policies.tinypipe.emit import make_schedule
 from policies.tinypipe.packing import MODES, LayerCost, Problem, Solution, StagePlan, solve
 from simulator.phase import Phase
+from simulator.rank_template import RankTemplate
 
 NAME = "tinypipe"
 SCHEDULES = ("1f1b", "gpipe")
@@ -107,6 +108,11 @@ class Pipeline:
         self.prefetch, self.active_cpu_mm, self.unified = knobs.prefetch_packs, knobs.active_cpu_mm, unified(job)
         self.tied, self.table_params, self.last = job.model.tied_embeddings, table_params(job), len(self.layers) - 1
         self.table_bytes = self.table_params * dtype_bytes(job)   # 0 without a tied table
+        self.template: RankTemplate | None = None   # set by ``build.plan``: the plan holds replica 0's tasks only
+
+    def replicas(self) -> range:
+        """The replicas whose tasks the plan holds: all, or replica 0 in a rank template."""
+        return range(1 if self.template is not None else self.dp)
 
     def rank(self, r: int, s: int) -> int:
         """The GPU rank that runs stage s of replica r."""

@@ -229,11 +229,11 @@ class OptimizerSegment:
     def run(self) -> None:
         pipe = self.pipe
         if pipe.tied and pipe.S > 1:
-            for r in range(pipe.dp):
+            for r in pipe.replicas():
                 self.tie[r] = self.tied_sync(r)
         for st in pipe.stages:
             if pipe.gpipe:
-                for r in range(pipe.dp):
+                for r in pipe.replicas():
                     g = pipe.gpu(r, st.index)
                     self.sink.add(f"stfree.{g}", "free", f"{g}.compute", frees=[(f"stash.{g}", g)])
             {"gpu": self.gpu_stage, "resident": self.resident_stage, "swap": self.swap_stage}[st.mode](st)
@@ -265,10 +265,10 @@ class OptimizerSegment:
         return []
 
     def _grads_of(self, s: int, x: int) -> list[Dep]:
-        """Every replica's last backward of layer x, and the tied sum where it applies."""
-        dp = self.pipe.dp
-        return ([self.final_bwd[(r, s, x)] for r in range(dp)]
-                + [y for r in range(dp) for y in self.tied_dep(r, s, range(x, x + 1))])
+        """Every replica's last backward of layer x, and the tied sum where it applies (a template: replica 0's)."""
+        reps = self.pipe.replicas()
+        return ([self.final_bwd[(r, s, x)] for r in reps]
+                + [y for r in reps for y in self.tied_dep(r, s, range(x, x + 1))])
 
     def gpu_stage(self, st: StagePlan) -> None:
         pipe, s = self.pipe, st.index
@@ -280,14 +280,15 @@ class OptimizerSegment:
                 kit.reduce(self.sink, f"ar{x}.s{s}", f"dp{s}", gpus, pipe.layer_bytes(x), self._grads_of(s, x),
                            coll="all_reduce", layer=x, extra={"stage": s})
                 ars.append(self.sink.ev())
-        for r, g in enumerate(gpus):
+        for r in pipe.replicas():
+            g = gpus[r]
             deps: list[Dep] = list(ars[-1:]) if ars else self.tied_dep(r, s, layers)
             kit.gpu_step(self.sink, f"opt.{g}", f"{g}.compute", deps, pipe.stage_params(st), rank=r, extra={"stage": s})
 
     def resident_stage(self, st: StagePlan) -> None:
         pipe, s, dp = self.pipe, st.index, self.pipe.dp
-        gpus = [pipe.gpu(r, s) for r in range(dp)]
-        ups: list[list[Dep]] = [[] for _ in range(dp)]
+        gpus, reps = [pipe.gpu(r, s) for r in range(dp)], pipe.replicas()
+        ups: list[list[Dep]] = [[] for _ in reps]
         for n, x in enumerate(reversed(range(st.first, st.last + 1))):
             wb = pipe.layer_bytes(x)
             rs = None
@@ -295,15 +296,15 @@ class OptimizerSegment:
                 kit.reduce(self.sink, f"rs{x}.s{s}", f"dp{s}", gpus, wb, self._grads_of(s, x), coll="reduce_scatter",
                            layer=x, extra={"stage": s})
                 rs = self.sink.ev()
-            for r in range(dp):
+            for r in reps:
                 deps: list[Dep] = [rs] if rs else [self.final_bwd[(r, s, x)], *self.tied_dep(r, s, range(x, x + 1))]
                 if n >= BOUNCE_BUFFERS:
                     self.release_bounce(st, r, x + BOUNCE_BUFFERS, ups[r][n - BOUNCE_BUFFERS])
                 ups[r].append(self.cpu_update(st, r, x, deps))
             if dp > 1:
-                kit.all_gather(self.sink, f"ag{x}.s{s}", f"dp{s}", gpus, wb, [ups[r][n] for r in range(dp)], layer=x,
+                kit.all_gather(self.sink, f"ag{x}.s{s}", f"dp{s}", gpus, wb, [ups[r][n] for r in reps], layer=x,
                                extra={"stage": s})
-        for r in range(dp):  # the last bounce buffers, once their uploads have ended
+        for r in reps:  # the last bounce buffers, once their uploads have ended
             for n, x in list(enumerate(reversed(range(st.first, st.last + 1))))[-BOUNCE_BUFFERS:]:
                 self.release_bounce(st, r, x, ups[r][n])
 
