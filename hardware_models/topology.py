@@ -58,6 +58,7 @@ of ``nvlink.latency``, ``unified.memcpy`` carries ``gpu.launch_overhead`` (a cop
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
@@ -70,6 +71,7 @@ __all__ = ["COMM_BUFFERS", "Hop", "Link", "Pool", "Topology", "build_topology", 
 
 POOL_KINDS: Final = ("hbm", "dram", "nvme", "unified")
 LINK_KINDS: Final = ("pcie", "nvlink", "c2c", "nvme", "memcpy", "nic")
+TOPOLOGY_CACHE: Final = 8  # machines whose topology ``build_topology`` keeps
 
 
 @dataclass(frozen=True)
@@ -160,6 +162,7 @@ class Topology:
     def __post_init__(self) -> None:
         for name in ("pool_of", "pools", "links", "routes", "to_network", "collective_bytes"):
             object.__setattr__(self, name, FrozenDict(getattr(self, name)))
+        object.__setattr__(self, "_known", frozenset(self.locations))  # (``route`` checks both ends: a set)
         for gpu, hops in self.to_network.items():
             for hop in hops:
                 if hop.link not in self.links:
@@ -181,7 +184,7 @@ class Topology:
                     )
 
     def _check_location(self, loc: str) -> None:
-        if loc not in self.locations:
+        if loc not in self._known:  # type: ignore[attr-defined]  # (set in __post_init__)
             raise HardwareInputError(f"unknown location {loc!r}; known: {', '.join(self.locations)}")
 
     def route(self, src: str, dst: str) -> Route:
@@ -247,7 +250,24 @@ def gpu_reserved(spec: HardwareSpec) -> dict[str, float]:
 
 
 def build_topology(spec: HardwareSpec) -> Topology:
-    """The pools, links and routes of `spec` (rules in the module docstring)."""
+    """The pools, links and routes of `spec` (rules in the module docstring).
+
+    Memoised on the (frozen, hashable) spec, a few machines at a time (``TOPOLOGY_CACHE``): a planner's search asks
+    for the same machine's topology once per candidate, in its policies, bounds and simulations, and a 1024-GPU
+    machine's takes 20 ms to build. A pure function of the spec whose result is immutable (frozen dataclasses over
+    ``FrozenDict``), so the cache changes no result."""
+    try:
+        return _cached_topology(spec)
+    except TypeError:  # a spec holding something unhashable: built afresh
+        return _build(spec)
+
+
+@functools.lru_cache(maxsize=TOPOLOGY_CACHE)
+def _cached_topology(spec: HardwareSpec) -> Topology:
+    return _build(spec)
+
+
+def _build(spec: HardwareSpec) -> Topology:
     if spec.unified_memory:
         return _unified(spec)
     return _discrete(spec)

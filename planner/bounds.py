@@ -176,6 +176,7 @@ def resource_work(plan: Plan, hw: HardwareSpec, topo: Topology, sym: Symmetry | 
     nbytes: dict[str, float] = defaultdict(float)
     tensors = plan.tensor_map()
     pricer = ComputePricer(hw, dtype, (plan.workload.model, plan.workload.config))  # as the engine charges
+    rings: dict[tuple, dict[str, float]] = {}
 
     def add(into: dict[str, float], t: TaskSpec, amounts: Mapping[str, float]) -> None:
         if sym is None:
@@ -204,8 +205,11 @@ def resource_work(plan: Plan, hw: HardwareSpec, topo: Topology, sym: Symmetry | 
                     moved[r] += n * b
                 add(nbytes, t, moved)
             elif t.op == "collective" and len(t.ranks) > 1 and t.coll is not None:
-                rg = ring(route, t.ranks, t.bytes, t.coll)
-                add(nbytes, t, {r: n * b for r, b in rg.resource_bytes().items()})
+                key = (t.ranks, t.bytes, t.coll)  # every layer's collective of a group: one ring (O(ranks) each)
+                per = rings.get(key)
+                if per is None:
+                    per = rings[key] = ring(route, t.ranks, t.bytes, t.coll).resource_bytes()
+                add(nbytes, t, {r: n * b for r, b in per.items()})
     for r, b in nbytes.items():
         work[r] += b / caps[r]
     return dict(work)

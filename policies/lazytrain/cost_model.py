@@ -171,7 +171,9 @@ class _Model:
         return got
 
     def _copy_pairs(self) -> list[tuple[str, str]]:
-        return [pair for place in TIERS[1:] if place in self.topo.locations for pair in (("gpu", place), (place, "gpu"))]
+        """The copies the model prices: between the GPUs and each host tier the machine has."""
+        places = [p for p in TIERS[1:] if p in self.topo.locations]
+        return [pair for place in places for pair in (("gpu", place), (place, "gpu"))]
 
     def _ring_keys(self) -> list[tuple[float, str]]:
         """Every ring the model prices (``upload``, ``grads``, ``optimizer_seconds``), as ``ring``'s keys."""

@@ -81,7 +81,8 @@ tensors, DRAM, notes and ``info``), ``emit`` (1F1B and GPipe as segments; a step
 kit-compatible sinks, then folded into them), ``tasks`` (per-layer compute, uploads, gradient offload and
 reduction, optimizer steps: ``policies.kit`` calls; the pipeline's sends, the tied-table sum and GPipe's stash
 are tinypipe's own). ``packing.solve`` keeps a bounded memo (``functools.lru_cache``) of a pure function of its
-frozen ``Problem``: it changes no result, only how often the same search runs.
+frozen ``Problem``, ``pipeline.machine_swap_rates`` one of the machine's swap rates (of its frozen
+``HardwareSpec``): they change no result, only how often the same work runs.
 """
 
 from __future__ import annotations
