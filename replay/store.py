@@ -766,7 +766,7 @@ class Store:
                     out = {"flat": self.precision.mean_from_wire(comm.reduce_scatter(wire, stream, n), n)}
                 else:
                     comm.all_reduce(wire, stream)
-                    flat.copy_(self.precision.mean_from_wire(wire, n))
+                    self.precision.mean_into(flat, wire, n)
                     out = self.unflat(i, flat)
                 moved += wire.numel() * wire.element_size()
                 with self.lock:
