@@ -85,12 +85,13 @@ def _values(r: int, tp: int) -> dict[str, int]:
     return out
 
 
-def _swap(head: str, v: int, r: int, tp: int, width: int) -> int:
-    """Token ``head`` with value ``v`` in rank 0's name -> its value in rank r's copy (the transposition)."""
+def _swap(head: str, v: int, r: int, width: int, values: Mapping[str, int]) -> int:
+    """Token ``head`` with value ``v`` in rank 0's name -> its value in rank r's copy (the transposition; ``values``:
+    ``_values(r, tp)``)."""
     if width > 1 and head in GPU_TOKENS:  # GPU blocks 0 and r trade places
         lo = r * width
         return v + lo if v < width else (v - lo if lo <= v < lo + width else v)
-    mine = _values(r, tp)[head]
+    mine = values[head]
     return mine if v == 0 else (0 if v == mine else v)
 
 
@@ -110,11 +111,11 @@ def image(name: str, r: int, *, tp: int = 1, stream: bool = False, width: int = 
     parts = _parts(name, stream)
     if parts is None or r == 0:
         return name
-    out = []
+    out, values = [], _values(r, tp)
     for i, p in enumerate(parts):
         m = _TOKEN.match(p) if (stream or i > 0) else None
         if m is not None:
-            p = f"{m.group(1)}{_swap(m.group(1), int(m.group(2)), r, tp, width)}"
+            p = f"{m.group(1)}{_swap(m.group(1), int(m.group(2)), r, width, values)}"
         out.append(p)
     return ".".join(out)
 
