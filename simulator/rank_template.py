@@ -16,7 +16,7 @@ transposition, rank 0's and rank r's names trade places and every other name sta
 its first dot (``fwd3.gpu0``, ``adam3.r0``: ``adam3`` there is layer 3's step), anywhere in a stream id
 (``gpu0.compute``, ``cpu.adam0``). Its groups' tokens likewise: its data-parallel group's (``d``, ``dp``: ``ag3.d0``,
 ``dp0.grad``) 0 and ``r mod tp``, its tensor-parallel group's (``k``, ``tp``: ``tpf3.k0``, ``tp0``) 0 and ``r div tp``.
-A pipeline replica (``RankTemplate.width`` S > 1, TinyPipe's: a rank of S GPUs, stage s on its s-th) swaps
+A pipeline replica (``RankTemplate.width`` S > 1: a rank of S GPUs, stage s on its s-th) swaps
 its GPUs' tokens block to block (``GPU_TOKENS``: rank 0's ``gpu{s}`` and ``cpu.adam{s}`` with rank r's
 ``gpu{r*S+s}``, ``cpu.adam{r*S+s}``) and its replica's (``REPLICA_TOKENS``: ``tie.r0``, ``tie0``) 0 and r; a
 stage's data-parallel collective (``ar5.s2`` on ``dp2``) spans that stage of every replica and is kept whole.

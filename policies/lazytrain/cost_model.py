@@ -170,6 +170,7 @@ class _Model:
                                                  for r, b in ring.resource_bytes().items()}
         return got
 
+    @cached_property
     def _copy_pairs(self) -> list[tuple[str, str]]:
         """The copies the model prices: between the GPUs and each host tier the machine has."""
         places = [p for p in TIERS[1:] if p in self.topo.locations]
@@ -192,7 +193,7 @@ class _Model:
         prices (the n data-parallel GPUs' own links, each switch's uplinks): every window then loads the members
         alike (the same values added in the same order), and the MILP keeps each distinct load once
         (``Window.distinct_loads``), so the other members only cost time (16,000 resources at 1024 GPUs)."""
-        sources = [self._unit_seconds(*pair) for pair in self._copy_pairs()]
+        sources = [self._unit_seconds(*pair) for pair in self._copy_pairs]
         sources += [self._ring_seconds(*key) for key in dict.fromkeys(self._ring_keys())]
         classes: dict[tuple, str] = {}
         for r in dict.fromkeys(r for src in sources for r in src):
@@ -204,7 +205,7 @@ class _Model:
         resource of each class of resources loaded alike (``_kept``)."""
         if nbytes <= 0:
             return {}
-        if (src, dst) not in self._copy_pairs():
+        if (src, dst) not in self._copy_pairs:
             raise ValueError(f"lazytrain cost model: a copy {src} -> {dst} is not among the classes' copies")
         lat = self.routes(*self._ends(src, dst, self.gpus[0])).latency_s
         kept = self._kept
