@@ -86,12 +86,13 @@ class CalibrationSizes:
     ranks_allreduce_bytes: int = 64 * 2**20  # calibrate --ranks (replay.calibrate_ranks)
     ranks_gemm_n: int = 1024
     ranks_copy_bytes: int = 64 * 2**20
+    ranks_share_s: float = 0.2  # each window of calibrate --ranks' compute and copy rates (measure_ranks)
     unaligned_gemm: tuple[int, int, int] = (1024, 4096, 256)  # (M, N, K) against N + 1 (measure_unaligned_gemm)
     probe_layer: tuple[int, int, int, int] | None = None  # (hidden, heads, ffn, tokens); None: PROBE_LAYER
 
-    def ranks_kwargs(self) -> dict[str, int]:
+    def ranks_kwargs(self) -> dict[str, Any]:
         return {"allreduce_bytes": self.ranks_allreduce_bytes, "gemm_n": self.ranks_gemm_n,
-                "copy_bytes": self.ranks_copy_bytes, "repeats": self.repeats}
+                "copy_bytes": self.ranks_copy_bytes, "repeats": self.repeats, "share_s": self.ranks_share_s}
 
     @classmethod
     def tiny(cls) -> CalibrationSizes:
@@ -104,7 +105,7 @@ class CalibrationSizes:
                    gpu_elementwise_bytes=(2**16,), repeats=3,
                    ranks_allreduce_bytes=2**20,
                    unaligned_gemm=(64, 256, 32),
-                   ranks_gemm_n=128, ranks_copy_bytes=2**20, probe_layer=(64, 2, 128, 32))
+                   ranks_gemm_n=128, ranks_copy_bytes=2**20, ranks_share_s=0.02, probe_layer=(64, 2, 128, 32))
 
 
 @dataclass(frozen=True)

@@ -18,10 +18,18 @@ collectives between them. Measured here with N real processes, as the replay run
   rate depends on the dtype, since gloo sums on the CPU: 64 MiB took 61 ms in fp32, 65 ms in bf16 and 99 ms in fp16
   (1 MiB: 1.5, 1.1 and 3.5 ms; two ranks, 2026-12-04, a throwaway script), so each precision's spec is timed in
   that precision, as its GEMM rates are;
-- **compute while the others compute**: every rank times the same linear layer as the runner computes it
+- **compute while the others compute**: every rank runs the same linear layer as the runner computes it
   (``replay.precision.linear_rate_op``) at once; the ratio of that rate to one rank alone scales the peaks;
 - **copies while the others copy**: every rank copies a buffer between two host tensors at once; the total
   over all ranks is what their copies share.
+
+Both shared rates are each rank's work over a window of ``share_s`` seconds that every rank spends looping the
+same operation after one barrier (and the solo rate the same window on one rank), not single timed calls
+after a barrier each: a 64 MiB copy takes 4-6 ms here, about what the ranks' release from a gloo barrier can
+differ by, so timed one at a time the ranks' copies overlapped only partly, and the bf16 spec of 2026-12-05
+04:32 got a memory share of 0.985 where the fp32 one of 04:59 got 0.636. Three runs of both methods, two
+ranks, one minute (2026-12-05, 05:45 UTC, a throwaway script): single calls 0.805, 0.600, 0.705; a 0.4 s window
+0.548, 0.513, 0.662 (the GEMM's share 0.94-1.0 either way).
 
 Each function takes its sizes as parameters so that tests run in seconds; nothing runs at import time.
 """
@@ -111,7 +119,30 @@ def _median_s(fn: Any, repeats: int, barrier: bool = True) -> float:
     return statistics.median(times)
 
 
-def _rank_main(rank: int, n: int, rdzv: str, sizes: dict[str, int], precision: str, out: Any) -> None:
+def _rate_over(fn: Any, work: float, seconds: float) -> float:
+    """``work`` units per call of ``fn`` over a window of at least ``seconds`` (and 3 calls) of calls back to back,
+    after one warm-up call: units/s."""
+    fn()
+    calls, t0 = 0, time.perf_counter()
+    while calls < 3 or time.perf_counter() - t0 < seconds:
+        fn()
+        calls += 1
+    return work * calls / (time.perf_counter() - t0)
+
+
+def _alone_and_shared(fn: Any, work: float, rank: int, seconds: float, windows: int) -> tuple[float, float]:
+    """``fn``'s rate on rank 0 with the others waiting (0.0 on the others), and on every rank at once: the
+    medians of ``windows`` windows of each, alternated so that both sample the host's same minutes."""
+    alone, shared = [], []
+    for _ in range(windows):
+        alone.append(_rate_over(fn, work, seconds) if rank == 0 else 0.0)
+        dist.barrier()
+        shared.append(_rate_over(fn, work, seconds))
+        dist.barrier()  # no rank starts the next window while another still loops this one
+    return statistics.median(alone), statistics.median(shared)
+
+
+def _rank_main(rank: int, n: int, rdzv: str, sizes: dict[str, Any], precision: str, out: Any) -> None:
     torch.set_num_threads(CPU_OP_THREADS)  # as the runner's ranks compute (replay.threads)
     dist.init_process_group("gloo", init_method=f"file://{rdzv}", rank=rank, world_size=n)
     try:
@@ -126,15 +157,10 @@ def _rank_main(rank: int, n: int, rdzv: str, sizes: dict[str, int], precision: s
         t_small = _median_s(lambda: dist.all_reduce(tiny), max(reps, 10))
         k = sizes["gemm_n"]
         op = linear_rate_op(torch.device("cpu"), precision, k, k, k)
-        flops = 2.0 * k**3
-        alone = flops / _median_s(op, reps, barrier=False) if rank == 0 else 0.0  # the others wait below
-        dist.barrier()
-        shared = flops / _median_s(op, reps)
+        alone, shared = _alone_and_shared(op, 2.0 * k**3, rank, sizes["share_s"], reps)
         a = torch.ones(sizes["copy_bytes"] // 4)
         b = torch.empty_like(a)
-        copy_alone = a.numel() * 4 / _median_s(lambda: b.copy_(a), reps, barrier=False) if rank == 0 else 0.0
-        dist.barrier()
-        copy_shared = a.numel() * 4 / _median_s(lambda: b.copy_(a), reps)
+        copy_alone, copy_shared = _alone_and_shared(lambda: b.copy_(a), a.numel() * 4, rank, sizes["share_s"], reps)
         gathered: list[Any] = [None] * n
         dist.all_gather_object(gathered, (t_ar, t_small, alone, shared, copy_alone, copy_shared, t_rs, t_ag))
         if rank == 0:
@@ -144,16 +170,18 @@ def _rank_main(rank: int, n: int, rdzv: str, sizes: dict[str, int], precision: s
 
 
 def measure_ranks(ranks: int = 2, precision: str = "fp32", allreduce_bytes: int = 64 * 2**20,
-                  gemm_n: int = 1024, copy_bytes: int = 64 * 2**20, repeats: int = 5,
+                  gemm_n: int = 1024, copy_bytes: int = 64 * 2**20, repeats: int = 5, share_s: float = 0.2,
                   timeout_s: float = 600.0) -> RanksCalibration:
     """Run ``ranks`` local processes (spawned, gloo, a file rendezvous in a private temporary folder) and
-    measure what they share; RuntimeError when a rank fails or they do not finish within ``timeout_s``."""
+    measure what they share (``share_s``: each window the compute and copy rates are taken over); RuntimeError
+    when a rank fails or they do not finish within ``timeout_s``."""
     if ranks < 2:
         raise ValueError(f"ranks must be >= 2 to measure what ranks share, got {ranks}")
     allreduce_bytes -= allreduce_bytes % (4 * ranks)  # whole shards of any dtype, one per rank
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    sizes = {"allreduce_bytes": allreduce_bytes, "gemm_n": gemm_n, "copy_bytes": copy_bytes, "repeats": repeats}
+    sizes = {"allreduce_bytes": allreduce_bytes, "gemm_n": gemm_n, "copy_bytes": copy_bytes, "repeats": repeats,
+             "share_s": share_s}
     with tempfile.TemporaryDirectory(prefix="tiersim-ranks-") as tmp:
         rdzv = str(Path(tmp) / "rendezvous")
         procs = [ctx.Process(target=_rank_main, args=(r, ranks, rdzv, sizes, precision, out), daemon=True)

@@ -39,6 +39,7 @@ from hardware_models import HardwareSpec
 from replay.dist_comm import Comm
 from replay.dist_merge import RankResult, merge
 from replay.errors import ReplayError, ReplayOom, ReplayTimeout
+from replay.host_memory import one_malloc_arena
 from replay.precision import GEMM16_ENV, TORCH_DTYPES, gemm16_path
 from replay.ranks import check_multi_rank, plan_gpus, shared_groups
 from replay.runner import Measurement, Runner, pick_device
@@ -190,8 +191,9 @@ def _spawn(plan: Plan, hw: HardwareSpec, job: RankJob, world: int, timeout_s: fl
     out = ctx.Queue()
     procs = [ctx.Process(target=_child, args=(r, world, server.port, job, out), daemon=True, name=f"replay-rank{r}")
              for r in range(world)]
-    for p in procs:
-        p.start()
+    with one_malloc_arena():  # the forkserver's environment, hence the ranks' (replay.host_memory)
+        for p in procs:
+            p.start()
     results: dict[int, RankResult] = {}
     failure: tuple[str, str] | None = None
     deadline = None if timeout_s is None else time.monotonic() + timeout_s

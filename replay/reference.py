@@ -106,6 +106,19 @@ def _tie_sum(prec: Precision, emb: Tensor, head: Tensor) -> Tensor:
     return prec.mean_from_wire(prec.wire_gradients(emb, 1) + prec.wire_gradients(head, 1), 1)
 
 
+def partitioned_layers(plan: Plan, n_layers: int) -> frozenset[int]:
+    """The layers whose gradients ``plan`` reduce-scatters over more than one rank (ZeRO partitions: the
+    runner's ``Sharding.layers``, found by the same rule in ``replay.runner``); in mixed precision their
+    parameters are gathered, and computed with, in 16 bits (``Precision.wire_params``)."""
+    out: set[int] = set()
+    for t in (t for seg in plan.segments for t in seg.tasks):
+        if t.op == "collective" and len(t.ranks) > 1 and t.coll == "reduce_scatter" \
+                and t.tags.get("phase") == Phase.GRAD_REDUCE:
+            layers = task_layers(t.tags)
+            out |= set(layers if layers is not None else range(n_layers))
+    return frozenset(out)
+
+
 def host_updated_layers(plan: Plan, n_layers: int) -> frozenset[int]:
     """The layers (of ``n_layers`` modules: the embedding, the blocks, the head) whose optimizer tasks run on a
     host pool (a CPU Adam over host masters), from the plan's optimizer tasks and their streams' devices (an
@@ -155,7 +168,8 @@ class ReferenceAdam:
 
 def train_reference(dims: Dims, batching: Batching, steps: int, accum: dict[int, int], *, delayed: bool,
                     device: torch.device, world: int = 1, host_layers: frozenset[int] = frozenset(),
-                    tied_split: bool = False) -> tuple[dict[tuple[int, int], float], list[dict[str, Tensor]]]:
+                    tied_split: bool = False, partitioned: frozenset[int] = frozenset()
+                    ) -> tuple[dict[tuple[int, int], float], list[dict[str, Tensor]]]:
     """Train the plain way, with the replay's thread setting (``replay.threads``): the same float summation
     order, so a parameter whose gradient is rounding noise (a key bias under softmax) gets the same Adam step.
 
@@ -169,23 +183,27 @@ def train_reference(dims: Dims, batching: Batching, steps: int, accum: dict[int,
     collective may associate the sum differently (a few ulps, see RTOL). ``host_layers``: the layers the
     replay updates with a CPU Adam (``host_updated_layers``), stepped on the CPU here too (``ReferenceAdam``).
     ``tied_split``: the head's use of a tied table gets its own gradient, summed over the step apart from the
-    embedding's and added to it at the step's end (``tied_sync_split``)."""
+    embedding's and added to it at the step's end (``tied_sync_split``). ``partitioned``: the layers a
+    data-parallel replay partitions (``partitioned_layers``), computed with their parameters rounded to the
+    plan's 16-bit dtype in mixed precision, as the replay gathers them (``Precision.working_params``)."""
     if tied_split and not dims.tied:
         tied_split = False
     with cpu_op_threads(device):
         if world > 1:
             return _train_reference_dp(dims, batching, steps, accum, delayed=delayed, device=device, world=world,
-                                       host_layers=host_layers, tied_split=tied_split)
+                                       host_layers=host_layers, tied_split=tied_split, partitioned=partitioned)
         return _train_reference(dims, batching, steps, accum, delayed=delayed, device=device,
                                 host_layers=host_layers, tied_split=tied_split)
 
 
 def _train_reference_dp(dims: Dims, batching: Batching, steps: int, accum: dict[int, int], *, delayed: bool,
                         device: torch.device, world: int, host_layers: frozenset[int] = frozenset(),
-                        tied_split: bool = False) -> tuple[dict[tuple[int, int], float], list[dict[str, Tensor]]]:
+                        tied_split: bool = False, partitioned: frozenset[int] = frozenset()
+                        ) -> tuple[dict[tuple[int, int], float], list[dict[str, Tensor]]]:
     layers = [m.to(device) for m in build_layers(dims, batching.seed)]
     prec = Precision(batching.precision, device.type)
     params = [p for m in layers for p in m.parameters()]
+    rounded = [i in partitioned for i, m in enumerate(layers) for _ in m.parameters()]
     opt = ReferenceAdam(layers, device, host_layers)
     losses: dict[tuple[int, int], float] = {}
     prev: list[Tensor] = [p.detach().clone() for p in params]  # M_{s-1} for a delayed update
@@ -193,7 +211,8 @@ def _train_reference_dp(dims: Dims, batching: Batching, steps: int, accum: dict[
     for s in range(steps):
         n_micro = accum.get(s, 1)
         now = [p.detach().clone() for p in params]
-        used = [t.clone() for t in (prev if delayed else now)]
+        used = [prec.working_params(t) if r and prec.mixed else t.clone()
+                for t, r in zip(prev if delayed else now, rounded, strict=True)]
         total: list[Tensor] | None = None
         for mi in range(n_micro):
             wave: list[Tensor] | None = None
@@ -222,7 +241,7 @@ def _train_reference_dp(dims: Dims, batching: Batching, steps: int, accum: dict[
                 grads = torch.autograd.grad(loss * prec.loss_scale / n_micro, leaves)
                 wave = list(grads) if wave is None else [a + b for a, b in zip(wave, grads, strict=True)]
                 if prec.mixed:  # the replay reduces in the plan's 16-bit dtype (Precision.wire_gradients)
-                    wire = [prec.wire_gradients(g, world) for g in grads]
+                    wire = [prec.wire_gradients(g.clone(), world) for g in grads]  # it divides in place
                     sent = wire if sent is None else [a + b for a, b in zip(sent, wire, strict=True)]
             assert wave is not None
             wave = [prec.mean_from_wire(g, world) for g in sent] if sent is not None else [g / world for g in wave]

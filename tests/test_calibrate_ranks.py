@@ -137,10 +137,31 @@ def test_collectives_are_timed_in_the_precisions_dtype(precision: str, monkeypat
     for name in ("all_reduce", "reduce_scatter_single", "all_gather_single"):
         monkeypatch.setattr(cr.dist, name, record(name))
     monkeypatch.setattr(cr.dist, "all_gather_object", lambda got, obj: got.__setitem__(slice(None), [obj]))
-    sizes = {"allreduce_bytes": 4096, "gemm_n": 16, "copy_bytes": 4096, "repeats": 1}
+    sizes = {"allreduce_bytes": 4096, "gemm_n": 16, "copy_bytes": 4096, "repeats": 1, "share_s": 0.001}
     cr._rank_main(0, 1, "unused", sizes, precision, queue.Queue())
     want = {"fp16": torch.float16, "fp32": torch.float32}[precision]
     timed = [(name, dt, nbytes) for name, dt, nbytes in seen if nbytes > 4]  # not the 4-byte latency probe
     assert {name for name, _, _ in timed} == {"all_reduce", "reduce_scatter_single", "all_gather_single"}
     assert all(dt == want for _, dt, _ in timed)
     assert {nbytes for name, _, nbytes in timed if name == "all_reduce"} == {4096}
+
+
+def test_shared_rates_are_medians_of_alternating_windows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What every rank gets while all run the same work is each rank's work over windows of back-to-back calls
+    (a single 5 ms copy per rank after a barrier overlapped the other rank's only in part), alternated with rank
+    0's solo windows so that both sample the same minutes; the medians of ``windows`` of each."""
+    import replay.calibrate_ranks as cr
+
+    events: list[str] = []
+    monkeypatch.setattr(cr.dist, "barrier", lambda *a, **k: events.append("barrier"))
+    clock = iter(float(x) for x in range(10_000))
+    monkeypatch.setattr(cr.time, "perf_counter", lambda: next(clock))  # each reading of the clock: 1 s later
+    calls = []
+    alone, shared = cr._alone_and_shared(lambda: calls.append(1), 2.0, rank=0, seconds=4.0, windows=3)
+    # a window: a warm-up call, three calls (the minimum), then one per reading until 4 s have passed (three
+    # more), read once more at the end: 6 calls x 2 units over 5 s
+    assert alone == pytest.approx(2.4) and shared == pytest.approx(2.4)
+    assert events == ["barrier"] * 6  # after each solo window and each shared one
+    assert len(calls) == 6 * (1 + 6)
+    others, shared_1 = cr._alone_and_shared(lambda: None, 2.0, rank=1, seconds=0.0, windows=3)
+    assert others == 0.0 and shared_1 > 0  # rank 1 only waits while rank 0 runs alone

@@ -26,7 +26,9 @@ def _faults_of_fresh_tensors(n: int, numel: int) -> int:
 def test_a_freed_large_tensor_is_reused_without_page_faults() -> None:
     numel = 64 * 2**20 // 4  # 64 MiB: above glibc's largest mmap threshold (32 MiB), so mmapped by default
     pages = numel * 4 // 4096
-    with keep_freed_memory("cpu") as kept:
+    # with a reserve faulted in first, as a replay's (host_reserve_bytes): without one the heap still grew by a
+    # tensor or two within the eight measured here now and then (32768 faults in one of 4-6 runs, 2026-12-05)
+    with keep_freed_memory("cpu", 2**30) as kept:
         assert kept
         _faults_of_fresh_tensors(12, numel)  # the heap grows for the first few (by where its free space lies)
         reused = _faults_of_fresh_tensors(8, numel)
@@ -138,3 +140,66 @@ def test_reserve_is_sized_from_the_priced_peaks_and_capped_by_the_available_memo
     assert host_reserve_bytes(3_000_000) == 1000 * 4096 // 2  # at most half of what is available
     assert host_reserve_bytes(10**9) == 0  # more than there is: the replay cannot hold it, nothing reserved
     assert host_reserve_bytes(0) == 0
+
+
+_THREAD_FAULTS = """
+import resource, threading
+import torch
+from replay.host_memory import keep_freed_memory
+got = []
+def work():
+    torch.set_num_threads(1)
+    for _ in range(6):  # the heap grows for the first few
+        t = torch.empty(96 * 2**20 // 4); t.fill_(1.0); del t
+    before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+    for _ in range(4):  # a large gradient flattened on a collective stream, step after step
+        t = torch.empty(96 * 2**20 // 4); t.fill_(1.0); del t
+    got.append(resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before)
+with keep_freed_memory("cpu", 2**30):  # a reserve, as a replay faults one in (host_reserve_bytes)
+    th = threading.Thread(target=work); th.start(); th.join()
+print(got[0])
+"""
+
+
+def _thread_faults(arena: bool) -> int:
+    import subprocess
+    import sys
+
+    from replay.host_memory import one_malloc_arena
+
+    if arena:
+        with one_malloc_arena():
+            out = subprocess.run([sys.executable, "-c", _THREAD_FAULTS], capture_output=True, text=True, timeout=120,
+                                 check=True)
+    else:
+        env = {k: v for k, v in __import__("os").environ.items() if k != "MALLOC_ARENA_MAX"}
+        out = subprocess.run([sys.executable, "-c", _THREAD_FAULTS], env=env, capture_output=True, text=True,
+                             timeout=120, check=True)
+    return int(out.stdout.split()[-1])
+
+
+@pytest.mark.skipif(not GLIBC or not hasattr(resource, "RUSAGE_THREAD"), reason="glibc on Linux only")
+def test_a_worker_threads_large_tensors_are_reused_in_one_arena() -> None:
+    """A worker thread's request above its arena's 64 MiB heaps is mmapped afresh whatever ``keep_freed_memory``
+    says (glibc's sysmalloc for a non-main arena), and the reserve faulted into the main arena does not serve it:
+    four 96 MiB tensors fault every page in each time. A process started within ``one_malloc_arena`` (as the
+    replay's are: replay.dist_launch, replay.isolated) allocates every thread's memory from the main arena, where
+    the reserve and freed memory are kept: four fault fewer pages than one holds."""
+    pages = 96 * 2**20 // 4096
+    assert _thread_faults(arena=False) >= 4 * pages * 0.9  # the mechanism: fresh pages each time
+    assert _thread_faults(arena=True) < pages
+
+
+def test_one_malloc_arena_sets_the_variable_for_the_block_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from replay.host_memory import ARENA_ENV, one_malloc_arena
+
+    monkeypatch.delenv(ARENA_ENV, raising=False)
+    with one_malloc_arena():
+        assert os.environ[ARENA_ENV] == "1"
+    assert ARENA_ENV not in os.environ
+    monkeypatch.setenv(ARENA_ENV, "4")  # a user's own setting is theirs
+    with one_malloc_arena():
+        assert os.environ[ARENA_ENV] == "4"
+    assert os.environ[ARENA_ENV] == "4"

@@ -19,7 +19,14 @@ from replay.dist_merge import replica_spread  # noqa: E402
 from replay.errors import ReplayError, ReplayTimeout  # noqa: E402
 from replay.model import Dims  # noqa: E402
 from replay.ranks import rank_view, shared_groups, stream_owners  # noqa: E402
-from replay.reference import compare, rtol_for, tied_sync_split, train_reference, weights_gated  # noqa: E402
+from replay.reference import (  # noqa: E402
+    compare,
+    partitioned_layers,
+    rtol_for,
+    tied_sync_split,
+    train_reference,
+    weights_gated,
+)
 from replay.store import Batching  # noqa: E402
 from simulator import Plan  # noqa: E402
 from tiersim.api import JobRequest, make_job  # noqa: E402
@@ -51,10 +58,12 @@ def replay_and_verify(plan: Plan, timeout_s: float | None = None):  # type: igno
     cfg = plan.workload.config
     world = ranks[0].dp_world  # the data-parallel replicas (pipeline stages share their micro-batches)
     delayed = bool(plan.knobs.get("delayed_update"))
-    ref_losses, ref_weights = train_reference(Dims.from_model(plan.workload.model),
-                                              Batching(SEED, cfg.micro_batch, cfg.seq_len, cfg.precision), plan.steps,
-                                              ranks[0].accum, delayed=delayed, device=torch.device("cpu"),
-                                              world=world, tied_split=tied_sync_split(plan))
+    dims = Dims.from_model(plan.workload.model)
+    ref_losses, ref_weights = train_reference(dims, Batching(SEED, cfg.micro_batch, cfg.seq_len, cfg.precision),
+                                              plan.steps, ranks[0].accum, delayed=delayed,
+                                              device=torch.device("cpu"), world=world,
+                                              tied_split=tied_sync_split(plan),
+                                              partitioned=partitioned_layers(plan, dims.n_layers + 2))
     verdict = compare(meas.losses, meas.weights, ref_losses, ref_weights, "dp", rtol_for(world, cfg.precision),
                       gate_weights=weights_gated(cfg.precision, 1, world))
     return meas, ranks, verdict
@@ -216,3 +225,27 @@ def test_gradients_are_reduced_in_the_plans_16_bit_dtype() -> None:
     assert verdict.ok and verdict.max_weight_rel_err == 0.0, verdict
     priced, real = sum(meas.link_bytes.values()), sum(meas.real_link_bytes.values())
     assert priced > 0 and real == pytest.approx(priced)
+
+
+def test_partitioned_parameters_are_gathered_in_the_plans_16_bit_dtype() -> None:
+    """A bf16 ZeRO plan prices its parameter all-gathers at 2 B per parameter: the replay gathers the bf16
+    copies of its fp32 master shards (Precision.wire_params) and computes with them widened back, from the
+    first step (its initial versions rounded alike), so every byte it moves is the plan's; the reference rounds
+    the same layers' parameters (partitioned_layers) and still matches to the last bit. Without that rounding
+    it does not: the rounding is what the replay computes with."""
+    plan = ranks_plan("zero-offload")
+    n_layers = Dims.from_model(plan.workload.model).n_layers + 2
+    assert partitioned_layers(plan, n_layers) == frozenset(range(4))
+    meas, ranks, verdict = replay_and_verify(plan)
+    assert verdict.ok and verdict.max_weight_rel_err == 0.0 and verdict.max_loss_rel_err == 0.0, verdict
+    # every byte the collectives move is the plan's; the gradient and parameter copies between a GPU and its
+    # host still move the runner's fp32 (twice the 2 B priced: replay.compare prints both), one link each
+    copies = sum(r.bytes for r in meas.records if r.op == "copy")
+    priced, real = sum(meas.link_bytes.values()), sum(meas.real_link_bytes.values())
+    assert copies > 0 and priced > copies and real == pytest.approx(priced + copies)
+    cfg = plan.workload.config
+    ref_l, ref_w = train_reference(Dims.from_model(plan.workload.model),
+                                   Batching(SEED, cfg.micro_batch, cfg.seq_len, cfg.precision), plan.steps,
+                                   ranks[0].accum, delayed=False, device=torch.device("cpu"), world=2)
+    unrounded = compare(meas.losses, meas.weights, ref_l, ref_w, "dp", 0.0)
+    assert unrounded.max_loss_rel_err > 0.0

@@ -156,6 +156,7 @@ def _verify(plan: Plan, seed: int, accum: dict[int, int], world: int, meas: Any,
         compare,
         host_updated_layers,
         not_compared,
+        partitioned_layers,
         rtol_for,
         tied_sync_split,
         train_reference,
@@ -171,7 +172,8 @@ def _verify(plan: Plan, seed: int, accum: dict[int, int], world: int, meas: Any,
     ref_losses, ref_weights = train_reference(dims, batching, plan.steps, accum,
                                               delayed=delayed, device=pick_device(meas.device), world=world,
                                               host_layers=host_updated_layers(plan, dims.n_layers + 2),
-                                              tied_split=tied_sync_split(plan))
+                                              tied_split=tied_sync_split(plan),
+                                              partitioned=partitioned_layers(plan, dims.n_layers + 2))
     skip = not_compared(dims, world, tp)
     gated = weights_gated(cfg.precision, tp, world)
     v = compare(meas.losses, meas.weights, ref_losses, ref_weights, "delayed-update" if delayed else "plain",
