@@ -17,7 +17,9 @@ Two ways in, one code path (``run_rank``):
 On CUDA rank K uses ``cuda:LOCAL_RANK`` (``cuda:K`` when spawned); more ranks than devices is refused. On
 CPU each rank is one process whose "GPU" is one core (``replay.threads``) beside its copy and optimizer
 threads: more ranks than cores still trains exactly (``--verify``) but its timing is meaningless
-(:func:`timing_note`).
+(:func:`timing_note`). The ranks started here allocate from one malloc arena (``MALLOC_ARENA_MAX=1``,
+``replay.host_memory.one_malloc_arena``: a worker thread's tensor above 64 MiB is otherwise mmapped afresh
+each time); under a launcher, set it in the launcher's environment for the same timing.
 """
 
 from __future__ import annotations

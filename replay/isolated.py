@@ -20,7 +20,6 @@ from typing import Any
 
 from hardware_models import HardwareSpec
 from replay.errors import ReplayError, ReplayTimeout
-from replay.host_memory import one_malloc_arena
 from replay.precision import gemm16_forced
 from simulator.plan import Plan
 
@@ -49,7 +48,7 @@ def replay_alone(plan: Plan, hw: HardwareSpec, nvme_dir: str | None, timeout_s: 
     proc = ctx.Process(target=_child, args=(plan, hw, nvme_dir, out), daemon=True)
     # the 16-bit GEMM path this process picked (and calibrated on), not the child's own probe: set in the
     # environment the child starts with (replay.precision.gemm16_forced, as the rank processes get it)
-    with gemm16_forced(None, plan.workload.config.precision, "cpu"), one_malloc_arena():
+    with gemm16_forced(None, plan.workload.config.precision, "cpu"):
         proc.start()
     deadline = time.monotonic() + timeout_s
     try:

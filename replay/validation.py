@@ -160,17 +160,17 @@ Findings (2-core CPU-only VM shared with other jobs, see ``CAUSES`` below; print
   check and a division per gradient tensor (llama-h256-zoff-fp16's optimizer 19.9 ms against 2.5 priced): one fused
   pass now (4.0 ms). ``calibrate --ranks`` timed gloo's collectives in fp32 while fp16 sums run 1.5-2x slower per
   byte there: each precision's spec is now timed in its dtype.
-- Fixed (session 14, 2026-12-05): a replay's worker threads (collective, copy and optimizer streams) allocated
-  from arenas of their own, whose 64 MiB heaps cannot hold a larger tensor: glibc mmapped each afresh and
+- Fixed (session 14, 2026-12-05): a replay's worker threads (collective, copy and optimizer streams) allocated from
+  arenas of their own, whose 64 MiB heaps cannot hold a larger tensor: glibc mmapped each afresh and
   ``keep_freed_memory`` did not apply, so a vocab-50257 x 512 table's flattened gradient faulted 29 k pages at each
-  reduce-scatter (its flattening 50-470 ms, gpt-h512-zoff-bf16-2r +66.6% in run P, first step 3.6 s). The
-  replay's processes now start with one malloc arena (``replay.host_memory.one_malloc_arena``; that case 1.3-1.8 s
-  a step, its first 1.5 s). A 16-bit gradient's wire was written by a mixed-dtype division at ~2 ns an element
-  (52-59 ms for that table): divided in place and copied now (9.5 ms, the same numbers). ZeRO parameter gathers
-  sent the fp32 shards (2.5-3.2x their price): they send the plan's 16-bit dtype (``Precision.wire_params``),
-  and a partitioned layer computes with its master rounded to it, as the reference does. ``calibrate --ranks``
-  took the ranks' shared memory bandwidth from single 5 ms copies after a barrier, which overlapped only in
-  part (a share of 0.985 in one spec): medians of 0.2 s windows of back-to-back copies now.
+  reduce-scatter (its flattening 50-470 ms, gpt-h512-zoff-bf16-2r +66.6% in run P, first step 3.6 s). A multi-rank
+  replay's processes now start with one malloc arena (``replay.host_memory.one_malloc_arena``; that case 1.3-1.8 s a
+  step, its first 1.5 s). A 16-bit gradient's wire was written by a mixed-dtype division at ~2 ns an element (52-59
+  ms for that table): divided in place and copied now (9.5 ms, the same numbers). ZeRO parameter gathers sent the
+  fp32 shards (2.5-3.2x their price): they send the plan's 16-bit dtype (``Precision.wire_params``), and a
+  partitioned layer computes with its master rounded to it, as the reference does. ``calibrate --ranks`` took the
+  ranks' shared memory bandwidth from single 5 ms copies after a barrier, which overlapped only in part (a share of
+  0.985 in one spec): medians of 0.2 s windows of back-to-back copies now.
 - Open: the runner keeps fp32 working parameters and gradients where a 16-bit plan prices 2 B, so its uploads
   and gradient copies move twice the priced bytes (the replay prints both, ``replay.compare``).
 - Fixed (zero-offload's peak, 2026-12-04): its gradient copy freed its bucket on the D2H stream, so a replay whose
