@@ -97,6 +97,9 @@ class Measurement:
     topology: Topology
     device: str
     leaked: list[str] = field(default_factory=list)
+    # shared pools of a multi-rank replay with the ranks aligned as a simulation runs them: the pool's initial
+    # tensors plus each rank's own peak on it, summed (replay.dist_merge.aligned_peaks); empty for one rank
+    aligned_peaks: dict[str, float] = field(default_factory=dict)
 
     def step_times(self) -> list[float]:
         ends = [self.step_end[s] for s in sorted(self.step_end)]

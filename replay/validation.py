@@ -191,7 +191,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -667,6 +667,17 @@ def _replay(plan: Plan, hw: HardwareSpec, folder: Path, gpus: int, sim_step_s: f
     return got[0]
 
 
+def aligned_measured_peaks(merged: Mapping[str, float], aligned: Mapping[str, float]) -> tuple[dict[str, float],
+                                                                                                  str]:
+    """The measured peak of each pool compared with the simulation's: a pool the ranks share with the ranks
+    aligned as the simulation runs them (``aligned``: ``replay.dist_merge.aligned_peaks``), the others as
+    measured; and a note of the shared pools whose merged peak (as the ranks happened to line up) differs."""
+    out = {p: float(aligned.get(p, merged.get(p, 0.0))) for p in POOLS}
+    diff = [f"{p} {merged.get(p, 0.0) / 1e6:.2f} MB as the ranks lined up" for p in POOLS
+            if p in aligned and abs(aligned[p] - merged.get(p, 0.0)) > 0.5]
+    return out, ("shared pools' merged peaks: " + ", ".join(diff)) if diff else ""
+
+
 def steady_steps(steps: list[float]) -> list[float]:
     """The measured steps a row's figure is the median of: the second half (at least the last step). A replay
     in a fresh process warms up over its first steps (its heap, buffer caches and files grow to their size:
@@ -717,7 +728,9 @@ def _first_replayed(row: Row, plans: Iterator[tuple[Plan, HardwareSpec, Result, 
         row.sim_step, row.meas_step, row.last_step = sim.step_time_s, statistics.median(steady), \
             measured.step_time_s
         row.sim_peak = {p: float(sim.peak_bytes.get(p, 0.0)) for p in POOLS}
-        row.meas_peak = {p: float(measured.peak_bytes.get(p, 0.0)) for p in POOLS}
+        row.meas_peak, merged = aligned_measured_peaks(measured.peak_bytes, getattr(meas, "aligned_peaks", {}))
+        if merged:  # the ranks' shared pools as they happened to line up (replay.dist_merge.aligned_peaks)
+            row.note = "; ".join(x for x in (row.note, merged) if x)
         row.sim_busy, row.meas_busy = dict(sim.stream_busy_s), dict(measured.stream_busy_s)
         row.wall_s = time.perf_counter() - t0
         return row

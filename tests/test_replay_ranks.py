@@ -249,3 +249,29 @@ def test_partitioned_parameters_are_gathered_in_the_plans_16_bit_dtype() -> None
                                    ranks[0].accum, delayed=False, device=torch.device("cpu"), world=2)
     unrounded = compare(meas.losses, meas.weights, ref_l, ref_w, "dp", 0.0)
     assert unrounded.max_loss_rel_err > 0.0
+
+
+def test_a_shared_pools_peak_with_the_ranks_aligned_is_the_simulated_one() -> None:
+    """Two ranks share the host's pool: how their short-lived buffers line up depends on the processes'
+    timing to the millisecond, while the simulation runs them in lockstep. The pool's initial tensors plus
+    each rank's own peak on it (``aligned_peaks``) is the simulated peak; what the merged tracker saw is
+    never above it. Per-GPU pools (one rank each) are not in it."""
+    from simulator.simulate import simulate_plan
+
+    plan = ranks_plan("zero-infinity", knobs={"param_device": "nvme", "optimizer_device": "nvme"})
+    got = run_ranks(plan, plan.hardware, device="cpu", seed=SEED)
+    assert got is not None
+    meas, _ = got
+    sim = simulate_plan(plan, plan.hardware)
+    assert "cpu" in meas.aligned_peaks and not {"gpu0", "gpu1"} & set(meas.aligned_peaks)
+    assert meas.memory.pools["cpu"].peak <= meas.aligned_peaks["cpu"] + 1e-6
+    assert meas.aligned_peaks["cpu"] == pytest.approx(sim.peak_bytes["cpu"])
+
+
+def test_the_validation_compares_shared_pools_aligned_and_notes_the_merged_peak() -> None:
+    from replay.validation import aligned_measured_peaks
+
+    peaks, note = aligned_measured_peaks({"gpu0": 5e6, "cpu": 74.97e6}, {"cpu": 78.92e6})
+    assert peaks["cpu"] == 78.92e6 and peaks["gpu0"] == 5e6 and peaks["nvme"] == 0.0
+    assert note == "shared pools' merged peaks: cpu 74.97 MB as the ranks lined up"
+    assert aligned_measured_peaks({"cpu": 3e6}, {}) == ({"gpu0": 0.0, "cpu": 3e6, "nvme": 0.0}, "")
