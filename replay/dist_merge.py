@@ -8,7 +8,7 @@ table and ``--trace``).
 - memory: one tracker per pool, every rank's allocations and frees replayed in time order over the plan's
   initial tensors (counted once), so per-GPU pools hold their rank's timeline and shared pools (the host's
   ``cpu``, ``nvme``) the sum of every rank's; the merged tracker's capacity check is the run's verdict;
-- the shared pools' peaks with the ranks aligned (``aligned_peaks``): the merged tracker's peak of a shared
+- the shared pools' peaks with data-parallel ranks aligned (``aligned_peaks``): the merged tracker's peak of a shared
   pool depends on how the ranks' processes happen to line up, to the millisecond: two ranks' 3.95 MB parameter
   staging buffers, each live for the 2-3 ms of its NVMe write, coincided in some replays of
   gpt-h256-zinf-nvme-bf16-2r and not in others (its cpu peak 78.92 or 74.97 MB, 2026-12-05), while a simulation
@@ -183,7 +183,12 @@ def _sum(dicts: list[dict[str, float]]) -> dict[str, float]:
 def aligned_peaks(plan: Plan, hw: HardwareSpec, results: list[RankResult]) -> dict[str, float]:
     """Each pool that more than one rank allocates on (the host's ``cpu``, ``nvme``): its initial tensors' bytes
     plus every rank's own peak on it (the most that rank's allocations, less its frees, held at once), summed:
-    the pool's peak with the ranks in lockstep (module docstring)."""
+    the pool's peak with the ranks in lockstep (module docstring). Only where every rank is a data-parallel
+    replica of the others (the same tasks, whose peaks a simulation lines up): a pipeline's stages peak at
+    different moments in a simulation too (llama-h384-tinypipe-2r: 300.47 MB summed, 268.22 simulated and
+    merged), so their merged peak is the figure (an empty mapping)."""
+    if any(r.dp_world != len(results) or r.tp.world != 1 for r in results):
+        return {}
     pool_of = build_topology(hw).pool_of
     base: dict[str, float] = defaultdict(float)
     initial: dict[tuple[str, str], float] = {}

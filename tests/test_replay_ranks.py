@@ -266,6 +266,10 @@ def test_a_shared_pools_peak_with_the_ranks_aligned_is_the_simulated_one() -> No
     assert "cpu" in meas.aligned_peaks and not {"gpu0", "gpu1"} & set(meas.aligned_peaks)
     assert meas.memory.pools["cpu"].peak <= meas.aligned_peaks["cpu"] + 1e-6
     assert meas.aligned_peaks["cpu"] == pytest.approx(sim.peak_bytes["cpu"])
+    # a pipeline's two stages are not replicas: they peak apart in a simulation too, so no aligned figure
+    pipe = ranks_plan("tinypipe", knobs={"stages": 2}, per_rank_batch=1)
+    got = run_ranks(pipe, pipe.hardware, device="cpu", seed=SEED)
+    assert got is not None and got[0].aligned_peaks == {}
 
 
 def test_the_validation_compares_shared_pools_aligned_and_notes_the_merged_peak() -> None:
