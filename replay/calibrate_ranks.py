@@ -23,13 +23,13 @@ collectives between them. Measured here with N real processes, as the replay run
 - **copies while the others copy**: every rank copies a buffer between two host tensors at once; the total
   over all ranks is what their copies share.
 
-Both shared rates are each rank's work over a window of ``share_s`` seconds that every rank spends looping the
-same operation after one barrier (and the solo rate the same window on one rank), not single timed calls
-after a barrier each: a 64 MiB copy takes 4-6 ms here, about what the ranks' release from a gloo barrier can
-differ by, so timed one at a time the ranks' copies overlapped only partly, and the bf16 spec of 2026-12-05
-04:32 got a memory share of 0.985 where the fp32 one of 04:59 got 0.636. Three runs of both methods, two
-ranks, one minute (2026-12-05, 05:45 UTC, a throwaway script): single calls 0.805, 0.600, 0.705; a 0.4 s window
-0.548, 0.513, 0.662 (the GEMM's share 0.94-1.0 either way).
+Both shared rates are the median over ``repeats`` windows of ``share_s`` seconds in which every rank loops the same
+operation back to back after a barrier, alternated with as many solo windows on rank 0 (so that both sample the
+host's same minutes), not single timed calls after a barrier each: a 64 MiB copy takes 4-6 ms here, about what the
+ranks' release from a gloo barrier can differ by, so timed one at a time the ranks' copies overlapped only partly,
+and the bf16 spec of 2026-12-05 04:32 got a memory share of 0.985 where the fp32 one of 04:59 got 0.636. Three runs
+of both methods, two ranks, one minute (2026-12-05, 05:45 UTC, a throwaway script): single calls 0.805, 0.600,
+0.705; a 0.4 s window 0.548, 0.513, 0.662 (the GEMM's share 0.94-1.0 either way).
 
 Each function takes its sizes as parameters so that tests run in seconds; nothing runs at import time.
 """
@@ -107,12 +107,12 @@ class RanksCalibration:
         return asdict(self)
 
 
-def _median_s(fn: Any, repeats: int, barrier: bool = True) -> float:
+def _median_s(fn: Any, repeats: int) -> float:
+    """Median seconds of ``repeats`` calls of ``fn`` (a collective), each after a barrier, after one warm-up."""
     fn()
     times = []
     for _ in range(repeats):
-        if barrier:
-            dist.barrier()
+        dist.barrier()
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)

@@ -25,16 +25,16 @@ Every thread of a multi-rank replay's rank processes allocates from the process'
 whose heaps are at most 64 MiB: a request larger than that from a worker thread (the runner's collective, copy and
 optimizer streams) is served by a fresh ``mmap`` whatever ``M_MMAP_MAX`` says, and unmapped on free, so it faults
 its pages in every time. A vocab-50257 x 512 table's gradient (103 MB fp32, flattened for its reduce-scatter on the
-collective stream) and its 16-bit wire took 72-75 ms a step in a worker thread (29 k page faults each time) against
-21 ms in the main thread; with one arena 21 ms in both, 2 faults over 8 steps (2026-12-05, 2-core AMD EPYC VM, a
-throwaway script). In a gpt-h512-zoff-bf16 2-rank replay that reduce-scatter's flattening took 50-470 ms.
-``M_ARENA_MAX`` set by ``mallopt`` after start does not bring threads back to the main arena (a new thread takes a
-free arena first), so the processes start with ``MALLOC_ARENA_MAX=1`` in their environment. Fewer arenas mean a
-lock shared by the threads' allocations; replays of one GPU (started in the command's own process by ``tiersim
-replay``, in a spawned one by ``python -m replay.validation``: both keep glibc's default, so that the two agree)
-measured the same with one arena or sixteen within their noise, or not clearly: synergy-small 316-320 vs 282-290 ms
-in a first pair of replays, 249-257 vs 244-255 ms in a second; zinf-nvme-small 316-335 vs 304-327 ms; none-small
-228-232 vs 221-254 ms (2026-12-05 06:45-06:55, while this VM ran 5-20% slower than an hour before).
+collective stream) and its 16-bit wire took 72-77 ms a round (135 the first) in a worker thread (29 k page faults
+each time) against 20-22 ms in the main thread; with one arena 21-29 ms there, 2 faults over 8 rounds (2026-12-05,
+2-core AMD EPYC VM, a throwaway script). In a gpt-h512-zoff-bf16 2-rank replay that reduce-scatter's flattening
+took 50-470 ms. ``M_ARENA_MAX`` set by ``mallopt`` after start does not bring threads back to the main arena (a new
+thread takes a free arena first), so the processes start with ``MALLOC_ARENA_MAX=1`` in their environment. Fewer
+arenas mean a lock shared by the threads' allocations; replays of one GPU (started in the command's own process by
+``tiersim replay``, in a spawned one by ``python -m replay.validation``: both keep glibc's default, so that the two
+agree) measured the same with one arena or sixteen within their noise, or not clearly: synergy-small 316-320 vs
+282-290 ms in a first pair of replays, 249-257 vs 244-255 ms in a second; zinf-nvme-small 316-335 vs 304-327 ms;
+none-small 228-232 vs 221-254 ms (2026-12-05 06:45-06:55, while this VM ran 5-20% slower than an hour before).
 
 Kept memory is reused, but the heap still grows to its working size over a replay's first steps (the tensors'
 sizes interleave and fragment it), each new page faulted then: gpt-h2048-lazytrain (2.1 GB of priced peaks, a 3.9 GB

@@ -830,7 +830,7 @@ class Store:
         """All-gather layer shards into a full version on the compute device: the shard an upload just
         brought (ZeRO-Offload/Infinity), else the master shard itself when it lives on the GPU; sent in the
         plan's 16-bit dtype in mixed precision (``Precision.wire_params``: the bytes the plan prices; the fp32
-        shard took 2.5-3.2x its price for a vocab-50257 x 512 table here, 2026-12-05)."""
+        shard took 2.4-3.2x its price for a vocab-50257 x 512 table here, 2026-12-05)."""
         moved = 0
         n = self.sharding.world
         for i in layers:

@@ -167,7 +167,7 @@ Findings (2-core CPU-only VM shared with other jobs, see ``CAUSES`` below; print
   replay's processes now start with one malloc arena (``replay.host_memory.one_malloc_arena``; that case 1.3-1.8 s a
   step, its first 1.5 s). A 16-bit gradient's wire was written by a mixed-dtype division at ~2 ns an element (52-59
   ms for that table): divided in place and copied now (9.5 ms, the same numbers). ZeRO parameter gathers sent the
-  fp32 shards (2.5-3.2x their price): they send the plan's 16-bit dtype (``Precision.wire_params``), and a
+  fp32 shards (2.4-3.2x their price): they send the plan's 16-bit dtype (``Precision.wire_params``), and a
   partitioned layer computes with its master rounded to it, as the reference does. ``calibrate --ranks`` took the
   ranks' shared memory bandwidth from single 5 ms copies after a barrier, which overlapped only in part (a share of
   0.985 in one spec): medians of 0.2 s windows of back-to-back copies now.
@@ -728,7 +728,7 @@ def _first_replayed(row: Row, plans: Iterator[tuple[Plan, HardwareSpec, Result, 
         row.sim_step, row.meas_step, row.last_step = sim.step_time_s, statistics.median(steady), \
             measured.step_time_s
         row.sim_peak = {p: float(sim.peak_bytes.get(p, 0.0)) for p in POOLS}
-        row.meas_peak, merged = aligned_measured_peaks(measured.peak_bytes, getattr(meas, "aligned_peaks", {}))
+        row.meas_peak, merged = aligned_measured_peaks(measured.peak_bytes, meas.aligned_peaks)
         if merged:  # the ranks' shared pools as they happened to line up (replay.dist_merge.aligned_peaks)
             row.note = "; ".join(x for x in (row.note, merged) if x)
         row.sim_busy, row.meas_busy = dict(sim.stream_busy_s), dict(measured.stream_busy_s)
