@@ -1077,7 +1077,8 @@ def search(hw: str | HardwareSpec, model: str | ModelSpec, *, request: JobReques
     c0 = job0.config
     assert c0.global_batch is not None  # WorkloadConfig fills it in on construction
     base = JobRequest(micro_batch=req.micro_batch, seq_len=c0.seq_len, global_batch=c0.global_batch,
-                      precision=c0.precision, checkpointing=req.checkpointing, flash_attention=c0.flash_attention)
+                      precision=c0.precision, checkpointing=req.checkpointing, flash_attention=c0.flash_attention,
+                      checkpoint_early_stop=req.checkpoint_early_stop)
     assumed = [a for a in assumed if not a.startswith(("micro_batch=", "checkpointing="))]
     names = list(policies) if policies else list(POLICIES)
     cands = list(enumerate_candidates(names, spec.gpu.count, c0.global_batch, micro_batch=req.micro_batch,

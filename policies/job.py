@@ -34,6 +34,7 @@ class JobRequest:
     precision: str | None = None
     checkpointing: str | None = None
     flash_attention: bool | None = None
+    checkpoint_early_stop: bool | None = None
 
 
 def resolve_hardware(hw: str | HardwareSpec, overrides: Sequence[str] = ()) -> HardwareSpec:
@@ -72,8 +73,13 @@ def make_job(hw: str | HardwareSpec, model: str | ModelSpec, request: JobRequest
     ckpt = pick("checkpointing", req.checkpointing, "full", "what offloading systems use")
     flash_default, flash_why = flash_attention_default(spec.gpu.model)
     flash = pick("flash_attention", req.flash_attention, flash_default, flash_why)
+    early = req.checkpoint_early_stop
+    if early is None and ckpt == "full":
+        early = pick("checkpoint_early_stop", None, False,
+                     "whole blocks recomputed, as Megatron-LM and DeepSpeed do; --checkpoint-early-stop for PyTorch's "
+                     "non-reentrant checkpoint")
     config = WorkloadConfig(micro_batch=mb, seq_len=seq, global_batch=gb, precision=prec,
-                            checkpointing=ckpt, flash_attention=flash)
+                            checkpointing=ckpt, flash_attention=flash, checkpoint_early_stop=bool(early))
     spec.peak_flops_for(prec)  # a clear error when the GPU has no such dtype
     trace = build_trace(m, config)
     return Job(spec, m, config, trace, tuple(assumed)), assumed

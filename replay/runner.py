@@ -151,6 +151,10 @@ def check_replayable(plan: Plan, rank: int | None = None) -> RankView:
     if len(gpus) > 1 and rank is None:
         raise ReplayError(f"plan uses {len(gpus)} GPUs: replay it with one process per GPU "
                           "(replay.dist_launch.run_ranks, as `tiersim replay` does)")
+    c = plan.workload.config
+    if c.checkpointing == "full" and c.checkpoint_early_stop:
+        raise ReplayError("plan recomputes with checkpoint_early_stop (PyTorch's non-reentrant early stop), but the "
+                          "runner recomputes whole blocks; plan it again without --checkpoint-early-stop to replay it")
     return rank_view(plan, rank or 0)
 
 

@@ -14,7 +14,8 @@ from planner.result_json import oom_verdict
 from reports.units import gb, group_numbered, pct, secs, table
 from simulator import Result
 
-WORKLOAD_FIELDS = ("global_batch", "micro_batch", "seq_len", "precision", "checkpointing", "flash_attention")
+WORKLOAD_FIELDS = ("global_batch", "micro_batch", "seq_len", "precision", "checkpointing", "flash_attention",
+                   "checkpoint_early_stop")
 
 
 def verdict_line(result: Result) -> str:

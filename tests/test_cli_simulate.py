@@ -35,7 +35,8 @@ KEY_TYPES: dict[str, type | tuple[type, ...]] = {
 }
 OOM_KEYS = {"stage", "pool", "requested_bytes", "capacity_bytes", "over_by_bytes", "total_demand_bytes",
             "free_bytes", "time_s", "task", "tensor", "what", "message"}
-WORKLOAD_DEFAULTS = ("seq_len", "micro_batch", "global_batch", "precision", "checkpointing", "flash_attention")
+WORKLOAD_DEFAULTS = ("seq_len", "micro_batch", "global_batch", "precision", "checkpointing", "flash_attention",
+                     "checkpoint_early_stop")
 
 
 def _strict(text: str) -> Any:
@@ -139,7 +140,28 @@ def test_explicit_settings_are_not_called_defaults(capsys: pytest.CaptureFixture
                      "--precision", "fp16", "--checkpointing", "selective", "--no-flash-attention")
     assert rc == 0
     assert "default picked" not in out
-    assert "seq_len          256" in out and "flash_attention  False" in out
+    rows = {ln.split()[0]: ln.split()[1:] for ln in out.splitlines() if ln.split()}
+    assert rows["seq_len"] == ["256"] and rows["flash_attention"] == ["False"]
+    assert rows["checkpoint_early_stop"] == ["False"]  # no effect with selective: not a picked default
+
+
+def test_checkpoint_early_stop_flag_skips_the_down_projection(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--checkpoint-early-stop``: the same run with less recompute (each block's MLP down projection; GPT-2's
+    dropout after it would keep it, so a LLaMA)."""
+    job = ["--hw", "a100", "--model", "llama2-7b", "--policy", "zero-offload", "--seq-len", "512", "--checkpointing",
+           "full"]
+    whole = run_json(capsys, *job)
+    early = run_json(capsys, *job, "--checkpoint-early-stop")
+    assert whole["workload"]["checkpoint_early_stop"] is False and early["workload"]["checkpoint_early_stop"] is True
+    assert not any(a.startswith("checkpoint_early_stop=") for a in early["workload"]["assumed"])
+    assert any(a.startswith("checkpoint_early_stop=False") for a in whole["workload"]["assumed"])
+    # this run waits on the CPU's Adam, so the step is the same; the GPU computes a down projection less per block
+    assert early["mfu"] == pytest.approx(whole["mfu"]) and early["step_time_s"] == pytest.approx(whole["step_time_s"])
+    assert early["compute_busy_s"] < whole["compute_busy_s"]
+    h, f, layers = 4096, 11008, 32  # LLaMA-2 7B: skipped 2*tokens*f*h per block of the 8*tokens*P executed
+    per_token = 2 * f * h * layers
+    executed = whole["hw_tflops_per_gpu"] / whole["tokens_per_s"]  # TFLOP per token
+    assert early["hw_tflops_per_gpu"] / early["tokens_per_s"] == pytest.approx(executed - per_token / 1e12, rel=1e-6)
 
 
 def test_hardware_model_and_policy_defaults_are_reported(capsys: pytest.CaptureFixture[str]) -> None:

@@ -109,3 +109,36 @@ def test_workload_check_counts_operators_on_the_meta_device(style: str) -> None:
             assert ops.ok is True, (layer, phase, ops.formula, ops.torch)
             ew = rows[(layer, f"{phase} element-wise bytes")]
             assert ew.rel_diff is not None and abs(ew.rel_diff) < 0.12, (layer, phase, ew.rel_diff)
+
+
+@pytest.mark.parametrize("style", ["llama", "gpt2"])
+@pytest.mark.parametrize("early_stop", [True, False])
+def test_recompute_inventory_matches_torch_checkpoint(style: str, early_stop: bool) -> None:
+    """What torch's non-reentrant checkpoint reruns in a block's backward (the operators counted there less
+    those of the plain backward) is the inventory's recompute: with early stop (torch's default) the down
+    projection and the last residual add are not rerun; without it the whole forward is."""
+    from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
+
+    m = spec(style, 256, 8, 8, 688 if style == "llama" else 1024, 1024)
+    b, s = 2, 64
+    cfg = WorkloadConfig(micro_batch=b, seq_len=s, precision="fp32", checkpointing="full",
+                         checkpoint_early_stop=early_stop)
+    block = Block(Dims.from_model(m))
+    x = torch.randn(b, s, m.hidden, requires_grad=True)
+    wrt = [x, *block.parameters()]
+    out = block(x)
+    with Count() as plain:  # the backward alone
+        torch.autograd.grad(out, wrt, torch.ones_like(out))
+    with set_checkpoint_early_stop(early_stop):
+        out = checkpoint(block, x, use_reentrant=False)
+    with Count() as ckpt:  # the recomputation and the backward
+        torch.autograd.grad(out, wrt, torch.ones_like(out))
+    fwd, want = layer_ops(m, cfg, 1, "fwd"), layer_ops(m, cfg, 1, "recompute")
+    assert ckpt.n - plain.n == want.n_ops
+    rerun = sorted(ckpt.matmuls)
+    for f in plain.matmuls:
+        rerun.remove(next(g for g in rerun if g == pytest.approx(f)))
+    assert sorted(rerun) == pytest.approx(sorted(want.matmul_flops[:-1]))  # [-1]: the attention kernel
+    assert ckpt.elementwise - plain.elementwise == pytest.approx(want.elementwise_bytes, rel=0.12)
+    skipped = sum(fwd.matmul_flops) - sum(want.matmul_flops)
+    assert skipped == (2 * b * s * m.ffn * m.hidden if early_stop else 0)

@@ -26,10 +26,10 @@ LLAMA = dict(name="tiny-llama", family="custom", n_layers=2, hidden=64, n_heads=
 
 
 def tiny_plan(policy: str = "zero-offload", model: dict | None = None, knobs: dict | None = None,
-              global_batch: int = 2, checkpointing: str = "full") -> Plan:
+              global_batch: int = 2, checkpointing: str = "full", early_stop: bool | None = None) -> Plan:
     job, _ = make_job("a100", ModelSpec(**(model or GPT)),
                       JobRequest(micro_batch=1, seq_len=32, global_batch=global_batch, precision="bf16",
-                                 checkpointing=checkpointing, flash_attention=True))
+                                 checkpointing=checkpointing, flash_attention=True, checkpoint_early_stop=early_stop))
     info = get_policy(policy)
     return info.plan(job, parse_knobs(info, knobs or {}))
 
@@ -99,6 +99,16 @@ def test_cli_replay_json_trace_and_verify(tmp_path: Path, capsys: pytest.Capture
     rc = main(["replay", str(tmp_path / "p.json")])
     text = capsys.readouterr().out
     assert rc == 0 and "step time" in text and "peak gpu0" in text
+
+
+def test_an_early_stop_plan_is_refused_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The runner recomputes whole blocks: a plan that prices torch's early stop is refused, not replayed
+    against a simulation of less work."""
+    tiny_plan(model=LLAMA, early_stop=True).save(tmp_path / "p.json")
+    rc = main(["replay", str(tmp_path / "p.json"), "--steps", "1"])
+    err = capsys.readouterr().err
+    assert rc != 0 and "checkpoint_early_stop" in err and "--checkpoint-early-stop" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
 def test_tinypipe_swapping_packs_replays_like_plain_training() -> None:

@@ -123,6 +123,34 @@ def test_recompute_flops_by_checkpointing_mode(mode: str) -> None:
     assert head.fwd_flops == 2 * b * s * m.hidden * m.vocab and head.bwd_flops == 2 * head.fwd_flops
 
 
+@pytest.mark.parametrize(("name", "skips"), [("llama2-7b", True), ("gpt3-175b", False), ("mixtral-8x7b", False)])
+def test_early_stop_skips_the_down_projection_where_nothing_after_it_saves(name: str, skips: bool) -> None:
+    """torch's non-reentrant early stop: a LLaMA block's recompute is its forward less the MLP down projection;
+    GPT-3's dropout after that projection saves a mask (and an MoE block combines its experts' outputs), so
+    there only the residual add is skipped, no FLOPs. Other checkpointing modes and the fwd/bwd FLOPs are as
+    without it."""
+    m = load_model(name)
+    b, s = 2, 512
+    whole = build_trace(m, WorkloadConfig(micro_batch=b, seq_len=s, checkpointing="full"))
+    early = build_trace(m, WorkloadConfig(micro_batch=b, seq_len=s, checkpointing="full", checkpoint_early_stop=True))
+    skipped = 2 * b * s * m.ffn * m.hidden if skips else 0
+    for i in range(1, m.n_layers + 1):
+        assert early.layers[i].recompute_flops == whole.layers[i].recompute_flops - skipped
+        assert early.layers[i].fwd_flops == whole.layers[i].fwd_flops
+    assert early.model_flops_per_token() == whole.model_flops_per_token()
+    sel = WorkloadConfig(micro_batch=b, seq_len=s, checkpointing="selective")
+    sel_early = WorkloadConfig(micro_batch=b, seq_len=s, checkpointing="selective", checkpoint_early_stop=True)
+    assert build_trace(m, sel_early).recompute_flops == build_trace(m, sel).recompute_flops
+
+
+def test_early_stop_must_be_a_boolean() -> None:
+    from workloads.errors import WorkloadInputError
+
+    with pytest.raises(WorkloadInputError, match="checkpoint_early_stop.*true or false"):
+        WorkloadConfig(checkpoint_early_stop="yes")  # type: ignore[arg-type]
+    assert WorkloadConfig.from_dict({"checkpoint_early_stop": True}).checkpoint_early_stop is True
+
+
 def test_causal_attention_factor_halves_the_attention_term_only() -> None:
     m = load_model("llama2-7b")
     s = 2048

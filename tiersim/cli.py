@@ -33,7 +33,7 @@ the simulation, or is found infeasible by the policy before any simulation:
     hardware            str (preset name)
     model               {name, params, ...dimensions}
     workload            {global_batch, micro_batch, seq_len, precision, checkpointing, flash_attention,
-                         assumed: [every default picked], ...}
+                         checkpoint_early_stop, assumed: [every default picked], ...}
     n_gpus              int
     step_time_s, tokens_per_s, tflops_per_gpu, mfu, hw_tflops_per_gpu, hfu, compute_busy_s, exposed_transfer_s
                         (tflops_per_gpu/mfu count model FLOPs, no recompute; hw_tflops_per_gpu/hfu count

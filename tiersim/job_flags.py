@@ -163,6 +163,11 @@ def add_workload_flags(p: argparse.ArgumentParser, flags: JobFlags) -> None:
     p.add_argument("--no-flash-attention", dest="flash", action="store_false", default=None)
     p.add_argument("--flash-attention", dest="flash", action="store_true", default=None,
                    help="fused attention on (default: on from Ampere on, off on Volta/Turing)")
+    p.add_argument("--no-checkpoint-early-stop", dest="early_stop", action="store_false", default=None)
+    p.add_argument("--checkpoint-early-stop", dest="early_stop", action="store_true", default=None,
+                   help="full checkpointing as PyTorch's non-reentrant checkpoint runs it (torch >= 2.1): the "
+                        "recomputation stops before each block's last linear (default: off, the whole block is "
+                        "recomputed, as Megatron-LM and DeepSpeed do)")
 
 
 def add_job_flags(p: argparse.ArgumentParser, flags: JobFlags) -> None:
@@ -190,14 +195,16 @@ def add_deepspeed_out_flag(p: argparse.ArgumentParser) -> None:
 def request_from_args(args: argparse.Namespace) -> JobRequest:
     """The workload flags as a request (``None``: not given, a default is picked and reported)."""
     return JobRequest(micro_batch=args.micro_batch, seq_len=args.seq_len, global_batch=args.global_batch,
-                      precision=args.precision, checkpointing=args.checkpointing, flash_attention=args.flash)
+                      precision=args.precision, checkpointing=args.checkpointing, flash_attention=args.flash,
+                      checkpoint_early_stop=args.early_stop)
 
 
 # the flags that describe the job, so make no sense with ``simulate --plan`` (dest -> flag)
 JOB_FLAGS = {"model": "--model", "policy": "--policy", "knobs": "--knob", "micro_batch": "--micro-batch",
              "seq_len": "--seq-len", "global_batch": "--global-batch", "precision": "--precision",
              "checkpointing": "--checkpointing", "flash": "--no-flash-attention/--flash-attention",
-             "deepspeed": "--deepspeed", "nodes": "--nodes"}
+             "early_stop": "--no-checkpoint-early-stop/--checkpoint-early-stop", "deepspeed": "--deepspeed",
+             "nodes": "--nodes"}
 
 
 def check_no_job_flags(args: argparse.Namespace) -> None:

@@ -198,20 +198,7 @@ def _run_case(run: Run, known_gap: str = "") -> Case:
 
 
 # why the simulator misses a published run today (one line each; the suite checks that each still misses)
-KNOWN_GAPS: dict[str, str] = {
-    "MPT-30b 8x A100-80GB seq 2048 ckpt": (
-        "the per-kernel Ampere curve folds everything but the matmuls into one constant factor (MAMF 0.86 x 0.72 "
-        "= 0.62 of peak above 1e12 FLOP/kernel, fitted on hidden-4096 runs), so every llm-foundry row runs at "
-        "HFU 0.60-0.62 here; measured, the checkpointed rows run faster per executed FLOP (A100: 30B 0.74, 7B "
-        "0.68) than the others (0.60-0.64). Pricing the non-matmul operators by their bytes instead (matmuls at "
-        "the MAMF-only curve + the eager element-wise bytes of workloads.ops over HBM) does not explain it: those "
-        "bytes are 2-10% of the matmul time at full bandwidth, and one shared achieved-bandwidth fraction fitted "
-        "to the six A100 rows comes out at 0.23 (implausible for streaming kernels) and still leaves 13B at "
-        "-17% (docs/fidelity.md prints the fit and residuals), so nothing is refitted; operator-level pricing "
-        "(gpu.op_overhead, tiersim calibrate) prices that work apart from the matmuls. The published table's other "
-        "checkpointed rows run at HFU 0.68-0.79 with a full recompute, above every row without (0.43-0.64); the "
-        "recompute share that would match differs per row (0.33-0.65 of a forward), so no one cause fits"),
-}
+KNOWN_GAPS: dict[str, str] = {}
 
 RUN_CASES: tuple[Case, ...] = tuple(_run_case(r, KNOWN_GAPS.get(r.name, "")) for r in RUNS)
 ALL_CASES: tuple[Case, ...] = CASES + RUN_CASES

@@ -117,10 +117,11 @@ class Throughput:
 
 def run_throughput(hw: str, overrides: Sequence[str], model: ModelSpec, *, micro: int, global_batch: int,
                    seq: int, precision: str, ckpt: str, flash: bool, policy: str,
-                   knobs: dict[str, object], source: ThroughputSource) -> Throughput:
+                   knobs: dict[str, object], source: ThroughputSource, early_stop: bool = False) -> Throughput:
     """Simulate the run and express its throughput in ``source``'s convention (both model and hardware)."""
     job, _ = make_job(hw, model, JobRequest(micro_batch=micro, global_batch=global_batch, seq_len=seq,
-                                            precision=precision, checkpointing=ckpt, flash_attention=flash),
+                                            precision=precision, checkpointing=ckpt, flash_attention=flash,
+                                            checkpoint_early_stop=early_stop),
                       hw_overrides=tuple(overrides))
     res = simulate_plan(make_plan(job, policy, knobs), job.hw)
     if res.step_time_s <= 0:  # the timing of a run that does not fit is still reported (the verdict is its own case)
@@ -135,10 +136,12 @@ def run_throughput(hw: str, overrides: Sequence[str], model: ModelSpec, *, micro
 
 
 def run_verdict(hw: str, overrides: Sequence[str], model: ModelSpec, *, micro: int, global_batch: int, seq: int,
-                precision: str, ckpt: str, flash: bool, policy: str, knobs: dict[str, object]) -> tuple[bool, str]:
+                precision: str, ckpt: str, flash: bool, policy: str, knobs: dict[str, object],
+                early_stop: bool = False) -> tuple[bool, str]:
     """The verdict on a run (fits or not) and, when it does not, what is over and by how much."""
     job, _ = make_job(hw, model, JobRequest(micro_batch=micro, global_batch=global_batch, seq_len=seq,
-                                            precision=precision, checkpointing=ckpt, flash_attention=flash),
+                                            precision=precision, checkpointing=ckpt, flash_attention=flash,
+                                            checkpoint_early_stop=early_stop),
                       hw_overrides=tuple(overrides))
     try:
         res = simulate_plan(make_plan(job, policy, knobs), job.hw)
@@ -180,6 +183,15 @@ class Run:
     feasible: bool | None = None        # verdict runs: what the source trained (True) or could not (False)
     published_params: int | None = None  # the source's parameter count, which the shape must reproduce
     note: str = ""
+    early_stop: bool = False            # full checkpointing as torch's non-reentrant early stop runs it
+
+
+# llm-foundry's benchmark tables (scripts/train/benchmarking/README.md) come from two software stacks: the A100-80GB
+# and H100 tables were measured for mosaicml/llm-foundry PR #543 (commit b2a43a1, Oct 2023) on the image
+# mosaicml/pytorch:2.1.0_cu121 (its sweep.sh), the A100-40GB table before it on mosaicml/pytorch:1.13.1_cu117 (the
+# previous sweep.sh). submit_benchmarks.py sets fsdp_config.activation_checkpointing_reentrant False, and torch
+# 2.1 made early stop the default of its non-reentrant checkpoint (pytorch/pytorch PR #96866); torch 1.13 has none.
+FOUNDRY_TORCH_2_1 = ("a100_80gb", "h100_80gb")
 
 
 def _foundry(size: str, layers: int, hidden: int, heads: int, params: int, gpu: str, seq: int, micro: int,
@@ -196,8 +208,13 @@ def _foundry(size: str, layers: int, hidden: int, heads: int, params: int, gpu: 
         hw=hw, overrides=overrides, hw_note=note, model=model, micro=micro, global_batch=8 * micro * accum, seq=seq,
         precision="bf16", ckpt="full" if ckpt else "none", flash=True, policy="none", knobs=(("stage", 3),),
         flops=LLM_FOUNDRY, convention="model", mfu=mfu, hfu=hfu, published_params=params,
+        early_stop=ckpt and gpu in FOUNDRY_TORCH_2_1,
         note="ZeRO-3 stands in for FSDP FULL_SHARD; MPT shape from the row's NumParams (GELU 4d MLP, biases, "
-             "learned positions, tied 50368 vocabulary)")
+             "learned positions, tied 50368 vocabulary)" + (
+                 "; checkpointed with torch 2.1's non-reentrant early stop (the table's image, "
+                 "mosaicml/pytorch:2.1.0_cu121; its MLP down projection is not recomputed)"
+                 if ckpt and gpu in FOUNDRY_TORCH_2_1 else
+                 "; checkpointed on torch 1.13 (the table's image): whole blocks recomputed" if ckpt else ""))
 
 
 def _zero_offload_10b(published: bool) -> Run:
@@ -296,13 +313,13 @@ def run_figures(run: Run) -> Throughput:
     assert run.flops is not None
     return run_throughput(run.hw, run.overrides, run.model, micro=run.micro, global_batch=run.global_batch,
                           seq=run.seq, precision=run.precision, ckpt=run.ckpt, flash=run.flash, policy=run.policy,
-                          knobs=dict(run.knobs), source=run.flops)
+                          knobs=dict(run.knobs), source=run.flops, early_stop=run.early_stop)
 
 
 def run_feasible(run: Run) -> tuple[bool, str]:
     return run_verdict(run.hw, run.overrides, run.model, micro=run.micro, global_batch=run.global_batch,
                        seq=run.seq, precision=run.precision, ckpt=run.ckpt, flash=run.flash, policy=run.policy,
-                       knobs=dict(run.knobs))
+                       knobs=dict(run.knobs), early_stop=run.early_stop)
 
 
 def published_both(run: Run) -> tuple[float, float, str]:

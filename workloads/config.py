@@ -23,6 +23,13 @@ class WorkloadConfig:
     caller's concern); ``precision``: dtype of parameters, gradients and activations (mixed precision
     keeps fp32 master weights and Adam moments for bf16/fp16); ``checkpointing``: activation
     recomputation mode (Korthikanti 2022: none, selective = attention core only, full = whole block);
+    ``checkpoint_early_stop`` (checkpointing full; no effect with none or selective): the recomputation
+    stops once the last tensor that the block saves for its backward is rebuilt, as PyTorch's non-reentrant
+    checkpoint does by default since torch 2.1 (``torch.utils.checkpoint``, ``set_checkpoint_early_stop``):
+    the block's last linear (the MLP's down projection, where nothing after it saves a tensor) and its
+    residual add are not rerun. False (default): the whole block forward is rerun, as Megatron-LM's and
+    DeepSpeed's checkpointing and PyTorch's reentrant checkpoint do
+    (:func:`workloads.flops.early_stop_skipped_flops`);
     ``flash_attention``: fused attention that never stores the s x s score matrix;
     ``causal_attention_factor``: fraction of the s^2 attention FLOPs counted. 1.0 (default) is the
     Narayanan 2021 convention (full non-causal count, used for MFU); 0.5 is roughly what a causal kernel
@@ -36,6 +43,7 @@ class WorkloadConfig:
     checkpointing: str = "full"
     flash_attention: bool = True
     causal_attention_factor: float = 1.0
+    checkpoint_early_stop: bool = False
 
     def __post_init__(self) -> None:
         where = "workload config"
@@ -47,6 +55,7 @@ class WorkloadConfig:
         choice(self.precision, "precision", DTYPE_BYTES, where)
         choice(self.checkpointing, "checkpointing", CHECKPOINTING_MODES, where)
         boolean(self.flash_attention, "flash_attention", where)
+        boolean(self.checkpoint_early_stop, "checkpoint_early_stop", where)
         factor = self.causal_attention_factor
         if isinstance(factor, bool) or not isinstance(factor, int | float) or not 0 < factor <= 1:
             raise WorkloadInputError(

@@ -54,6 +54,7 @@ __all__ = [
     "BlockFlops",
     "attention_pairs",
     "block_forward_flops",
+    "early_stop_skipped_flops",
     "head_forward_flops",
     "mlp_forward_flops",
 ]
@@ -133,6 +134,26 @@ def block_forward_flops(model: ModelSpec, micro_batch: int, seq_len: int,
         mlp=mlp_forward_flops(model, tokens, layer),
         router=2 * tokens * h * model.n_experts if model.is_moe_layer(layer) else 0,
     )
+
+
+def early_stop_skipped_flops(model: ModelSpec, micro_batch: int, seq_len: int, layer: int | None = None) -> int:
+    """Forward matmul FLOPs of block ``layer`` that a recomputation with early stop does not rerun
+    (``WorkloadConfig.checkpoint_early_stop``).
+
+    PyTorch's non-reentrant checkpoint (``torch.utils.checkpoint``, early stop on by default since torch 2.1)
+    stops recomputing as soon as every tensor the block saved for its backward has been rebuilt. An operator
+    records what it saves before it computes, so the last one that saves anything does not run again: in a
+    dense block without dropout or a norm after the MLP that is the MLP's down projection, which saves its
+    input (a parallel block runs its MLP after its attention, as GPT-NeoX, GPT-J and Falcon do, so the same
+    holds): its ``2*tokens*ffn*h`` FLOPs are skipped. Where something after it saves a tensor (a dropout's
+    mask; Gemma-2's post-MLP norm, ``block_norms`` 4; an MoE block's weighted combine of its experts'
+    outputs) the projection runs and only the residual add after it is skipped: 0 FLOPs. Checked against
+    torch by ``tests/test_replay_ops.py``.
+    """
+    layer = model.default_layer() if layer is None else layer
+    if model.dropout or model.block_norms > 2 or model.is_moe_layer(layer):
+        return 0
+    return 2 * micro_batch * seq_len * model.ffn * model.hidden
 
 
 def head_forward_flops(model: ModelSpec, micro_batch: int, seq_len: int) -> int:

@@ -38,6 +38,9 @@ runs two matmuls of the same FLOPs per forward matmul and one attention-backward
 core (``kinds`` marks each kernel ``gemm`` or ``attention``, so that a calibrated spec prices the attention
 kernel and a backward's products at the rates measured for them). Head: final norm + LM-head matmul +
 cross-entropy (forward 3 T_V, 2 ops; backward 5 T_V, 2 ops).
+Recompute (``checkpointing`` full): the forward's operators again; with ``checkpoint_early_stop`` (PyTorch's
+non-reentrant checkpoint) without the block's last residual add and, where nothing after it saves a tensor,
+its MLP down projection (:func:`workloads.flops.early_stop_skipped_flops`); its weight cast still runs.
 Embedding: a gather (2 T_h, 1 op; learned positions + 2 T_h + 3 T_s, +4 ops, T_s = s*h*e one sequence's
 rows); its backward zeroes the table's gradient and scatter-adds into it (table bytes + T_h, 1 op; learned
 positions + their table + T_h + 2 T_s, +2 ops). The tables are fp32 weights whatever the training dtype (mixed
@@ -250,6 +253,13 @@ def _block(m: ModelSpec, c: WorkloadConfig, phase: str, layer: int) -> LayerOps:
     ew = (norms * nf * t_h + nf * qk + 6 * t_h + af * t_f + (13 * t_q + 4 * t_kv if rotary else 0.0)
           + (2 * t_q + 2 * t_kv if gqa else 0.0))
     n = len(mats) + n_core + norms * no + n_qk * no + 2 + ao + (36 if rotary else 0) + (2 if gqa else 0)
+    if phase == "recompute" and c.checkpoint_early_stop:
+        # torch's early stop: the last residual add (3 T_h, 1 op) is not rerun, nor the down projection
+        # where nothing after it saves a tensor (wflops.early_stop_skipped_flops)
+        ew, n = ew - 3 * t_h, n - 1
+        if wflops.early_stop_skipped_flops(m, b, s, layer):
+            down = len(_attention_shapes(m, float(tokens))) + m.mlp_matrices - 1
+            mats, shapes, n = mats[:down] + mats[down + 1:], shapes[:down] + shapes[down + 1:], n - 1
     return LayerOps((*mats, *core.flops), ew + cast + core.score_bytes, n + n_cast, (*shapes, *core.shapes),
                     (GEMM,) * len(mats) + core.kinds, core.score_bytes)
 

@@ -202,6 +202,8 @@ def _block_figures(model: ModelSpec, config: WorkloadConfig, layer: int, layer_o
     bf = flops.block_forward_flops(model, b, s, config.causal_attention_factor, layer)
     fwd = bf.total
     recompute = {"full": fwd, "selective": bf.attention_core, "none": 0.0}[config.checkpointing]
+    if config.checkpointing == "full" and config.checkpoint_early_stop:
+        recompute -= flops.early_stop_skipped_flops(model, b, s, layer)
     acts = act.block_activations(model, b, s, e, config.flash_attention, layer)
     saved = act.saved_block_bytes(acts, config.checkpointing)
     largest = traffic.block_largest_tensor(model, b, s, e, config.flash_attention, layer)
