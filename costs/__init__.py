@@ -50,7 +50,8 @@ Compute (:mod:`costs.compute`):
   ``ops_seconds(hw, layer_ops, dtype)`` -> seconds of a list of operators (needs ``gpu.op_overhead``).
   ``ComputePricer(hw, dtype, (model, config) | None).seconds(flops, hbm_bytes, layer, phase)`` -> what the
   engine charges a compute task: operator level where the hardware has ``gpu.op_overhead``, the layer's matmul
-  kernels on the curve and, without flash attention, its score operators' bytes
+  kernels on their curves plus its element-wise bytes (all of them where the GPU prices them apart,
+  ``gpu.elementwise_efficiency``; else, without flash attention, its score operators')
   (``costs.compute.kernel_level_seconds`` + one launch) where only the layer is known, else
   :func:`kernel_seconds`.
 

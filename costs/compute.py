@@ -2,22 +2,31 @@
 hardware says how.
 
 Kernel level (every preset): a task of a known ``layer`` and ``phase`` (fwd | bwd | recompute) runs the
-matmul kernels that :func:`workloads.ops.layer_ops` lists, each at its own size on the curve and never
+matmul kernels that :func:`workloads.ops.layer_ops` lists, each at its own size on its curve and never
 faster than its own operands move over HBM::
 
-    max( sum_i max(f_i / (peak * eff(f_i)), e * (M_i*K_i + K_i*N_i + M_i*N_i) / hbm_bw)
-           + score_bytes / hbm_bw,
+    max( sum_i max(f_i / (peak * eff_i(f_i)), e * (M_i*K_i + K_i*N_i + M_i*N_i) / hbm_bw)
+           + ew_bytes / ew_bw,
          hbm_bytes / hbm_bw ) + launch overhead
 
-(f_i the kernel's FLOPs, (M_i, N_i, K_i) its GEMM shape, e the bytes of the training dtype). The preset's
-curve is a per-kernel curve of its GPU generation (``hardware_specs.yaml`` ``gemm_efficiency_by_generation``)
-that folds in what a layer runs besides its matmuls (norms, activations, dispatch gaps), so a small
-micro-batch, a tensor-parallel shard or a thin model gets small, inefficient kernels. The curves were set
-against runs with fused attention (FlashAttention, whose s x s scores never reach HBM); without it
-(``flash_attention`` off) the scores are materialised and their non-matmul operators (softmax, dropout and
-their backwards: ``score_bytes``, :mod:`workloads.ops`) stream a*s^2*b-sized tensors that the folded factor
-does not stand for, so they are priced apart, by their bytes (over ``gpu.elementwise_bw`` where measured),
-and the two score matmuls are kernels of their own, held to their s x s operand's traffic.
+(f_i the kernel's FLOPs, (M_i, N_i, K_i) its GEMM shape, e the bytes of the training dtype). Each preset's
+curves are its GPU generation's (``hardware_specs.yaml`` ``gemm_efficiency_by_generation``), so a small
+micro-batch, a tensor-parallel shard or a thin model gets small, inefficient kernels. Two forms:
+
+- element-wise work priced apart (``gpu.elementwise_efficiency`` given: the Ampere and Hopper presets, fitted
+  to llm-foundry's published tables by ``tiersim.foundry_fit``): ``eff_i`` is the GEMM curve for a linear
+  layer's kernel and ``gpu.attention_efficiency`` for the FlashAttention kernel; ``ew_bytes`` are all the
+  element-wise operators' bytes (``LayerOps.elementwise_bytes``), over ``ew_bw`` = ``gpu.elementwise_bw`` where
+  measured, else ``gpu.elementwise_efficiency`` x ``hbm_bw``;
+- a folded curve (the other generations): one curve that folds in what a layer runs besides its matmuls
+  (norms, activations, dispatch gaps), set against runs with fused attention (FlashAttention, whose s x s
+  scores never reach HBM). Without it (``flash_attention`` off) the scores are materialised and their
+  non-matmul operators (softmax, dropout and their backwards: ``score_bytes``, :mod:`workloads.ops`) stream
+  a*s^2*b-sized tensors that the folded factor does not stand for, so ``ew_bytes`` are those alone, over
+  ``gpu.elementwise_bw`` where measured, else ``hbm_bw``.
+
+Either way, without flash attention the two score matmuls are kernels of their own, held to their s x s
+operand's traffic.
 
 Roofline (a task of no known layer): ``max(flops / (peak * eff(flops)), hbm_bytes / hbm_bw) + launch
 overhead`` -- the task as ONE kernel of its total FLOPs.
@@ -57,7 +66,8 @@ from workloads.ops import ATTENTION, NO_SHAPE, PHASES, LayerOps, layer_ops
 
 UNALIGNED_ELEMENTS = 8  # a GEMM dimension that is a multiple of 8 elements runs at the curve's rate
 
-__all__ = ["UNALIGNED_ELEMENTS", "ComputePricer", "KernelCurves", "compute_seconds", "gemm_kernels_seconds",
+__all__ = ["UNALIGNED_ELEMENTS", "ComputePricer", "KernelCurves", "compute_seconds", "elementwise_apart",
+           "elementwise_bandwidth", "gemm_kernels_seconds",
            "kernel_efficiency", "kernel_seconds", "kernel_level_seconds", "matmul_seconds", "ops_seconds",
            "unaligned_factor"]
 
@@ -93,11 +103,11 @@ def unaligned_factor(unaligned: float | None, phase: str | None, shape: tuple[fl
 
 def kernel_efficiency(curves: KernelCurves, kind: str, phase: str | None, flops: float) -> float:
     """The efficiency of one kernel of ``kind`` (gemm | attention) and ``flops`` FLOPs in ``phase`` (fwd |
-    bwd | recompute; a recomputation runs forward kernels): its kind's curve where known, else the forward
-    GEMM curve."""
+    bwd | recompute; a recomputation runs forward kernels): its kind's curve where known (a backward's
+    attention kernel: its own curve, else the forward attention kernel's), else the forward GEMM curve."""
     bwd = phase == "bwd"
     if kind == ATTENTION:
-        curve = curves.attention_backward if bwd else curves.attention
+        curve = (curves.attention_backward or curves.attention) if bwd else curves.attention
     else:
         curve = curves.gemm_backward if bwd else None
     return (curve or curves.gemm)(flops)
@@ -126,26 +136,47 @@ def kernel_seconds(hw: HardwareSpec, flops: float, hbm_bytes: float, dtype: str)
     return compute_seconds(hw, flops, hbm_bytes, dtype) + hw.gpu.launch_overhead_s
 
 
-def gemm_kernels_seconds(hw: HardwareSpec, ops: LayerOps, dtype: str) -> float:
-    """Seconds of the matmul kernels of ``ops`` on one GPU of ``hw``, each at its own size on the curve and
-    no faster than its operands (M*K + K*N + M*N elements of ``dtype``) move over HBM."""
+def gemm_kernels_seconds(hw: HardwareSpec, ops: LayerOps, dtype: str, phase: str | None = None) -> float:
+    """Seconds of the matmul kernels of ``ops`` on one GPU of ``hw``, each at its own size on its curve and
+    no faster than its operands (M*K + K*N + M*N elements of ``dtype``) move over HBM. The attention kernel
+    (kind ``attention``) runs on ``gpu.attention_efficiency`` where the spec has it (``gpu.attention_backward_
+    efficiency`` in a backward, where given), every other kernel on ``gpu.gemm_efficiency``."""
     g = hw.gpu
     peak = hw.peak_flops_for(dtype)
     e = DTYPE_BYTES.get(dtype, 2)
     shapes = ops.matmul_shapes or ((0.0, 0.0, 0.0),) * len(ops.matmul_flops)
+    kinds = ops.kinds or ("",) * len(ops.matmul_flops)
+    attention = (g.attention_backward_efficiency if phase == "bwd" else None) or g.attention_efficiency
     t = 0.0
-    for f, (m, n, k) in zip(ops.matmul_flops, shapes, strict=True):
+    for f, (m, n, k), kind in zip(ops.matmul_flops, shapes, kinds, strict=True):
         if f > 0:
-            t += max(f / (peak * g.gemm_efficiency(f)), e * (m * k + k * n + m * n) / g.hbm_bw)
+            curve = attention if kind == ATTENTION and attention is not None else g.gemm_efficiency
+            t += max(f / (peak * curve(f)), e * (m * k + k * n + m * n) / g.hbm_bw)
     return t
 
 
-def kernel_level_seconds(hw: HardwareSpec, ops: LayerOps, dtype: str) -> float:
+def elementwise_apart(gpu: GpuSpec) -> bool:
+    """Whether ``gpu``'s curve is its matmuls' alone, a layer's element-wise work priced apart
+    (``gpu.elementwise_efficiency`` given: the Ampere and Hopper presets, ``tiersim.foundry_fit``)."""
+    return gpu.elementwise_efficiency is not None
+
+
+def elementwise_bandwidth(gpu: GpuSpec) -> float:
+    """Bytes/s of a layer's element-wise operators: ``gpu.elementwise_bw`` where measured, else
+    ``gpu.elementwise_efficiency`` x ``gpu.hbm_bw`` where given, else ``gpu.hbm_bw``."""
+    if gpu.elementwise_bw:
+        return gpu.elementwise_bw
+    return gpu.hbm_bw * (gpu.elementwise_efficiency or 1.0)
+
+
+def kernel_level_seconds(hw: HardwareSpec, ops: LayerOps, dtype: str, phase: str | None = None) -> float:
     """Seconds of a layer task's work at kernel level (no HBM floor, no launch overhead): its matmul kernels
-    (:func:`gemm_kernels_seconds`) plus the attention-score operators' bytes (``ops.score_bytes``: without
-    flash attention) over the element-wise bandwidth (``gpu.elementwise_bw`` where measured, else HBM)."""
+    (:func:`gemm_kernels_seconds`) plus, over :func:`elementwise_bandwidth`, the bytes of its element-wise
+    operators where the spec prices them apart (:func:`elementwise_apart`), else those of the attention-score
+    operators alone (``ops.score_bytes``: without flash attention; the curve folds in the rest)."""
     g = hw.gpu
-    return gemm_kernels_seconds(hw, ops, dtype) + ops.score_bytes / (g.elementwise_bw or g.hbm_bw)
+    ew = ops.elementwise_bytes if elementwise_apart(g) else ops.score_bytes
+    return gemm_kernels_seconds(hw, ops, dtype, phase) + ew / elementwise_bandwidth(g)
 
 
 def ops_seconds(hw: HardwareSpec, ops: LayerOps, dtype: str, phase: str | None = None) -> float:
@@ -154,7 +185,7 @@ def ops_seconds(hw: HardwareSpec, ops: LayerOps, dtype: str, phase: str | None =
     (``gpu.dispatch_overlap``: CUDA's asynchronous launches; a CPU "GPU" runs each operator as it is issued)."""
     g = hw.gpu
     t = matmul_seconds(ops, hw.peak_flops_for(dtype), KernelCurves.of(g), phase)
-    t += ops.elementwise_bytes / (g.elementwise_bw or g.hbm_bw)
+    t += ops.elementwise_bytes / elementwise_bandwidth(g)
     fixed = dispatch_seconds(hw, ops)
     task = (g.task_overhead_s or 0.0) if ops.n_ops > 0 else 0.0
     return (max(t, fixed) if g.dispatch_overlap else t + fixed) + task
@@ -228,4 +259,4 @@ class ComputePricer:
             return max(ops_seconds(self.hw, ops, self.dtype, phase), floor)
         if ops is None or not ops.matmul_flops or flops <= 0:
             return kernel_seconds(self.hw, flops, hbm_bytes, self.dtype)
-        return max(kernel_level_seconds(self.hw, ops, self.dtype), floor) + self.hw.gpu.launch_overhead_s
+        return max(kernel_level_seconds(self.hw, ops, self.dtype, phase), floor) + self.hw.gpu.launch_overhead_s

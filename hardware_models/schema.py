@@ -11,9 +11,9 @@ A file looks like::
     unified_memory: false
     gpu:    {model, count, memory, peak_flops: {bf16: ...}, hbm_bw, gemm_efficiency: [[flops, eff], ...],
              launch_overhead, reserved: {name: size}, fragmentation, optimizer_bytes_per_param,
-             op_overhead, elementwise_bw, gemm_backward_efficiency, attention_efficiency,
-             attention_backward_efficiency, shares_host, dispatch_overlap, gemm_op_overhead, task_overhead
-             (optional: per-operator compute pricing, see GpuSpec),
+             op_overhead, elementwise_bw, elementwise_efficiency, gemm_backward_efficiency,
+             attention_efficiency, attention_backward_efficiency, shares_host, dispatch_overlap,
+             gemm_op_overhead, task_overhead (optional: per-operator compute pricing, see GpuSpec),
              allocator (optional: caching | exact, default caching)}
     host:   {cpu_model, sockets, cores, dram, dram_bw, optimizer_params_per_s, reserved: {name: size}}
     pcie:   {gen, lanes, efficiency, duplex_fraction, gpus_per_switch, latency, p2p (optional, true)}
@@ -99,6 +99,8 @@ SECTIONS: Final[Mapping[str, tuple[FieldDef, ...]]] = FrozenDict(
             FieldDef("optimizer_bytes_per_param", "optimizer_bytes_per_param", "number", "B/param"),
             FieldDef("op_overhead", "op_overhead_s", "time", "per operator", required=False, omit_default=True),
             FieldDef("elementwise_bw", "elementwise_bw", "bandwidth", required=False, omit_default=True),
+            FieldDef("elementwise_efficiency", "elementwise_efficiency", "fraction",
+                     "of hbm_bw, element-wise operators", required=False, omit_default=True),
             FieldDef("gemm_backward_efficiency", "gemm_backward_efficiency", "curve",
                      "fraction of peak over FLOPs/op", required=False, omit_default=True),
             FieldDef("attention_efficiency", "attention_efficiency", "curve", "fraction of peak over FLOPs/op",

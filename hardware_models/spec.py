@@ -61,7 +61,11 @@ class GpuSpec:
 
     `memory_bytes` is the physical memory per GPU (0 on a unified machine, where the GPU allocates from
     `HostSpec.dram_bytes`). `gemm_efficiency(flops_of_one_op)` is the achievable fraction of
-    `peak_flops` for an operation of that size, end to end (it includes non-GEMM work).
+    `peak_flops` for an operation of that size, end to end: it includes a layer's non-GEMM work, unless
+    `elementwise_efficiency` is given (the Ampere and Hopper presets, ``tiersim.foundry_fit``): then the curve is
+    the matmuls' alone, the attention kernel runs on `attention_efficiency` where given, and a layer's element-wise
+    operators (``workloads.ops``) are priced apart, their bytes over `elementwise_bw` or else
+    `elementwise_efficiency` x `hbm_bw`.
     `optimizer_bytes_per_param` is the HBM traffic of a fused Adam step per parameter, so that
     step time = params * optimizer_bytes_per_param / hbm_bw.
 
@@ -103,6 +107,7 @@ class GpuSpec:
     optimizer_bytes_per_param: float
     op_overhead_s: float | None = None
     elementwise_bw: float | None = None
+    elementwise_efficiency: float | None = None
     gemm_backward_efficiency: Curve | None = None
     attention_efficiency: Curve | None = None
     attention_backward_efficiency: Curve | None = None
@@ -125,6 +130,9 @@ class GpuSpec:
                 check_non_negative(getattr(self, attr), f"gpu.{name}", "a time", fmt_time)
         if self.elementwise_bw is not None:
             check_positive(self.elementwise_bw, "gpu.elementwise_bw", "a bandwidth", fmt_bandwidth)
+        if self.elementwise_efficiency is not None:
+            check_fraction(self.elementwise_efficiency, "gpu.elementwise_efficiency", low_inclusive=False,
+                           high_inclusive=True)
         for attr in ("gemm_backward_efficiency", "attention_efficiency", "attention_backward_efficiency"):
             if getattr(self, attr) is not None and not isinstance(getattr(self, attr), Curve):
                 raise HardwareInputError(f"must be a Curve, got {getattr(self, attr)!r}", field=f"gpu.{attr}")

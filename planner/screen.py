@@ -16,9 +16,10 @@ when the efficiency curve does not fall with size (smaller kernels are less effi
 together spend at least the sum over layers of the full layers' kernel seconds, times the micro-batches of
 the step, and the busiest GPU at least that over the GPU count. Per kernel the screen charges what the
 engine charges at least: ``f / (peak * eff(f))`` and, at kernel level, the operands over HBM
-(``costs.compute.gemm_kernels_seconds``); never the launch overheads or the task's own HBM floor (a policy
-may fuse tasks). Where the curve does fall somewhere (a user's curve), every kernel is charged at the
-curve's highest efficiency instead (still a lower bound, looser). Policies that recompute as the workload's
+(``costs.compute.gemm_kernels_seconds``), plus the element-wise bytes where the spec prices them apart (the
+Ampere and Hopper presets); never the launch overheads or the task's own HBM floor (a policy may fuse tasks).
+Where the curve does fall somewhere (a user's curve), every kernel is charged at the curve's highest
+efficiency instead (still a lower bound, looser). Policies that recompute as the workload's
 ``checkpointing`` says (:data:`HONOURS_CHECKPOINTING`) are charged its recomputation too; the others
 (LazyTrain decides per layer) are not.
 
@@ -41,7 +42,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from costs.compute import gemm_kernels_seconds
+from costs.compute import elementwise_apart, elementwise_bandwidth, gemm_kernels_seconds
 from hardware_models import HardwareSpec
 from planner.memory_screens import SCREENS
 from planner.screen_terms import TERMS, Links, links_of
@@ -70,21 +71,33 @@ class Screen:
 
 
 def monotone_curve(hw: HardwareSpec) -> bool:
-    """Whether the GEMM efficiency curve never falls as the kernel grows (then splitting a kernel never
-    makes it cheaper)."""
-    effs = [e for _, e in hw.gpu.gemm_efficiency.points]
-    return all(b >= a for a, b in zip(effs, effs[1:], strict=False))
+    """Whether the GEMM efficiency curve (and the attention kernel's, where the spec has one) never falls as the
+    kernel grows (then splitting a kernel never makes it cheaper)."""
+    g = hw.gpu
+    for curve in (g.gemm_efficiency, g.attention_efficiency, g.attention_backward_efficiency):
+        if curve is None:
+            continue
+        effs = [e for _, e in curve.points]
+        if not all(b >= a for a, b in zip(effs, effs[1:], strict=False)):
+            return False
+    return True
 
 
-def _kernel_floor(hw: HardwareSpec, ops: LayerOps, dtype: str, monotone: bool) -> float:
-    """Seconds the engine charges at least for the matmul kernels of ``ops`` (or any split of them)."""
+def _kernel_floor(hw: HardwareSpec, ops: LayerOps, dtype: str, monotone: bool, phase: str | None = None) -> float:
+    """Seconds the engine charges at least for the matmul kernels of ``ops`` (or any split of them), and for its
+    element-wise bytes where the spec prices them apart (``costs.compute.elementwise_apart``: a split task's
+    shares move the same bytes in all)."""
     peak = hw.peak_flops_for(dtype)
+    g = hw.gpu
+    apart = 0.0
+    if elementwise_apart(g) and g.op_overhead_s is None:
+        apart = ops.elementwise_bytes / elementwise_bandwidth(g)
     if not monotone:
-        top = max(e for _, e in hw.gpu.gemm_efficiency.points)
-        return sum(f for f in ops.matmul_flops if f > 0) / (peak * top)
-    if hw.gpu.op_overhead_s is not None:  # operator level: the matmuls on the curve, no operand floor
-        return sum(f / (peak * hw.gpu.gemm_efficiency(f)) for f in ops.matmul_flops if f > 0)
-    return gemm_kernels_seconds(hw, ops, dtype)
+        top = max(e for _, e in g.gemm_efficiency.points)
+        return sum(f for f in ops.matmul_flops if f > 0) / (peak * top) + apart
+    if g.op_overhead_s is not None:  # operator level: the matmuls on the curve, no operand floor
+        return sum(f / (peak * g.gemm_efficiency(f)) for f in ops.matmul_flops if f > 0)
+    return gemm_kernels_seconds(hw, ops, dtype, phase) + apart
 
 
 def _layer_seconds(job: Job, index: int, phase: str, flops: float, monotone: bool) -> float:
@@ -93,7 +106,7 @@ def _layer_seconds(job: Job, index: int, phase: str, flops: float, monotone: boo
     ops = layer_ops(job.model, job.config, index, phase)
     if ops.flops <= 0:
         return 0.0
-    return _kernel_floor(job.hw, ops.scaled(flops / ops.flops), job.config.precision, monotone)
+    return _kernel_floor(job.hw, ops.scaled(flops / ops.flops), job.config.precision, monotone, phase)
 
 
 def layer_floors(job: Job, recompute: bool) -> list[float]:

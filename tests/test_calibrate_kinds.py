@@ -22,6 +22,9 @@ GPT = ModelSpec(name="g", family="gpt", n_layers=2, hidden=128, n_heads=4, n_kv_
 
 def _spec(**gpu: Any) -> HardwareSpec:
     d = load_hardware("a100").to_dict()
+    for fitted in ("attention_efficiency", "elementwise_efficiency"):  # the preset's own (tiersim.foundry_fit)
+        d["gpu"].pop(fitted, None)
+        d.get("sources", {}).pop(f"gpu.{fitted}", None)
     d["gpu"].update({"op_overhead": 1e-9, "elementwise_bw": 1e13, **gpu})  # matmuls dominate
     return spec_from_dict(d)
 
@@ -113,13 +116,18 @@ def test_a_spec_with_kind_curves_prices_backward_and_attention_on_them() -> None
     assert p1.seconds(1e9, 0.0, None, None) == p0.seconds(1e9, 0.0, None, None)
 
 
-def test_presets_carry_no_kind_curves_and_round_trip() -> None:
+def test_presets_carry_no_backward_curves_and_round_trip() -> None:
+    """No preset measures a backward's own curves; the Ampere and Hopper ones carry their fitted attention curve
+    (tiersim.foundry_fit), the others none."""
     from hardware_models import list_presets
+    from hardware_models.gpu_arch import gpu_arch
 
     for name in list_presets():
         g = load_hardware(name).gpu
-        assert g.gemm_backward_efficiency is None and g.attention_efficiency is None
-        assert g.attention_backward_efficiency is None
+        assert g.gemm_backward_efficiency is None and g.attention_backward_efficiency is None
+        arch = gpu_arch(g.model)
+        fitted = arch is not None and arch.name in ("Ampere", "Hopper")
+        assert (g.attention_efficiency is not None) == fitted == (g.elementwise_efficiency is not None), name
         assert "gemm_backward_efficiency" not in load_hardware(name).to_dict()["gpu"]
     spec = _spec(**CURVES)
     again = spec_from_dict(spec.to_dict())

@@ -236,7 +236,9 @@ def test_operator_level_pricing_needs_the_op_overhead_and_a_known_layer() -> Non
     assert pricer.seconds(ops.flops, 0.0, None, "fwd") == kernel_seconds(spec, ops.flops, 0.0, "bf16")
     a100 = load_hardware("a100")
     plain = costs.ComputePricer(a100, "bf16", (model, config))
-    kernels = costs.gemm_kernels_seconds(a100, ops, "bf16") + a100.gpu.launch_overhead_s
+    # (the A100 preset prices the element-wise bytes apart: gpu.elementwise_efficiency x gpu.hbm_bw)
+    ew = ops.elementwise_bytes / (a100.gpu.elementwise_efficiency * a100.gpu.hbm_bw)
+    kernels = costs.gemm_kernels_seconds(a100, ops, "bf16") + ew + a100.gpu.launch_overhead_s
     assert plain.seconds(ops.flops, 0.0, 1, "fwd") == kernels
     assert kernels > kernel_seconds(a100, ops.flops, 0.0, "bf16")  # smaller kernels, lower efficiency
     # the task's HBM traffic stays a floor

@@ -16,11 +16,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import costs
-from costs.compute import gemm_kernels_seconds, kernel_level_seconds
+from costs.compute import elementwise_apart, elementwise_bandwidth, gemm_kernels_seconds, kernel_level_seconds
 from hardware_models import load_hardware
 from workloads import ModelSpec, WorkloadConfig, load_model
 from workloads.activations import block_activations
-from workloads.ops import ATTENTION, GEMM, layer_ops
+from workloads.ops import ATTENTION, GEMM, LayerOps, layer_ops
 
 
 def _cfg(flash: bool, micro_batch: int = 2, seq_len: int = 256, checkpointing: str = "full") -> WorkloadConfig:
@@ -83,23 +83,33 @@ def test_selective_recomputation_repeats_the_forward_core_and_its_score_operator
 @given(b=st.sampled_from([1, 2, 8]), s=st.sampled_from([128, 512, 2048]), hw=st.sampled_from(["a100", "v100"]),
        phase=st.sampled_from(["fwd", "bwd"]))
 def test_kernel_level_prices_the_score_bytes_over_hbm(b: int, s: int, hw: str, phase: str) -> None:
+    """V100 (a folded curve): the score operators' bytes over HBM on top of the kernels; A100 (element-wise work
+    priced apart, gpu.elementwise_efficiency): every element-wise byte, the scores' among them."""
     spec = load_hardware(hw)
     m = load_model("gpt2")
     on = layer_ops(m, _cfg(True, micro_batch=b, seq_len=s), 1, phase)
     off = layer_ops(m, _cfg(False, micro_batch=b, seq_len=s), 1, phase)
-    bw = spec.gpu.hbm_bw
-    assert kernel_level_seconds(spec, on, "fp16") == gemm_kernels_seconds(spec, on, "fp16")
+    hbm, bw = spec.gpu.hbm_bw, elementwise_bandwidth(spec.gpu)
+    assert elementwise_apart(spec.gpu) == (hw == "a100")
+    assert off.elementwise_bytes - on.elementwise_bytes == pytest.approx(off.score_bytes)
+
+    def ew(o: LayerOps) -> float:
+        return (o.elementwise_bytes if elementwise_apart(spec.gpu) else o.score_bytes) / bw
+
+    assert kernel_level_seconds(spec, on, "fp16") == pytest.approx(gemm_kernels_seconds(spec, on, "fp16") + ew(on))
     assert kernel_level_seconds(spec, off, "fp16") == pytest.approx(
-        gemm_kernels_seconds(spec, off, "fp16") + off.score_bytes / bw)
+        gemm_kernels_seconds(spec, off, "fp16") + ew(off))
     # split in two, the core's kernels are smaller (no more efficient) and held to the scores they move: the
     # difference is the score operators' bytes plus the score GEMMs' time less the fused kernel's
     extra = kernel_level_seconds(spec, off, "fp16") - kernel_level_seconds(spec, on, "fp16")
-    assert extra >= off.score_bytes / bw * (1 - 1e-9)
+    if spec.gpu.attention_efficiency is None:  # one curve: the split kernels are no faster than the fused one
+        assert extra >= off.score_bytes / bw * (1 - 1e-9)
     n_core = 2 if phase == "fwd" else 4
     peak, curve = spec.peak_flops_for("fp16"), spec.gpu.gemm_efficiency
-    split = sum(max(f / (peak * curve(f)), 2 * (mm * k + k * n + mm * n) / bw)
+    split = sum(max(f / (peak * curve(f)), 2 * (mm * k + k * n + mm * n) / hbm)
                 for f, (mm, n, k) in zip(off.matmul_flops[-n_core:], off.matmul_shapes[-n_core:], strict=True))
-    fused = on.matmul_flops[-1] / (peak * curve(on.matmul_flops[-1]))
+    fused_curve = spec.gpu.attention_efficiency or curve  # the fused kernel on its own curve where the preset has one
+    fused = on.matmul_flops[-1] / (peak * fused_curve(on.matmul_flops[-1]))
     assert extra == pytest.approx(off.score_bytes / bw + split - fused, rel=1e-9)
 
 def test_the_pricer_charges_the_scores_at_kernel_level_and_at_operator_level() -> None:

@@ -39,8 +39,8 @@ COMP = ("gpu0.compute", "gpu0", "compute")
 COMP2 = ("gpu0.compute2", "gpu0", "compute")
 
 # compute durations on an A100 (bf16), from the roofline the engine uses
-T_BIG = compute_seconds(hw(), 1e14, 0.0, "bf16")      # ~0.517 s
-T_SMALL = compute_seconds(hw(), 2e13, 0.0, "bf16")    # ~0.103 s
+T_BIG = compute_seconds(hw(), 1e14, 0.0, "bf16")      # ~0.416 s
+T_SMALL = compute_seconds(hw(), 2e13, 0.0, "bf16")    # ~0.083 s
 T_HBM = compute_seconds(hw(), 0.0, 2039 * GB, "bf16")  # 1.0 s: 2039 GB at 2039 GB/s
 
 
@@ -151,8 +151,8 @@ def test_tasks_of_one_stream_run_in_order() -> None:
     p = plan([compute("c0", "gpu0.compute", 1e14), compute("c1", "gpu0.compute", 2e13),
               copy("h0", "gpu0.h2d", "cpu", "gpu0", 5), copy("h1", "gpu0.h2d", "cpu", "gpu0", 5)], [H2D, COMP])
     res = run(p, one_link(10))
-    assert log(res) == [("h0", 0, 0.5), ("c0", 0, r9(T_BIG)), ("c1", r9(T_BIG), r9(T_BIG + T_SMALL)),
-                        ("h1", 0.5, 1.0)]
+    want = [("h0", 0, 0.5), ("c0", 0, r9(T_BIG)), ("c1", r9(T_BIG), r9(T_BIG + T_SMALL)), ("h1", 0.5, 1.0)]
+    assert log(res) == sorted(want, key=lambda x: (x[2], x[1], x[0]))
 
 
 def test_kernels_of_two_streams_share_the_gpu() -> None:

@@ -133,13 +133,15 @@ def test_operator_level_costs_more_than_one_big_kernel() -> None:
 
 def test_presets_price_a_layer_kernel_by_kernel_on_the_curve() -> None:
     """Without op_overhead a layer task is its matmul kernels, each at its own size on the curve (not one
-    kernel of the layer's FLOPs: slower, since smaller kernels are less efficient)."""
+    kernel of the layer's FLOPs: slower, since smaller kernels are less efficient), and where the preset prices
+    them apart (an A100: gpu.elementwise_efficiency) its element-wise bytes."""
     job, recs = _layer_records([])
     spec = job.hw
     blocks = [r for r in recs if r.tags["phase"] == "fwd" and 0 < r.tags["layer"] <= job.model.n_layers]
     layer = job.trace.layers[1]
     ops = layer_ops(job.model, job.config, 1, "fwd")
-    want = max(gemm_kernels_seconds(spec, ops, "bf16"), layer.fwd_hbm_bytes / spec.gpu.hbm_bw)
+    ew = ops.elementwise_bytes / (spec.gpu.elementwise_efficiency * spec.gpu.hbm_bw)
+    want = max(gemm_kernels_seconds(spec, ops, "bf16") + ew, layer.fwd_hbm_bytes / spec.gpu.hbm_bw)
     want += spec.gpu.launch_overhead_s
     assert blocks and all(r.end - r.start == pytest.approx(want, rel=1e-12) for r in blocks)
     one_kernel = compute_seconds(spec, layer.fwd_flops, layer.fwd_hbm_bytes, "bf16") + spec.gpu.launch_overhead_s

@@ -60,7 +60,8 @@ def test_delayed_update_hides_the_cpu_optimizer() -> None:
     max(GPU compute, CPU Adam, gradient D2H) of one step, plus the tail that cannot overlap: the backward
     waits for the double-buffered gradient copies, and the next micro-step's forward waits for the last ones
     (DeepSpeed synchronises the device after each backward with overlap_comm: ``kit.release_buckets``)
-    (here 0.346 s vs max 0.304 s; 0.332 s before that wait was modelled).
+    (here 0.364 s vs max 0.304 s and sum 0.532 s; 0.346 s with the folded Ampere curve, whose GPU compute was
+    0.174 s against 0.228 s now; 0.332 s before that wait was modelled).
     """
     job = job_for("a100", "gpt2-xl", global_batch=2)
     plain = simulate_plan(make_plan(job, "zero-offload"), job.hw)
@@ -71,7 +72,8 @@ def test_delayed_update_hides_the_cpu_optimizer() -> None:
     assert dpu.step_time_s < plain.step_time_s
     d2h = dpu.stream_busy_s["gpu0.d2h"]
     assert dpu.step_time_s >= max(compute, adam, d2h) * (1 - 1e-9)
-    assert dpu.step_time_s == pytest.approx(max(compute, adam, d2h), rel=0.15)
+    hidden = max(compute, adam, d2h)
+    assert dpu.step_time_s - hidden < 0.5 * (compute + adam - hidden)  # nearer the max than the sum
     assert dpu.stream_busy_s["gpu0.compute"] == pytest.approx(compute, rel=1e-9)
     assert check_invariants(dpu) == []
 
@@ -151,8 +153,10 @@ def test_steady_state_extrapolation_equals_full_simulation(policy: str, knobs: d
     plan = make_plan(job, policy, knobs)
     fast = simulate_plan(plan, job.hw)
     full = simulate_plan(plan, job.hw, extrapolate=False)
-    if knobs.get("delayed_update"):  # the CPU optimizer spans the next step's micro-steps: no shortcut
-        assert fast.sim.method.startswith("full")
+    if knobs.get("delayed_update"):
+        # the CPU optimizer may span the next step's micro-steps: extrapolated only where the steady-state period
+        # is verified (here it is: the optimizer ends inside the next step's compute), else simulated in full
+        assert fast.sim.method.startswith(("full", "extrapolated"))
     else:
         assert fast.sim.method.startswith("extrapolated")
         assert fast.sim.simulated_tasks < full.sim.simulated_tasks
@@ -170,7 +174,8 @@ def test_a_plan_whose_last_step_ends_early_is_measured_on_a_longer_run() -> None
     that step ends early; the simulator runs more steps and measures one that a trailing step contends with."""
     from planner.job import JobRequest, make_job
 
-    job, _ = make_job("a100", "gpt2-xl", JobRequest(global_batch=2), hw_overrides=["pcie.gen=3"])
+    # seq 512: at 1024 the GPU's compute covers the last step's tail (the optimizer ends inside it)
+    job, _ = make_job("a100", "gpt2-xl", JobRequest(global_batch=2, seq_len=512), hw_overrides=["pcie.gen=3"])
     plan = make_plan(job, "zero-offload", {"delayed_update": True})
     res = simulate_plan(plan, job.hw)
     assert res.sim.method.startswith("full with 6 steps, measuring steps 4-5"), res.sim.method

@@ -37,8 +37,8 @@ from simulator import Result, simulate_plan
 from tiersim.api import JobRequest, make_job, make_plan
 from workloads import ModelSpec
 
-__all__ = ["MEGATRON", "RUNS", "Run", "Throughput", "ThroughputSource", "gpt_like", "run_feasible", "run_figures",
-           "run_throughput", "run_verdict"]
+__all__ = ["MEGATRON", "MPT_SHAPES", "RUNS", "Run", "Throughput", "ThroughputSource", "foundry_run", "gpt_like",
+           "run_feasible", "run_figures", "run_throughput", "run_verdict"]
 
 # the published machines tiersim has no preset for, as overrides of the nearest preset (each cited)
 H100_SXM = ("gpu.model=H100-SXM5-80GB", "gpu.memory=81559MiB", "gpu.hbm_bw=3350GB/s")
@@ -195,7 +195,10 @@ FOUNDRY_TORCH_2_1 = ("a100_80gb", "h100_80gb")
 
 
 def _foundry(size: str, layers: int, hidden: int, heads: int, params: int, gpu: str, seq: int, micro: int,
-             accum: int, ckpt: bool, mfu: float, hfu: float) -> Run:
+             accum: int, ckpt: bool, mfu: float, hfu: float, *, torch_2_1: bool | None = None) -> Run:
+    """An llm-foundry benchmark row; ``torch_2_1``: whether its table ran torch 2.1 (None: by ``gpu``, as the
+    README's tables today, ``FOUNDRY_TORCH_2_1``)."""
+    early = ckpt and (gpu in FOUNDRY_TORCH_2_1 if torch_2_1 is None else torch_2_1)
     hw, overrides, note = {"a100_80gb": ("a100x8", (), "the a100x8 preset (DGX A100 80GB)"),
                            "a100_40gb": ("a100x8", A100_40GB, A100_40GB_WHY),
                            "h100_80gb": ("h200x8", H100_SXM, H100_SXM_WHY)}[gpu]
@@ -208,13 +211,25 @@ def _foundry(size: str, layers: int, hidden: int, heads: int, params: int, gpu: 
         hw=hw, overrides=overrides, hw_note=note, model=model, micro=micro, global_batch=8 * micro * accum, seq=seq,
         precision="bf16", ckpt="full" if ckpt else "none", flash=True, policy="none", knobs=(("stage", 3),),
         flops=LLM_FOUNDRY, convention="model", mfu=mfu, hfu=hfu, published_params=params,
-        early_stop=ckpt and gpu in FOUNDRY_TORCH_2_1,
+        early_stop=early,
         note="ZeRO-3 stands in for FSDP FULL_SHARD; MPT shape from the row's NumParams (GELU 4d MLP, biases, "
              "learned positions, tied 50368 vocabulary)" + (
                  "; checkpointed with torch 2.1's non-reentrant early stop (the table's image, "
-                 "mosaicml/pytorch:2.1.0_cu121; its MLP down projection is not recomputed)"
-                 if ckpt and gpu in FOUNDRY_TORCH_2_1 else
+                 "mosaicml/pytorch:2.1.0_cu121; its MLP down projection is not recomputed)" if early else
                  "; checkpointed on torch 1.13 (the table's image): whole blocks recomputed" if ckpt else ""))
+
+
+# (layers, d_model, heads) of llm-foundry's MPT benchmark models (scripts/train/yamls/pretrain/mpt-*.yaml); each
+# reproduces its table rows' NumParams exactly (tests/test_validate_table.py)
+MPT_SHAPES = {"125m": (12, 768, 12), "350m": (24, 1024, 16), "760m": (24, 1536, 12), "1b": (24, 2048, 16),
+              "3b": (32, 2560, 20), "7b": (32, 4096, 32), "13b": (40, 5120, 40), "30b": (48, 7168, 64)}
+
+
+def foundry_run(size: str, params: int, gpu: str, seq: int, micro: int, accum: int, ckpt: bool, mfu: float,
+                hfu: float, *, torch_2_1: bool | None = None) -> Run:
+    """One row of llm-foundry's benchmark tables as a throughput run (MPT shape by ``size``)."""
+    layers, hidden, heads = MPT_SHAPES[size]
+    return _foundry(size, layers, hidden, heads, params, gpu, seq, micro, accum, ckpt, mfu, hfu, torch_2_1=torch_2_1)
 
 
 def _zero_offload_10b(published: bool) -> Run:

@@ -140,15 +140,17 @@ class _Model:
         self.p_total = float(sum(layer.params for layer in self.layers))
         self.pools = list(dict.fromkeys(self.topo.pool_of[loc] for loc in self.topo.locations
                                         if loc in ("gpu0", "cpu", "nvme")))
-        self.fwd = tuple(self.secs(layer.fwd_flops, layer.fwd_hbm_bytes) for layer in self.layers)
-        self.bwd = tuple(self.secs(layer.bwd_flops, layer.bwd_hbm_bytes) for layer in self.layers)
+        self.pricer = costs.ComputePricer(job.hw, job.config.precision, (job.model, job.config))
+        self.fwd = tuple(self.secs(ly.fwd_flops, ly.fwd_hbm_bytes, i, "fwd") for i, ly in enumerate(self.layers))
+        self.bwd = tuple(self.secs(ly.bwd_flops, ly.bwd_hbm_bytes, i, "bwd") for i, ly in enumerate(self.layers))
         unit = [float(layer.params) for layer in self.layers]
         if job.model.tied_embeddings and self.nl > 1:
             unit[-1] += self.layers[0].params  # the head's matmul reads (and its backward writes) the embedding
         self.unit = tuple(unit)
 
-    def secs(self, flops: float, hbm: float) -> float:
-        return costs.kernel_seconds(self.job.hw, flops, hbm, self.job.config.precision)
+    def secs(self, flops: float, hbm: float, layer: int, phase: str) -> float:
+        """What the engine charges the task of layer ``layer``'s ``phase`` (``costs.ComputePricer``)."""
+        return self.pricer.seconds(flops, hbm, layer, phase)
 
     def _ends(self, src: str, dst: str, g: str) -> tuple[str, str]:
         return g if src == "gpu" else src, g if dst == "gpu" else dst
@@ -233,7 +235,8 @@ class _Model:
             ckpt_full = self.job.config.checkpointing == "full"
             ck = float(layer.activation_bytes if ckpt_full else self.layers[i - 1].output_bytes)
             if ck < full:
-                modes["ckpt"] = (ck, full - ck + two_largest, self.secs(layer.fwd_flops, layer.fwd_hbm_bytes))
+                rc = self.secs(layer.fwd_flops, layer.fwd_hbm_bytes, i, "recompute")
+                modes["ckpt"] = (ck, full - ck + two_largest, rc)
         return modes
 
     def layer_rows(self, i: int, modes: dict[str, tuple[float, float, float]]) -> _LayerRows:

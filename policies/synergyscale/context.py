@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from costs import kernel_seconds, link_capacities, ring_per_rank_bytes, ring_steps, slowest_transfer_rate
+from costs import ComputePricer, link_capacities, ring_per_rank_bytes, ring_steps, slowest_transfer_rate
 from hardware_models import Topology, build_topology
 from policies.base import Job, KnobError, gpu_pool
 from workloads import LayerTrace
@@ -142,6 +142,7 @@ class Ctx:
     host_grad_bytes: float = 4.0    # host gradient buffer per parameter (fp32 in DeepSpeed's offload path)
     grads_to_nvme: bool = False     # the NVMe tier's gradients go to NVMe (one micro-step per step), not to DRAM
     _ct: dict[tuple[int, str, int], float] = field(default_factory=dict)
+    _pricer: ComputePricer | None = None
 
     @property
     def sliced(self) -> bool:
@@ -199,16 +200,20 @@ class Ctx:
         return (gpu + self.tier_sum(tiers, "peer")) / self.n if self.n > 1 else gpu
 
     def ctime(self, i: int, phase: str, c: int) -> float:
-        """Seconds of one of c chunks of layer i's ``phase`` (fwd | rc | bwd), launch overhead included: 1/c
-        of the FLOPs at the efficiency of its own size (the GPU's gemm_efficiency curve) and ``chunk_hbm``."""
+        """Seconds of one of c chunks of layer i's ``phase`` (fwd | rc | bwd), launch overhead included: what the
+        engine charges the chunk's task (``costs.ComputePricer``: 1/c of the layer's kernels, each smaller and
+        so less efficient on its curve, its element-wise bytes where the GPU prices them apart, and
+        ``chunk_hbm`` as a floor)."""
         key = (i, phase, c)
         t = self._ct.get(key)
         if t is None:
             ly = self.layers[i]
             flops = {"fwd": ly.fwd_flops, "rc": ly.recompute_flops, "bwd": ly.bwd_flops}[phase]
             hbm = ly.bwd_hbm_bytes if phase == "bwd" else ly.fwd_hbm_bytes
-            t = self._ct[key] = kernel_seconds(self.job.hw, flops / c, chunk_hbm(hbm, ly.output_bytes, c),
-                                               self.job.config.precision)
+            if self._pricer is None:
+                self._pricer = ComputePricer(self.job.hw, self.job.config.precision, (self.job.model, self.job.config))
+            t = self._ct[key] = self._pricer.seconds(flops / c, chunk_hbm(hbm, ly.output_bytes, c), i,
+                                                     {"fwd": "fwd", "rc": "recompute", "bwd": "bwd"}[phase])
         return t
 
     def ring_seconds(self, nbytes: float) -> float:

@@ -4,6 +4,9 @@ Three tables: mechanism figures, the throughput of published training runs in bo
 (model FLOPs / MFU, hardware FLOPs incl. recompute / HFU; the source's own convention is the one compared),
 and verdicts (fits / does not fit). A case marked as a known gap is listed with its reason and does not
 fail the command; any other case outside its tolerance does (exit 1).
+
+``--llm-foundry``: instead, the held-out check against every 8-GPU bf16 row of llm-foundry's benchmark tables
+(:mod:`tiersim.validate_table`): the MFU error per row and per group, no tolerance (exit 0).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from typing import Any
 
 from planner.result_json import versioned
@@ -19,10 +23,14 @@ from tiersim.command import Command
 from tiersim.exit_codes import EXIT_FAILED, EXIT_OK
 from tiersim.validate import Outcome, run_cases
 from tiersim.validate_runs import published_both
+from tiersim.validate_table import TableOutcome, group_summaries, load_rows, simulate_rows
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true")
+    p.add_argument("--llm-foundry", action="store_true",
+                   help="held-out check: simulate every 8-GPU bf16 row of llm-foundry's MPT benchmark tables "
+                        "(tiersim/published/llm_foundry_8gpu.csv) and print the MFU error per row and per group")
 
 
 def _status(o: Outcome) -> str:
@@ -106,7 +114,45 @@ def _print_text(outcomes: list[Outcome]) -> None:
             print(f"    known gap: {o.case.known_gap}")
 
 
+def _table_json(outcomes: list[TableOutcome]) -> dict[str, Any]:
+    rows = [{"row": o.row.label, "table": o.row.table, "gpu": o.row.gpu, "model": o.row.model, "seq_len": o.row.seq_len,
+             "micro_batch": o.row.micro_batch, "grad_accum": o.row.grad_accum, "checkpointing": o.row.checkpointing,
+             "published_mfu": o.row.mfu, "simulated_mfu": o.simulated_mfu, "fits": o.fits,
+             "error": o.error if o.fits else None, "role": o.row.role} for o in outcomes]
+    groups = [{"group": g.name, "rows": g.n, "median_error": g.median, "mean_abs_error": g.mean_abs,
+               "min_error": g.low, "max_error": g.high, "does_not_fit": g.infeasible}
+              for g in group_summaries(outcomes)]
+    return {"rows": rows, "groups": groups}
+
+
+def run_table(args: argparse.Namespace) -> int:
+    rows = load_rows()
+    show = sys.stderr.isatty()
+
+    def progress(i: int, n: int, label: str) -> None:
+        if show and i % 20 == 0:
+            print(f"[{i}/{n}] {label}", file=sys.stderr, flush=True)
+
+    outcomes = simulate_rows(rows, progress)
+    if args.json:
+        print(json.dumps(versioned(_table_json(outcomes)), indent=1))
+        return EXIT_OK
+    print("llm-foundry MPT benchmarks, every 8-GPU bf16 row (tiersim/published/llm_foundry_8gpu.csv; + = simulated "
+          "faster than published)")
+    print(table([[o.row.label, pct(o.row.mfu), pct(o.simulated_mfu) if o.fits else "does not fit",
+                  f"{o.error * 100:+.1f}%" if o.fits else "-", "in validate" if o.row.in_validate else o.row.role]
+                 for o in outcomes], ["row", "MFU pub", "MFU sim", "error", ""], "lrrrl"))
+    print()
+    print(table([[g.name, str(g.n), f"{g.median * 100:+.1f}%", f"{g.mean_abs * 100:.1f}%",
+                  f"{g.low * 100:+.1f}% .. {g.high * 100:+.1f}%", str(g.infeasible)]
+                 for g in group_summaries(outcomes)],
+                ["group", "rows", "median error", "mean |error|", "range", "does not fit"], "lrrrrr"))
+    return EXIT_OK
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.llm_foundry:
+        return run_table(args)
     outcomes = run_cases()
     errors = [abs(o.error) for o in outcomes if o.case.kind != "verdict"]
     outside = [o for o in outcomes if not o.ok]

@@ -1,0 +1,1 @@
+"""Published figures the validation compares with, copied into the repository with their provenance."""
