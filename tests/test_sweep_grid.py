@@ -40,6 +40,12 @@ def test_axes_multiply_in_file_order():
     assert got == want
 
 
+def test_checkpoint_early_stop_is_a_workload_axis():
+    points = expand_grid(grid(workload={"checkpointing": "full", "checkpoint_early_stop": [False, True]}))
+    assert [p.inputs["workload"]["checkpoint_early_stop"] for p in points] == [False, True]
+    assert len({p.key for p in points}) == 2
+
+
 def test_key_hashes_the_canonical_inputs_not_their_spelling():
     def key(**sections):
         (point,) = expand_grid(grid(**sections))
@@ -86,6 +92,7 @@ def load_preset_path(name: str) -> str:
     (grid(workload={"micro_batch": 0}), ["workload.micro_batch", "positive integer"]),
     (grid(workload={"precision": ["bf16", "fp8"]}), ["workload.precision", "'fp8'", "bf16, fp16, fp32"]),
     (grid(workload={"flash_attention": "yes"}), ["workload.flash_attention", "true or false"]),
+    (grid(workload={"checkpoint_early_stop": 1}), ["workload.checkpoint_early_stop", "true or false"]),
     (grid(workload={"batch": 8}), ["workload.batch", "unknown field"]),
 ])
 def test_bad_sweep_files_are_one_line_naming_the_field(data, words):

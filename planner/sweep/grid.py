@@ -17,6 +17,7 @@ The file names a grid; every list is one axis and the points are the product of 
       precision: bf16              # bf16 | fp16 | fp32
       checkpointing: [none, full]  # none | selective | full
       flash_attention: true
+      checkpoint_early_stop: false # full checkpointing as PyTorch's non-reentrant early stop runs it
     deepspeed: [ds_z3.json]        # DeepSpeed configs (tiersim sweep only): each is one more policy entry whose
                                    # knobs and workload come from the file (the workload values above act as
                                    # flags: they resolve "auto" and must agree with the file)
@@ -56,7 +57,7 @@ DeepSpeedReader = Callable[[str, HardwareSpec, ModelSpec, Mapping[str, Any]],
 WORKLOAD_FIELDS: dict[str, tuple[type, tuple[Any, ...] | None]] = {
     "global_batch": (int, None), "micro_batch": (int, None), "seq_len": (int, None),
     "precision": (str, ("bf16", "fp16", "fp32")), "checkpointing": (str, ("none", "selective", "full")),
-    "flash_attention": (bool, None),
+    "flash_attention": (bool, None), "checkpoint_early_stop": (bool, None),
 }
 
 
