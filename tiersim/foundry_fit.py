@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import nnls
 
+from hardware_models import Curve
 from tiersim.api import JobRequest, make_job
 from tiersim.validate_runs import LLM_FOUNDRY, foundry_run
 from tiersim.validate_table import FIT_H100_SIZES, TORCH_2_1_TABLES, TableRow, load_rows
@@ -39,12 +40,6 @@ HOPPER_SHAPE = ((1e8, 0.280), (1e9, 0.556), (1e10, 0.769), (1e11, 0.893), (1e12,
 SHAPES = {"a100_80gb": AMPERE_SHAPE, "h100_80gb": HOPPER_SHAPE}
 # H100 rows: fitted on these model sizes, the others held out (one table only: no other stack to hold out)
 HOPPER_FIT_SIZES = FIT_H100_SIZES
-
-
-def _shape(points: Sequence[tuple[float, float]], x: float) -> float:
-    """Log-linear interpolation of ``points`` at ``x`` (flat outside), as ``hardware_models.curve.Curve``."""
-    xs, ys = zip(*points, strict=True)
-    return float(np.interp(np.log10(max(x, 1.0)), np.log10(xs), ys))
 
 
 @dataclass(frozen=True)
@@ -68,14 +63,14 @@ def row_features(row: TableRow) -> Features:
                       hw_overrides=run.overrides)
     m, c, hw = job.model, job.config, job.hw
     peak = hw.peak_flops_for(c.precision)
-    shape = SHAPES[row.gpu]
+    shape = Curve(SHAPES[row.gpu])  # the curve at a unit ceiling
     phases = ("fwd", "bwd", "recompute") if c.checkpointing == "full" else ("fwd", "bwd")
     ops = [layer_ops(m, c, i, ph) for i in range(m.n_layers + 2) for ph in phases]
     gemm = attention = 0.0
     for o in ops:
         for f, kind in zip(o.matmul_flops, o.kinds or (GEMM,) * len(o.matmul_flops), strict=True):
             if f > 0:
-                t = f / (peak * _shape(shape, f))
+                t = f / (peak * shape(f))
                 attention, gemm = (attention + t, gemm) if kind == ATTENTION else (attention, gemm + t)
     ew = sum(o.elementwise_bytes for o in ops) / hw.gpu.hbm_bw
     model_flops = LLM_FOUNDRY.model(float(m.params()), m.n_layers, m.hidden, row.seq_len, m.vocab)
