@@ -1,14 +1,15 @@
 """A held-out check of the simulator against a whole published benchmark table: llm-foundry's MPT runs.
 
 ``tiersim validate`` compares eight rows of llm-foundry's benchmark README (one per model size and GPU, seq
-2048), each within a tolerance. The tables hold 150 more 8-GPU bf16 rows, from 125M to 30B parameters,
-sequences 512-65536, with and without activation checkpointing, measured on two software stacks
-(``tiersim/published/llm_foundry_8gpu.csv``, copied with its provenance). Nothing was fitted to them: this
+2048), each within a tolerance; seven of them come from the tables copied here, which hold 149 more 8-GPU bf16
+rows (156 in all), from 125M to 30B parameters, sequences 512-65536, with and without activation checkpointing,
+measured on two software stacks (``tiersim/published/llm_foundry_8gpu.csv``, copied with its provenance). This
 module simulates every row as ``tiersim validate`` simulates its eight (:func:`tiersim.validate_runs.foundry_run`:
 ZeRO-3 for FSDP FULL_SHARD, the row's micro-batch and accumulation, early stop where the table ran torch 2.1)
-and reports the MFU error per row and per group (table, GPU, checkpointing), each row's role apart: held out,
-fitted (the rows ``tiersim.foundry_fit`` fitted the Ampere and Hopper compute figures to: :attr:`TableRow.role`)
-or compared by ``tiersim validate``. It is a measurement, not a test with a tolerance: ``tiersim validate
+and reports the MFU error per row and per group (table, GPU, checkpointing), each row's role apart
+(:attr:`TableRow.role`): fitted (the 73 rows ``tiersim.foundry_fit`` fitted the Ampere and Hopper compute
+figures to), held out (the other 76: the whole 2023-05 table and three of the H100 table's model sizes) or
+compared by ``tiersim validate``. It is a measurement, not a test with a tolerance: ``tiersim validate
 --llm-foundry`` prints it.
 """
 
