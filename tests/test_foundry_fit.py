@@ -6,7 +6,7 @@ import pytest
 
 from hardware_models import load_hardware
 from tiersim import foundry_fit
-from tiersim.validate_table import load_rows
+from tiersim.validate_table import FIT_H100_SIZES, load_rows
 
 PRESETS = {"a100_80gb": ("a100", "a100-40g", "a100x8"), "h100_80gb": ("h800", "h800x8", "h200", "h200x8")}
 
@@ -39,7 +39,7 @@ def test_the_fit_sees_only_its_own_rows(fits: dict) -> None:
     assert len(fitted) == sum(1 for r in a100 if r.table == "2023-10" and not r.in_validate)
     assert all(r.table == "2023-10" and not r.in_validate for r in fitted)
     _, groups = fits["h100_80gb"]
-    assert {r.model for r, _ in groups["fitted"]} == set(foundry_fit.HOPPER_FIT_SIZES)
+    assert {r.model for r, _ in groups["fitted"]} == set(FIT_H100_SIZES)
     assert not any(r.in_validate for r, _ in groups["fitted"])
 
 

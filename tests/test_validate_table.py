@@ -50,7 +50,7 @@ def test_cli_prints_rows_and_groups(capsys: pytest.CaptureFixture[str], monkeypa
     monkeypatch.setattr("tiersim.commands.validate.load_rows", lambda: some)
     assert main(["validate", "--llm-foundry"]) == 0
     out = capsys.readouterr().out
-    assert some[0].label in out and "held out" in out and "in validate" in out and "median error" in out
+    assert some[0].label in out and "held out" in out and "validate" in out and "median error" in out
     assert main(["validate", "--llm-foundry", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert [r["row"] for r in d["rows"]] == [r.label for r in some]

@@ -26,9 +26,8 @@ import numpy as np
 from scipy.optimize import nnls
 
 from hardware_models import Curve
-from tiersim.api import JobRequest, make_job
-from tiersim.validate_runs import LLM_FOUNDRY, foundry_run
-from tiersim.validate_table import FIT_H100_SIZES, TORCH_2_1_TABLES, TableRow, load_rows
+from tiersim.validate_runs import LLM_FOUNDRY, foundry_run, run_job
+from tiersim.validate_table import TORCH_2_1_TABLES, TableRow, load_rows
 from workloads.ops import ATTENTION, GEMM, layer_ops
 
 __all__ = ["AMPERE_SHAPE", "HOPPER_SHAPE", "Features", "Fit", "fit", "row_features"]
@@ -38,8 +37,6 @@ __all__ = ["AMPERE_SHAPE", "HOPPER_SHAPE", "Features", "Fit", "fit", "row_featur
 AMPERE_SHAPE = ((1e8, 0.366), (1e9, 0.635), (1e10, 0.827), (1e11, 0.923), (1e12, 0.990), (1e13, 1.0))
 HOPPER_SHAPE = ((1e8, 0.280), (1e9, 0.556), (1e10, 0.769), (1e11, 0.893), (1e12, 0.987), (1e13, 1.0))
 SHAPES = {"a100_80gb": AMPERE_SHAPE, "h100_80gb": HOPPER_SHAPE}
-# H100 rows: fitted on these model sizes, the others held out (one table only: no other stack to hold out)
-HOPPER_FIT_SIZES = FIT_H100_SIZES
 
 
 @dataclass(frozen=True)
@@ -56,11 +53,7 @@ def row_features(row: TableRow) -> Features:
     """One GPU's work per optimizer step of ``row`` (forward, backward, recompute as its table ran it)."""
     run = foundry_run(row.model, row.num_params, row.gpu, row.seq_len, row.micro_batch, row.grad_accum,
                       row.checkpointing, row.mfu, row.hfu, torch_2_1=row.table in TORCH_2_1_TABLES)
-    job, _ = make_job(run.hw, run.model, JobRequest(micro_batch=run.micro, global_batch=run.global_batch,
-                                                    seq_len=run.seq, precision=run.precision,
-                                                    checkpointing=run.ckpt, flash_attention=run.flash,
-                                                    checkpoint_early_stop=run.early_stop),
-                      hw_overrides=run.overrides)
+    job = run_job(run)
     m, c, hw = job.model, job.config, job.hw
     peak = hw.peak_flops_for(c.precision)
     shape = Curve(SHAPES[row.gpu])  # the curve at a unit ceiling

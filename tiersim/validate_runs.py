@@ -33,12 +33,13 @@ from dataclasses import dataclass
 
 from hardware_models import load_hardware
 from policies import PlanInfeasible
+from policies.base import Job
 from simulator import Result, simulate_plan
 from tiersim.api import JobRequest, make_job, make_plan
 from workloads import ModelSpec
 
 __all__ = ["MEGATRON", "MPT_SHAPES", "RUNS", "Run", "Throughput", "ThroughputSource", "foundry_run", "gpt_like",
-           "run_feasible", "run_figures", "run_throughput", "run_verdict"]
+           "run_feasible", "run_figures", "run_job"]
 
 # the published machines tiersim has no preset for, as overrides of the nearest preset (each cited)
 H100_SXM = ("gpu.model=H100-SXM5-80GB", "gpu.memory=81559MiB", "gpu.hbm_bw=3350GB/s")
@@ -113,44 +114,6 @@ class Throughput:
     mfu: float
     hfu: float
     result: Result | None = None
-
-
-def run_throughput(hw: str, overrides: Sequence[str], model: ModelSpec, *, micro: int, global_batch: int,
-                   seq: int, precision: str, ckpt: str, flash: bool, policy: str,
-                   knobs: dict[str, object], source: ThroughputSource, early_stop: bool = False) -> Throughput:
-    """Simulate the run and express its throughput in ``source``'s convention (both model and hardware)."""
-    job, _ = make_job(hw, model, JobRequest(micro_batch=micro, global_batch=global_batch, seq_len=seq,
-                                            precision=precision, checkpointing=ckpt, flash_attention=flash,
-                                            checkpoint_early_stop=early_stop),
-                      hw_overrides=tuple(overrides))
-    res = simulate_plan(make_plan(job, policy, knobs), job.hw)
-    if res.step_time_s <= 0:  # the timing of a run that does not fit is still reported (the verdict is its own case)
-        return Throughput(0.0, 0.0, 0.0, 0.0, res)
-    seqs_per_s_per_gpu = res.tokens_per_s / seq / res.n_gpus
-    p = float(model.params())
-    args = (p, model.n_layers, model.hidden, seq, model.vocab)
-    model_flops = source.model(*args) * seqs_per_s_per_gpu
-    hw_flops = source.hardware(*args, ckpt == "full") * seqs_per_s_per_gpu
-    peak = job.hw.peak_flops_for(precision)
-    return Throughput(model_flops / 1e12, hw_flops / 1e12, model_flops / peak, hw_flops / peak, res)
-
-
-def run_verdict(hw: str, overrides: Sequence[str], model: ModelSpec, *, micro: int, global_batch: int, seq: int,
-                precision: str, ckpt: str, flash: bool, policy: str, knobs: dict[str, object],
-                early_stop: bool = False) -> tuple[bool, str]:
-    """The verdict on a run (fits or not) and, when it does not, what is over and by how much."""
-    job, _ = make_job(hw, model, JobRequest(micro_batch=micro, global_batch=global_batch, seq_len=seq,
-                                            precision=precision, checkpointing=ckpt, flash_attention=flash,
-                                            checkpoint_early_stop=early_stop),
-                      hw_overrides=tuple(overrides))
-    try:
-        res = simulate_plan(make_plan(job, policy, knobs), job.hw)
-    except PlanInfeasible as e:
-        return False, str(e)
-    if res.oom is None:
-        return True, ""
-    o = res.oom
-    return False, f"{o.pool} over by {o.over_by_bytes / 1e9:,.1f} GB"
 
 
 def peak_of(hw: str, overrides: Sequence[str], precision: str) -> float:
@@ -323,18 +286,43 @@ RUNS: tuple[Run, ...] = (
 )
 
 
+def run_job(run: Run) -> Job:
+    """The job of ``run``: its machine (preset and overrides), model and workload as published."""
+    job, _ = make_job(run.hw, run.model, JobRequest(micro_batch=run.micro, global_batch=run.global_batch,
+                                                    seq_len=run.seq, precision=run.precision, checkpointing=run.ckpt,
+                                                    flash_attention=run.flash, checkpoint_early_stop=run.early_stop),
+                      hw_overrides=run.overrides)
+    return job
+
+
 def run_figures(run: Run) -> Throughput:
-    """The simulated throughput of a throughput run, in its source's convention."""
-    assert run.flops is not None
-    return run_throughput(run.hw, run.overrides, run.model, micro=run.micro, global_batch=run.global_batch,
-                          seq=run.seq, precision=run.precision, ckpt=run.ckpt, flash=run.flash, policy=run.policy,
-                          knobs=dict(run.knobs), source=run.flops, early_stop=run.early_stop)
+    """Simulate a throughput run and express its throughput in its source's convention (model and hardware)."""
+    source = run.flops
+    assert source is not None
+    job = run_job(run)
+    res = simulate_plan(make_plan(job, run.policy, dict(run.knobs)), job.hw)
+    if res.step_time_s <= 0:  # the timing of a run that does not fit is still reported (the verdict is its own case)
+        return Throughput(0.0, 0.0, 0.0, 0.0, res)
+    seqs_per_s_per_gpu = res.tokens_per_s / run.seq / res.n_gpus
+    m = run.model
+    args = (float(m.params()), m.n_layers, m.hidden, run.seq, m.vocab)
+    model_flops = source.model(*args) * seqs_per_s_per_gpu
+    hw_flops = source.hardware(*args, run.ckpt == "full") * seqs_per_s_per_gpu
+    peak = job.hw.peak_flops_for(run.precision)
+    return Throughput(model_flops / 1e12, hw_flops / 1e12, model_flops / peak, hw_flops / peak, res)
 
 
 def run_feasible(run: Run) -> tuple[bool, str]:
-    return run_verdict(run.hw, run.overrides, run.model, micro=run.micro, global_batch=run.global_batch,
-                       seq=run.seq, precision=run.precision, ckpt=run.ckpt, flash=run.flash, policy=run.policy,
-                       knobs=dict(run.knobs), early_stop=run.early_stop)
+    """The verdict on a run (fits or not) and, when it does not, what is over and by how much."""
+    job = run_job(run)
+    try:
+        res = simulate_plan(make_plan(job, run.policy, dict(run.knobs)), job.hw)
+    except PlanInfeasible as e:
+        return False, str(e)
+    if res.oom is None:
+        return True, ""
+    o = res.oom
+    return False, f"{o.pool} over by {o.over_by_bytes / 1e9:,.1f} GB"
 
 
 def published_both(run: Run) -> tuple[float, float, str]:

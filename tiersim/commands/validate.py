@@ -140,7 +140,7 @@ def run_table(args: argparse.Namespace) -> int:
     print("llm-foundry MPT benchmarks, every 8-GPU bf16 row (tiersim/published/llm_foundry_8gpu.csv; + = simulated "
           "faster than published)")
     print(table([[o.row.label, pct(o.row.mfu), pct(o.simulated_mfu) if o.fits else "does not fit",
-                  f"{o.error * 100:+.1f}%" if o.fits else "-", "in validate" if o.row.in_validate else o.row.role]
+                  f"{o.error * 100:+.1f}%" if o.fits else "-", o.row.role]
                  for o in outcomes], ["row", "MFU pub", "MFU sim", "error", ""], "lrrrl"))
     print()
     print(table([[g.name, str(g.n), f"{g.median * 100:+.1f}%", f"{g.mean_abs * 100:.1f}%",
